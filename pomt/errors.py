@@ -1,0 +1,45 @@
+"""Exceptions that carry a message a user can act on; the CLI prints them as one line, exit code 2."""
+
+
+class PomtError(Exception):
+    """Base class for every user-facing pomt error."""
+
+
+class UnknownModelError(PomtError):
+    """The model name is not in timm's registry (nor a pomt alias)."""
+
+
+class InputSizeError(PomtError):
+    """The input size does not fit the model (not divisible by the patch size, or not positive)."""
+
+
+class WeightsError(PomtError):
+    """Pretrained weights or a checkpoint could not be loaded."""
+
+
+class GridError(PomtError):
+    """A token count or token grid lies outside what the model allows."""
+
+
+class BatchSizeError(PomtError):
+    """The batch size is not a positive integer."""
+
+
+class DeviceError(PomtError):
+    """The requested device is not available, or clocks are not in the required state."""
+
+
+class DatasetError(PomtError):
+    """The dataset folder is missing or holds no usable images."""
+
+
+class ScheduleError(PomtError):
+    """A schedule file is corrupt, of an unknown version, or does not match the model."""
+
+
+class PatchError(PomtError):
+    """A model cannot be patched as asked (unsupported blocks, unknown method, bad removal)."""
+
+
+class CurveError(PomtError):
+    """A latency or accuracy curve file is corrupt or does not match the run."""

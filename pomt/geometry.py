@@ -1,0 +1,100 @@
+"""Token geometry read from the model itself: tokens, prefix tokens, patch grid, depth, width, heads."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from torch import nn
+
+from pomt.errors import GridError, PatchError
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What a ViT's token layout looks like at one input size."""
+
+    model: str
+    input_size: tuple[int, int]
+    patch_size: tuple[int, int]
+    grid: tuple[int, int]
+    prefix_tokens: int
+    num_tokens: int
+    depth: int
+    embed_dim: int
+    num_heads: int
+
+    @property
+    def patch_tokens(self) -> int:
+        return self.num_tokens - self.prefix_tokens
+
+    @property
+    def min_tokens(self) -> int:
+        """Fewest tokens a forward may keep: the prefix plus one patch token."""
+        return self.prefix_tokens + 1
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["patch_tokens"] = self.patch_tokens
+        return data
+
+    def check_tokens(self, n: int) -> int:
+        """Raise GridError unless P + 1 <= n <= N."""
+        if not self.min_tokens <= n <= self.num_tokens:
+            raise GridError(
+                f"token count {n} is outside the model's range [{self.min_tokens}, {self.num_tokens}]"
+            )
+        return n
+
+
+def _pair(value) -> tuple[int, int]:
+    return (int(value), int(value)) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks in execution order, flattening DINOv2's block chunks."""
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        raise PatchError(f"{type(model).__name__} has no `blocks`: not a ViT that pomt supports")
+    flat: list[nn.Module] = []
+    for block in blocks:
+        if isinstance(block, nn.ModuleList):  # dinov2 BlockChunk: leading Identity placeholders
+            flat.extend(b for b in block if not isinstance(b, nn.Identity))
+        else:
+            flat.append(block)
+    return flat
+
+
+def prefix_token_count(model: nn.Module) -> int:
+    """Class + distillation + register tokens, as the model reports them."""
+    if hasattr(model, "num_prefix_tokens"):
+        return int(model.num_prefix_tokens)
+    registers = int(getattr(model, "num_register_tokens", 0) or 0)
+    return (1 if getattr(model, "cls_token", None) is not None else 0) + registers
+
+
+def model_name(model: nn.Module) -> str:
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    return str(cfg.get("architecture") or type(model).__name__)
+
+
+def model_geometry(model: nn.Module) -> Geometry:
+    """Geometry of a timm ViT/DeiT/DINOv2 or the DINOv2 authors' DinoVisionTransformer."""
+    embed = getattr(model, "patch_embed", None)
+    if embed is None:
+        raise PatchError(f"{type(model).__name__} has no patch embedding: not a ViT that pomt supports")
+    patch = _pair(getattr(embed, "patch_size", None) or model.patch_size)
+    input_size = _pair(embed.img_size)
+    grid = (input_size[0] // patch[0], input_size[1] // patch[1])
+    blocks = transformer_blocks(model)
+    prefix = prefix_token_count(model)
+    return Geometry(
+        model=model_name(model),
+        input_size=input_size,
+        patch_size=patch,
+        grid=grid,
+        prefix_tokens=prefix,
+        num_tokens=prefix + grid[0] * grid[1],
+        depth=len(blocks),
+        embed_dim=int(model.embed_dim),
+        num_heads=int(blocks[0].attn.num_heads),
+    )

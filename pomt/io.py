@@ -1,0 +1,59 @@
+"""Atomic file writes: a result is either fully written or not there at all."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write text to a temporary file in the same folder, fsync it, then rename over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_json(path: str | Path, data: object) -> Path:
+    """Write JSON (indented, trailing newline) atomically."""
+    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def atomic_write_csv(path: str | Path, rows: Iterable[dict], columns: Sequence[str]) -> Path:
+    """Write rows (dicts) as CSV with the given column order, atomically."""
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
+    return atomic_write_text(path, buffer.getvalue())
+
+
+def atomic_save_figure(path: str | Path, figure) -> Path:
+    """Save a matplotlib figure as PNG atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        figure.savefig(tmp, dpi=120, bbox_inches="tight")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

@@ -1,0 +1,174 @@
+"""Model names and creation: timm's registry with short aliases, pretrained / checkpoint / random weights."""
+
+from __future__ import annotations
+
+import difflib
+import socket
+import sys
+import warnings
+from pathlib import Path
+
+import timm
+import torch
+from torch import nn
+
+from pomt.errors import InputSizeError, UnknownModelError, WeightsError
+
+ALIASES: dict[str, str] = {
+    "deit_tiny": "deit_tiny_patch16_224",
+    "deit_small": "deit_small_patch16_224",
+    "deit_base": "deit_base_patch16_224",
+    "deit_tiny_distilled": "deit_tiny_distilled_patch16_224",
+    "deit_small_distilled": "deit_small_distilled_patch16_224",
+    "deit_base_distilled": "deit_base_distilled_patch16_224",
+    "vit_tiny": "vit_tiny_patch16_224",
+    "vit_small": "vit_small_patch16_224",
+    "vit_base": "vit_base_patch16_224",
+    "vit_large": "vit_large_patch16_224",
+    "dinov2_small": "vit_small_patch14_dinov2",
+    "dinov2_base": "vit_base_patch14_dinov2",
+    "dinov2_large": "vit_large_patch14_dinov2",
+    "dinov2_small_reg": "vit_small_patch14_reg4_dinov2",
+    "dinov2_base_reg": "vit_base_patch14_reg4_dinov2",
+    "dinov2_large_reg": "vit_large_patch14_reg4_dinov2",
+}
+
+HUB_HOST = ("huggingface.co", 443)
+
+
+class PomtWarning(UserWarning):
+    """A condition the user must know about, printed once as one line by the CLI."""
+
+
+def resolve_model_name(name: str) -> str:
+    """Alias or timm name (optionally with a `.tag`) → the registered timm architecture name."""
+    base, _, tag = name.strip().partition(".")
+    base = ALIASES.get(base, base)
+    if not timm.is_model(base):
+        close = difflib.get_close_matches(base, list(ALIASES) + timm.list_models(), n=5, cutoff=0.5)
+        hint = f"; closest: {', '.join(close)}" if close else ""
+        raise UnknownModelError(f"unknown model '{name}'{hint}")
+    return f"{base}.{tag}" if tag else base
+
+
+def architecture(name: str) -> str:
+    """The timm architecture without its pretrained tag (what outputs are named after)."""
+    return resolve_model_name(name).partition(".")[0]
+
+
+def normalise_input_size(input_size: int | tuple[int, int] | None) -> tuple[int, int] | None:
+    """An int or (H, W) → (H, W); rejects non-positive sizes."""
+    if input_size is None:
+        return None
+    size = (input_size, input_size) if isinstance(input_size, int) else tuple(int(s) for s in input_size)
+    if len(size) != 2 or min(size) < 1:
+        raise InputSizeError(f"input size must be positive, got {input_size}")
+    return size  # type: ignore[return-value]
+
+
+def default_input_size(name: str) -> tuple[int, int]:
+    """The input size the model's pretrained config was trained at (H, W)."""
+    cfg = timm.get_pretrained_cfg(architecture(name))
+    _, height, width = cfg.input_size if cfg is not None else (3, 224, 224)
+    return height, width
+
+
+def hub_reachable(timeout_s: float = 2.0) -> bool:
+    """Whether the weights hub answers at all, so an offline machine fails fast instead of retrying."""
+    try:
+        with socket.create_connection(HUB_HOST, timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _checkpoint_state(path: Path) -> dict:
+    if not path.is_file():
+        raise WeightsError(f"checkpoint file not found: {path}")
+    try:
+        return timm.models.load_state_dict(str(path), use_ema=True)
+    except Exception as exc:  # torch.load raises many types for corrupt files
+        raise WeightsError(f"cannot read checkpoint {path}: {type(exc).__name__}: {exc}") from exc
+
+
+def _classes_in(state: dict) -> int | None:
+    weight = state.get("head.weight")
+    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.ndim == 2 else None
+
+
+def _load_state(model: nn.Module, state: dict, path: Path) -> None:
+    """Load a state dict, resampling position embeddings to the model's grid with timm's own filter."""
+    filter_fn = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
+    if filter_fn is not None:
+        state = filter_fn(state, model)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()
+        detail = " ".join(line.strip() for line in first[1:3]) if len(first) > 1 else first[0]
+        raise WeightsError(f"checkpoint {path} does not fit {type(model).__name__}: {detail}") from exc
+
+
+def create_model(
+    name: str,
+    input_size: int | tuple[int, int] | None = None,
+    pretrained: bool = False,
+    checkpoint: str | Path | None = None,
+    num_classes: int | None = None,
+) -> nn.Module:
+    """Create a timm model in eval mode at `input_size`, with weights from the hub, a file, or random init.
+
+    When pretrained weights cannot be fetched, falls back to random init with one `PomtWarning`.
+    A checkpoint's classifier size is read from the checkpoint, so fine-tuned heads load as they are.
+    """
+    resolved = resolve_model_name(name)
+    size = normalise_input_size(input_size) or default_input_size(resolved)
+    kwargs: dict = {"img_size": size}
+    state = None
+    if checkpoint is not None:
+        state = _checkpoint_state(Path(checkpoint))
+        classes = _classes_in(state)
+        if num_classes is None and classes is not None:
+            num_classes = classes
+        pretrained = False
+    if num_classes is not None:
+        kwargs["num_classes"] = num_classes
+
+    model = None
+    if pretrained:
+        if hub_reachable():
+            try:
+                model = timm.create_model(resolved, pretrained=True, **kwargs)
+            except Exception as exc:  # hub errors come in many types
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            else:
+                reason = ""
+        else:
+            reason = "the weights hub is not reachable"
+        if model is None:
+            warnings.warn(
+                f"pretrained weights for {resolved} unavailable ({reason}); using random init: "
+                "accuracy numbers will be meaningless",
+                PomtWarning,
+                stacklevel=2,
+            )
+    if model is None:
+        model = timm.create_model(resolved.partition(".")[0], pretrained=False, **kwargs)
+    check_divisible(size, model)
+    if state is not None:
+        _load_state(model, state, Path(checkpoint))
+    return model.eval()
+
+
+def check_divisible(size: tuple[int, int], model: nn.Module) -> None:
+    """Raise when the input size is not a multiple of the model's patch size."""
+    patch = _patch_size(model)
+    if size[0] % patch[0] or size[1] % patch[1]:
+        raise InputSizeError(
+            f"input size {size[0]}x{size[1]} is not divisible by the patch size {patch[0]}x{patch[1]}"
+        )
+
+
+def _patch_size(model: nn.Module) -> tuple[int, int]:
+    patch = getattr(model.patch_embed, "patch_size", None) or model.patch_size
+    return (patch, patch) if isinstance(patch, int) else tuple(patch)

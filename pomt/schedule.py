@@ -1,0 +1,202 @@
+"""The versioned schedule JSON: one loader that validates, one writer that writes atomically."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pomt.errors import ScheduleError
+from pomt.geometry import Geometry
+from pomt.io import atomic_write_json
+
+FORMAT = "pomt.schedule"
+VERSION = 1
+METHODS = ("pomt", "topk", "tome", "l2norm", "random")
+REQUIRED = (
+    "format", "version", "model", "input_size", "batch_size", "num_tokens", "prefix_tokens", "depth",
+    "method", "prune", "kept_tokens", "policy", "predicted", "steps", "device", "curve", "created",
+)
+
+
+@dataclass(frozen=True)
+class PruneStep:
+    """Remove `remove` tokens at block `block` (0-based)."""
+
+    block: int
+    remove: int
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A validated pruning schedule (DESIGN.md, version 1)."""
+
+    model: str
+    input_size: tuple[int, int]
+    batch_size: int
+    num_tokens: int
+    prefix_tokens: int
+    depth: int
+    method: str
+    prune: tuple[PruneStep, ...]
+    policy: dict = field(default_factory=dict)
+    predicted: dict = field(default_factory=dict)
+    steps: list = field(default_factory=list)
+    device: dict = field(default_factory=dict)
+    curve: str | None = None
+    created: str = ""
+    dtype: str = "float32"
+
+    @property
+    def kept_tokens(self) -> int:
+        return self.num_tokens - sum(step.remove for step in self.prune)
+
+    @property
+    def removal(self) -> dict[int, int]:
+        """{block: tokens removed there}, the form `pomt.patch` takes."""
+        return {step.block: step.remove for step in self.prune if step.remove > 0}
+
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "model": self.model,
+            "input_size": list(self.input_size),
+            "batch_size": self.batch_size,
+            "dtype": self.dtype,
+            "num_tokens": self.num_tokens,
+            "prefix_tokens": self.prefix_tokens,
+            "depth": self.depth,
+            "method": self.method,
+            "prune": [asdict(step) for step in self.prune],
+            "kept_tokens": self.kept_tokens,
+            "policy": self.policy,
+            "predicted": self.predicted,
+            "steps": self.steps,
+            "device": self.device,
+            "curve": self.curve,
+            "created": self.created or utc_now(),
+        }
+
+    def check_geometry(self, geometry: Geometry) -> None:
+        """Raise ScheduleError when the model's N, prefix or depth differ from the schedule's."""
+        ours = (self.num_tokens, self.prefix_tokens, self.depth)
+        theirs = (geometry.num_tokens, geometry.prefix_tokens, geometry.depth)
+        if ours != theirs:
+            raise ScheduleError(
+                f"schedule for {self.model} (N={ours[0]}, prefix={ours[1]}, depth={ours[2]}) does not match "
+                f"{geometry.model} (N={theirs[0]}, prefix={theirs[1]}, depth={theirs[2]})"
+            )
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _int(data: Mapping, key: str, minimum: int = 0) -> int:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ScheduleError(f"schedule field '{key}' must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _mapping(data: Mapping, key: str) -> dict:
+    value = data.get(key)
+    if not isinstance(value, dict):
+        raise ScheduleError(f"schedule field '{key}' must be an object, got {type(value).__name__}")
+    return value
+
+
+def schedule_from_dict(data: Mapping) -> Schedule:
+    """Validate a decoded schedule and build it; every problem is one ScheduleError line."""
+    if not isinstance(data, Mapping) or data.get("format") != FORMAT:
+        raise ScheduleError(f"not a pomt schedule (field 'format' must be '{FORMAT}')")
+    version = data.get("version")
+    if version != VERSION:
+        newer = isinstance(version, int) and version > VERSION
+        why = "written by a newer pomt; upgrade pomt" if newer else "unsupported"
+        raise ScheduleError(f"schedule version {version!r} is {why} (this pomt reads version {VERSION})")
+    missing = [key for key in REQUIRED if key not in data]
+    if missing:
+        raise ScheduleError(f"schedule is missing field(s): {', '.join(missing)}")
+    num_tokens, prefix = _int(data, "num_tokens", 2), _int(data, "prefix_tokens", 0)
+    depth = _int(data, "depth", 1)
+    if prefix >= num_tokens:
+        raise ScheduleError(f"schedule has prefix_tokens {prefix} >= num_tokens {num_tokens}")
+    size = data["input_size"]
+    if isinstance(size, int):
+        size = [size, size]
+    if not (isinstance(size, list) and len(size) == 2 and all(isinstance(s, int) and s > 0 for s in size)):
+        raise ScheduleError(f"schedule field 'input_size' must be [height, width], got {size!r}")
+    if data["method"] not in METHODS:
+        raise ScheduleError(f"schedule method {data['method']!r} is not one of {', '.join(METHODS)}")
+    if not isinstance(data["prune"], list):
+        raise ScheduleError("schedule field 'prune' must be a list of {block, remove}")
+    steps = []
+    for item in data["prune"]:
+        if not isinstance(item, Mapping):
+            raise ScheduleError("schedule field 'prune' must be a list of {block, remove}")
+        block, remove = _int(item, "block"), _int(item, "remove")
+        if block >= depth:
+            raise ScheduleError(f"schedule prunes at block {block} but the model has {depth} blocks")
+        steps.append(PruneStep(block, remove))
+    blocks = [step.block for step in steps]
+    if blocks != sorted(set(blocks)):
+        raise ScheduleError("schedule 'prune' blocks must be strictly increasing")
+    removed = sum(step.remove for step in steps)
+    if removed >= num_tokens - prefix:
+        raise ScheduleError(
+            f"schedule removes {removed} tokens but only {num_tokens - prefix - 1} can go "
+            "(at least one patch token must stay)"
+        )
+    kept = _int(data, "kept_tokens", 1)
+    if kept != num_tokens - removed:
+        raise ScheduleError(f"schedule kept_tokens {kept} != num_tokens {num_tokens} - removed {removed}")
+    for key in ("policy", "predicted", "device"):
+        _mapping(data, key)
+    if not isinstance(data["steps"], list):
+        raise ScheduleError("schedule field 'steps' must be a list")
+    return Schedule(
+        model=str(data["model"]),
+        input_size=(size[0], size[1]),
+        batch_size=_int(data, "batch_size", 1),
+        num_tokens=num_tokens,
+        prefix_tokens=prefix,
+        depth=depth,
+        method=data["method"],
+        prune=tuple(steps),
+        policy=dict(data["policy"]),
+        predicted=dict(data["predicted"]),
+        steps=list(data["steps"]),
+        device=dict(data["device"]),
+        curve=data["curve"],
+        created=str(data["created"]),
+        dtype=str(data.get("dtype", "float32")),
+    )
+
+
+def load_schedule(source: str | Path | Mapping | Schedule) -> Schedule:
+    """Read and validate a schedule from a path, a decoded dict, or pass a Schedule through."""
+    if isinstance(source, Schedule):
+        return source
+    if isinstance(source, Mapping):
+        return schedule_from_dict(source)
+    path = Path(source)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScheduleError(f"schedule file not found: {path}") from None
+    except OSError as exc:
+        raise ScheduleError(f"cannot read schedule {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ScheduleError(f"corrupt schedule {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    return schedule_from_dict(data)
+
+
+def save_schedule(schedule: Schedule, path: str | Path) -> Path:
+    """Write the schedule JSON atomically."""
+    return atomic_write_json(path, schedule.to_dict())
