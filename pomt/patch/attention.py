@@ -1,0 +1,73 @@
+"""The pieces of a ViT self-attention layer, so a pruning block can see what timm's fused path hides.
+
+Works on timm's `Attention` (q_norm/k_norm, scale norm, optional gate) and the DINOv2 authors'
+`Attention`/`MemEffAttention` (plain qkv -> softmax -> proj). Tensors are (B, H, N, d) per head.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pomt.errors import PatchError
+
+
+def _supported_classes(attn: nn.Module) -> tuple[type, ...]:
+    """Supported classes of the layer's own package (imports DINOv2 only for DINOv2 layers)."""
+    if type(attn).__module__.startswith("dinov2."):
+        from dinov2.layers.attention import Attention as DinoAttention
+        from dinov2.layers.attention import MemEffAttention
+
+        return (DinoAttention, MemEffAttention)
+    from timm.layers import Attention as TimmAttention
+
+    return (TimmAttention,)
+
+
+def check_attention(attn: nn.Module) -> None:
+    """Raise PatchError unless `attn` is an attention layer whose pieces this module knows."""
+    if type(attn) not in _supported_classes(attn):
+        raise PatchError(
+            f"cannot patch attention {type(attn).__module__}.{type(attn).__name__}: pomt supports timm "
+            "Attention and the DINOv2 authors' Attention/MemEffAttention"
+        )
+
+
+def split_heads(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v per head (B, H, N, d), after q/k normalisation where the layer has it; q unscaled."""
+    batch, tokens, _ = x.shape
+    heads = attn.num_heads
+    qkv = attn.qkv(x).reshape(batch, tokens, 3, heads, -1).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.unbind(0)
+    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    if q_norm is not None:
+        q, k = q_norm(q), k_norm(k)
+    return q, k, v
+
+
+def probabilities(attn: nn.Module, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """softmax(q·kᵀ · scale) over keys, computed explicitly (B, H, Nq, N)."""
+    return ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+
+
+def fused(
+    attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Attention output per head via `F.scaled_dot_product_attention`; `bias` is added to the logits."""
+    if bias is not None:
+        bias = bias.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=attn.scale)
+
+
+def project(attn: nn.Module, heads_out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Merge heads and apply the layer's output path (scale norm, gate, projection); x is its input."""
+    batch, _, tokens, _ = heads_out.shape
+    out = heads_out.transpose(1, 2).reshape(batch, tokens, -1)
+    norm = getattr(attn, "norm", None)
+    if norm is not None:
+        out = norm(out)
+    gate = getattr(attn, "gate", None)
+    if gate is not None:
+        out = out * gate(x).sigmoid()
+    return attn.proj_drop(attn.proj(out))

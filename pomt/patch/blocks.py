@@ -1,0 +1,243 @@
+"""Forwards of the blocks that prune, and the class swap that installs them on one block instance.
+
+A patched block becomes an instance of a subclass of its own class (timm `Block`, the DINOv2 authors'
+`Block`/`NestedTensorBlock`) whose forward runs the block's own modules (norm1, attn, ls1, drop_path1,
+norm2, mlp, ls2, drop_path2) and removes tokens after the attention residual, before the MLP.
+Token order after a pruning block: prefix tokens, then the kept patch tokens in their original order,
+then (pomt only) the fused token. ToMe: prefix, unmerged set-A tokens, then set-B tokens (see tome.py).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from pomt.errors import PatchError, ScheduleError
+from pomt.patch import attention, scores
+from pomt.patch.plan import removed_at
+from pomt.patch.tome import bipartite_matching, merge_weighted
+
+
+@dataclass(eq=False)
+class PatchState:
+    """Everything the patches of one model share; hung on the model as `_pomt_patch`."""
+
+    method: str
+    removal: dict[int, int]
+    prefix_tokens: int
+    seed: int = 0
+    batch_size: int | None = None
+    strict: bool = False
+    originals: dict[int, type] = field(default_factory=dict)
+    size: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+    _generators: dict[str, torch.Generator] = field(default_factory=dict, repr=False)
+    _batch_warned: bool = False
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        """One seeded generator per device, created on first use."""
+        key = str(device)
+        if key not in self._generators:
+            self._generators[key] = torch.Generator(device=device).manual_seed(self.seed)
+        return self._generators[key]
+
+    def check_batch(self, batch: int) -> None:
+        """Warn once (or raise, when strict) if the batch differs from the schedule's."""
+        if self.batch_size is None or batch == self.batch_size or (self._batch_warned and not self.strict):
+            return
+        message = f"schedule was made for batch size {self.batch_size}, the model now runs batch {batch}"
+        if self.strict:
+            raise ScheduleError(message + " (strict)")
+        self._batch_warned = True
+        warnings.warn(message, stacklevel=4)
+
+
+@dataclass(eq=False)
+class BlockPlan:
+    """What one patched block does: `run(block, x, plan)` removing `remove` tokens."""
+
+    run: Callable[[nn.Module, torch.Tensor, BlockPlan], torch.Tensor]
+    remove: int
+    state: PatchState
+    first: bool = False
+    resets: bool = False
+
+
+def _mlp_residual(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return x + block.drop_path2(block.ls2(block.mlp(block.norm2(x))))
+
+
+def _attn_residual(block: nn.Module, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    return x + block.drop_path1(block.ls1(out))
+
+
+def _kept(x: torch.Tensor, plan: BlockPlan) -> int:
+    patch_tokens = x.shape[1] - plan.state.prefix_tokens
+    return patch_tokens - removed_at(plan.state.method, patch_tokens, plan.remove)
+
+
+def run_pomt(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
+    """Explicit attention; keep the best patch tokens, fuse the other R + 1 into their mean."""
+    prefix, attn = plan.state.prefix_tokens, block.attn
+    keep = _kept(x, plan) - 1
+    y = block.norm1(x)
+    q, k, v = attention.split_heads(attn, y)
+    probs = attention.probabilities(attn, q, k)
+    x = _attn_residual(block, x, attention.project(attn, attn.attn_drop(probs) @ v, y))
+    kept, dropped = scores.split_best(scores.pomt_scores(probs, v, prefix), keep)
+    return _mlp_residual(block, scores.keep_and_fuse(x, prefix, kept, dropped))
+
+
+def run_topk(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
+    """Fused attention plus the class-token row computed explicitly; keep the most attended tokens."""
+    prefix, attn = plan.state.prefix_tokens, block.attn
+    keep = _kept(x, plan)
+    y = block.norm1(x)
+    q, k, v = attention.split_heads(attn, y)
+    cls_probs = attention.probabilities(attn, q[:, :, :1], k)
+    x = _attn_residual(block, x, attention.project(attn, attention.fused(attn, q, k, v), y))
+    kept = scores.best_indices(scores.class_attention_scores(cls_probs, prefix), keep)
+    return _mlp_residual(block, scores.keep_tokens(x, prefix, kept))
+
+
+def run_l2norm(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
+    """The block's own attention; keep the patch tokens with the largest feature norm."""
+    prefix = plan.state.prefix_tokens
+    keep = _kept(x, plan)
+    x = _attn_residual(block, x, block.attn(block.norm1(x)))
+    kept = scores.best_indices(scores.l2norm_scores(x, prefix), keep)
+    return _mlp_residual(block, scores.keep_tokens(x, prefix, kept))
+
+
+def run_random(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
+    """The block's own attention; keep a seeded uniform random subset of patch tokens per sample."""
+    state = plan.state
+    keep = _kept(x, plan)
+    x = _attn_residual(block, x, block.attn(block.norm1(x)))
+    prefix = state.prefix_tokens
+    noise = scores.random_scores(x.shape[0], x.shape[1] - prefix, state.generator(x.device), x.device)
+    return _mlp_residual(block, scores.keep_tokens(x, prefix, scores.best_indices(noise, keep)))
+
+
+def _tome_attention(
+    block: nn.Module, x: torch.Tensor, state: PatchState
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention residual with proportional attention (log token size added to the logits); returns keys."""
+    attn = block.attn
+    y = block.norm1(x)
+    q, k, v = attention.split_heads(attn, y)
+    out = attention.fused(attn, q, k, v, state.bias)
+    return _attn_residual(block, x, attention.project(attn, out, y)), k
+
+
+def run_tome(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
+    """Merge up to `remove` patch-token pairs (bipartite soft matching on keys, mean over heads)."""
+    state, prefix = plan.state, plan.state.prefix_tokens
+    if plan.resets:
+        state.size = state.bias = None
+    x, k = _tome_attention(block, x, state)
+    patch_tokens = x.shape[1] - prefix
+    r = removed_at("tome", patch_tokens, plan.remove)
+    if r:
+        size = state.size if state.size is not None else x.new_ones(x.shape[0], patch_tokens, 1)
+        matching = bipartite_matching(k.mean(dim=1)[:, prefix:], r)
+        merged, size = merge_weighted(x[:, prefix:], size, matching)
+        x = torch.cat([x[:, :prefix], merged], dim=1)
+        log_size = torch.cat([size.new_zeros(size.shape[0], prefix), size.squeeze(-1).log()], dim=1)
+        state.size, state.bias = size, log_size[:, None, None, :]
+    return _mlp_residual(block, x)
+
+
+def run_proportional(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
+    """A block after a ToMe merge: no removal, but attention weighted by token size."""
+    x, _ = _tome_attention(block, x, plan.state)
+    return _mlp_residual(block, x)
+
+
+RUNS: dict[str, Callable[[nn.Module, torch.Tensor, BlockPlan], torch.Tensor]] = {
+    "pomt": run_pomt,
+    "topk": run_topk,
+    "tome": run_tome,
+    "l2norm": run_l2norm,
+    "random": run_random,
+}
+
+
+def build_plans(state: PatchState, depth: int) -> dict[int, BlockPlan]:
+    """The blocks to patch: those that remove tokens, plus (ToMe) every block after the first merge."""
+    if not state.removal:
+        return {}
+    first = min(state.removal)
+    plans = {block: BlockPlan(RUNS[state.method], remove, state) for block, remove in state.removal.items()}
+    if state.method == "tome":
+        plans[first].resets = True
+        for block in range(first + 1, depth):
+            plans.setdefault(block, BlockPlan(run_proportional, 0, state))
+    plans[first].first = True
+    return dict(sorted(plans.items()))
+
+
+def _pruning_forward(self, x, attn_mask=None, is_causal=False):
+    """Forward of a patched block: one (B, N, C) tensor in, fewer tokens out."""
+    if not isinstance(x, torch.Tensor) or attn_mask is not None or is_causal:
+        raise PatchError(
+            "a pruning block takes one (B, N, C) tensor: attention masks and nested lists are unsupported"
+        )
+    plan = self._pomt_plan
+    if plan.first:
+        plan.state.check_batch(x.shape[0])
+    return plan.run(self, x, plan)
+
+
+_PATCHED_CLASSES: dict[type, type] = {}
+
+
+def _block_classes(block: nn.Module) -> tuple[type, ...]:
+    """Supported block classes of the block's own package (imports DINOv2 only for DINOv2 blocks)."""
+    if type(block).__module__.startswith("dinov2."):
+        from dinov2.layers.block import Block as DinoBlock
+        from dinov2.layers.block import NestedTensorBlock
+
+        return (DinoBlock, NestedTensorBlock)
+    from timm.models.vision_transformer import Block as TimmBlock
+
+    return (TimmBlock,)
+
+
+def is_patched(block: nn.Module) -> bool:
+    return type(block) in _PATCHED_CLASSES.values()
+
+
+def check_block(block: nn.Module) -> None:
+    """Raise PatchError unless `block` is a block (and attention) this module can run."""
+    if type(block) not in _block_classes(block):
+        raise PatchError(
+            f"cannot patch block {type(block).__module__}.{type(block).__name__}: pomt supports timm "
+            "vision_transformer.Block and the DINOv2 authors' Block/NestedTensorBlock"
+        )
+    attention.check_attention(block.attn)
+
+
+def install(block: nn.Module, plan: BlockPlan) -> type:
+    """Swap `block` to the pruning subclass of its class; returns the original class."""
+    original = type(block)
+    if is_patched(block):
+        raise PatchError("block is already patched; unpatch the model first")
+    check_block(block)
+    if original not in _PATCHED_CLASSES:
+        name = f"Pruning{original.__name__}"
+        _PATCHED_CLASSES[original] = type(name, (original,), {"forward": _pruning_forward})
+    block._pomt_plan = plan
+    block.__class__ = _PATCHED_CLASSES[original]
+    return original
+
+
+def uninstall(block: nn.Module, original: type) -> None:
+    """Give `block` back its original class and remove the plan."""
+    block.__class__ = original
+    if "_pomt_plan" in block.__dict__:
+        del block.__dict__["_pomt_plan"]

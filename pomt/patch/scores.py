@@ -1,0 +1,70 @@
+"""Token scores and selection on plain tensors: scores -> indices -> gathered tokens.
+
+Shapes: x (B, N, C) tokens with `prefix` leading prefix tokens; probs (B, H, N, N) attention
+probabilities; v (B, H, N, d) value vectors. Scores cover patch tokens only, shape (B, N - prefix);
+patch indices are 0-based among the patch tokens. Kept tokens stay in their original order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def pomt_scores(probs: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
+    """POMT importance: attention received (patch rows/columns, max over heads, summed over rows,
+    divided by the sample's largest) plus value magnitude (max over heads, summed over features,
+    softmax over all N tokens, prefix entries dropped)."""
+    received = probs.amax(dim=1)[:, prefix:, prefix:].sum(dim=1)
+    received = received / received.amax(dim=-1, keepdim=True)
+    magnitude = v.amax(dim=1).sum(dim=-1).softmax(dim=-1)[:, prefix:]
+    return received + magnitude
+
+
+def class_attention_scores(cls_probs: torch.Tensor, prefix: int) -> torch.Tensor:
+    """Top-k importance: the class token's attention to each patch token, mean over heads.
+
+    cls_probs is the class-token row of the attention probabilities, (B, H, N) or (B, H, 1, N).
+    """
+    if cls_probs.ndim == 4:
+        cls_probs = cls_probs[:, :, 0]
+    return cls_probs[:, :, prefix:].mean(dim=1)
+
+
+def l2norm_scores(x: torch.Tensor, prefix: int) -> torch.Tensor:
+    """Feature L2 norm of each patch token."""
+    return torch.linalg.vector_norm(x[:, prefix:], dim=-1)
+
+
+def random_scores(
+    batch: int, patch_tokens: int, generator: torch.Generator, device: torch.device
+) -> torch.Tensor:
+    """Uniform noise: keeping the best gives a uniform random subset per sample."""
+    return torch.rand(batch, patch_tokens, generator=generator, device=device)
+
+
+def best_indices(scores: torch.Tensor, keep: int) -> torch.Tensor:
+    """Indices of the `keep` highest scores per row, ascending (B, keep)."""
+    return scores.topk(keep, dim=-1, sorted=False).indices.sort(dim=-1).values
+
+
+def split_best(scores: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, dropped): the `keep` highest scores ascending by index, and all the others."""
+    order = scores.sort(dim=-1, descending=True, stable=True).indices
+    return order[:, :keep].sort(dim=-1).values, order[:, keep:]
+
+
+def gather_patches(x: torch.Tensor, prefix: int, indices: torch.Tensor) -> torch.Tensor:
+    """The patch tokens at `indices` (B, K) -> (B, K, C)."""
+    index = (indices + prefix).unsqueeze(-1).expand(-1, -1, x.shape[-1])
+    return x.gather(1, index)
+
+
+def keep_tokens(x: torch.Tensor, prefix: int, kept: torch.Tensor) -> torch.Tensor:
+    """Prefix tokens followed by the kept patch tokens."""
+    return torch.cat([x[:, :prefix], gather_patches(x, prefix, kept)], dim=1)
+
+
+def keep_and_fuse(x: torch.Tensor, prefix: int, kept: torch.Tensor, dropped: torch.Tensor) -> torch.Tensor:
+    """Prefix, kept patch tokens, then one token that is the mean of the dropped ones."""
+    fused = gather_patches(x, prefix, dropped).mean(dim=1, keepdim=True)
+    return torch.cat([x[:, :prefix], gather_patches(x, prefix, kept), fused], dim=1)
