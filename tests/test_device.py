@@ -220,3 +220,77 @@ def test_require_locked_clocks():
 def test_gpu_power_is_float_or_none():
     power = dev.gpu_power_w(0)
     assert power is None or isinstance(power, float)
+
+
+class FakeNvml:
+    """Just enough of pynvml: some calls answer, some raise, some do not exist."""
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
+
+    class NVMLError(Exception):
+        pass
+
+    def nvmlDeviceGetName(self, handle):
+        return b"Fake GPU 80GB"
+
+    def nvmlSystemGetDriverVersion(self):
+        return "550.54"
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        return {1: 1980, 2: 2619}[clock]
+
+    def nvmlDeviceGetMaxClockInfo(self, handle, clock):
+        return {1: 1980, 2: 2619}[clock]
+
+    def nvmlDeviceGetApplicationsClock(self, handle, clock):
+        raise self.NVMLError("Not Supported")
+
+    def nvmlDeviceGetPersistenceMode(self, handle):
+        return 1
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        return 41
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 123456
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
+        raise self.NVMLError("Not Supported")
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
+        return 0x41
+
+
+@pytest.fixture
+def fake_nvml(fake_root, monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    nvml = FakeNvml()
+    monkeypatch.setattr(dev, "_NVML", nvml)
+    monkeypatch.setattr(dev, "_HANDLES", {0: "handle-0"})
+    monkeypatch.setattr(dev, "resolve_device", lambda name: name)
+    return nvml
+
+
+def test_gpu_fields_from_nvml_survive_missing_and_failing_calls(fake_nvml):
+    gpu = dev.read_gpu_info(0)
+    assert gpu is not None
+    assert gpu["name"] == "Fake GPU 80GB" and gpu["driver"] == "550.54"
+    assert (gpu["sm_clock_mhz"], gpu["mem_clock_max_mhz"]) == (1980, 2619)
+    assert gpu["applications_clock_sm_mhz"] is None and gpu["power_limit_w"] is None
+    assert gpu["locked_gpu_clocks"] is None
+    assert gpu["persistence_mode"] is True and gpu["power_w"] == pytest.approx(123.456)
+    assert gpu["throttle_reasons"] == ["gpu_idle", "hw_thermal_slowdown"]
+    assert dev.gpu_power_w(0) == pytest.approx(123.456)
+    snap = dev.clock_snapshot("cuda:0")
+    assert snap["sm_clock_mhz"] == 1980 and snap["temperature_c"] == 41
+
+
+def test_cuda_fingerprint_uses_gpu_verdict(fake_nvml, tmp_path: Path):
+    make_tree(tmp_path / "sysfs", ["performance"], no_turbo="1")
+    fp = dev.device_fingerprint("cuda")
+    assert json.loads(json.dumps(fp)) == fp
+    assert fp["kind"] == "cuda" and fp["name"] == "Fake GPU 80GB"
+    assert fp["clocks_locked"] is False and fp["cpu_clocks_locked"] is True
+    state = dev.lock_state_path()
+    state.parent.mkdir()
+    state.write_text("nvidia\tpersistence\tDisabled\nnvidia\tgpu_clocks\tlocked\n")
+    assert dev.device_fingerprint("cuda")["clocks_locked"] is True
