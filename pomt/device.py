@@ -24,7 +24,7 @@ from pomt.errors import DeviceError
 LOCK_COMMAND = "sudo scripts/lock_clocks.sh lock"
 STATE_FILE_NAME = "clock_state"
 
-# NVML clock event ("throttle") reason bits, named as nvidia-smi -q names them.
+# NVML clock event ("throttle") reason bits (nvmlClocksEventReason*), as snake_case names.
 THROTTLE_REASONS: dict[int, str] = {
     0x1: "gpu_idle",
     0x2: "applications_clocks_setting",
