@@ -1,0 +1,17 @@
+"""pomt: hardware-aware token pruning schedules for Vision Transformers."""
+
+from pomt.geometry import Geometry, model_geometry
+from pomt.models import create_model, resolve_model_name
+from pomt.schedule import Schedule, load_schedule, save_schedule
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Geometry",
+    "Schedule",
+    "create_model",
+    "load_schedule",
+    "model_geometry",
+    "resolve_model_name",
+    "save_schedule",
+]
