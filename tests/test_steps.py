@@ -1,0 +1,132 @@
+"""Step detection on seeded synthetic curves: linear trend + planted steps + Gaussian noise + spikes."""
+
+import numpy as np
+import pytest
+
+from pomt.errors import CurveError
+from pomt.steps import Step, detect_steps
+
+SIGMA = 0.05  # ms of Gaussian noise on every point
+
+
+def staircase(seed: int, n_max: int = 197, n_steps: int = 4, spikes: tuple[int, ...] = ()):
+    """L(n) = 10 + 0.05 n + 1e-4 n^2 ms, plus steps of 5.5-10 sigma at random counts >= 12 apart.
+
+    A step at p raises every count above p: pruning to p lands below it (p is the low side).
+    """
+    rng = np.random.default_rng(seed)
+    n = np.arange(2, n_max + 1)
+    while True:
+        pos = np.sort(rng.choice(np.arange(15, n_max - 15), n_steps, replace=False))
+        if np.all(np.diff(pos) >= 12):
+            break
+    heights = rng.uniform(5.5, 10.0, n_steps) * SIGMA
+    y = 10 + 0.05 * n + 1e-4 * n**2 + rng.normal(0, SIGMA, n.size)
+    for p, h in zip(pos, heights, strict=True):
+        y = y + h * (n > p)
+    for s in spikes:
+        y[n == s] += 12 * SIGMA
+    return n, y, pos
+
+
+def matches(found: list[Step], planted) -> bool:
+    return len(found) == len(planted) and all(
+        any(abs(s.tokens - p) <= 1 for s in found) for p in planted
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_planted_steps_found_within_one_token(seed):
+    n, y, pos = staircase(seed)
+    report = detect_steps(n, y)
+    assert matches(report.steps, pos), ([s.tokens for s in report.steps], pos)
+    assert all(s.kind == "drop" and s.significance >= 5 for s in report.steps)
+    assert report.noise_ms == pytest.approx(SIGMA, rel=0.3)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_no_false_positive_on_linear_noise(seed):
+    rng = np.random.default_rng(100 + seed)
+    n = np.arange(2, 198)
+    y = 10 + 0.05 * n + rng.normal(0, SIGMA, n.size)
+    report = detect_steps(n, y)
+    assert report.steps == []
+    assert report.spikes == []
+
+
+def test_step_fields():
+    n = np.arange(2, 60)
+    y = 10 + 0.1 * n + 1.0 * (n > 30)  # noiseless: 1 ms step between 30 and 31
+    (step,) = detect_steps(n, y).steps
+    assert (step.tokens, step.upper_tokens, step.kind) == (30, 31, "drop")
+    assert step.before_ms == pytest.approx(10 + 3.1 + 1.0)
+    assert step.after_ms == pytest.approx(13.0)
+    assert step.drop_ms == pytest.approx(1.1)
+    assert step.drop_pct == pytest.approx(100 * 1.1 / 14.1)
+    assert step.excess_ms == pytest.approx(1.0)
+    assert step.to_dict()["tokens"] == 30
+
+
+def test_spikes_reported_not_steps():
+    n, y, pos = staircase(3, spikes=(40, 120))
+    report = detect_steps(n, y)
+    assert sorted(report.spikes) == [40, 120]
+    assert matches(report.steps, pos)
+
+
+def test_non_monotone_region_is_a_rise():
+    rng = np.random.default_rng(7)
+    n = np.arange(2, 198)
+    # counts 90..99 cost 0.6 ms more than the trend: 100 -> 99 gets slower (rise), 90 -> 89 faster (drop)
+    y = 10 + 0.05 * n + 0.6 * ((n >= 90) & (n <= 99)) + rng.normal(0, SIGMA, n.size)
+    steps = {(s.tokens, s.kind) for s in detect_steps(n, y).steps}
+    assert any(kind == "rise" and abs(tok - 99) <= 1 for tok, kind in steps), steps
+    assert any(kind == "drop" and abs(tok - 89) <= 1 for tok, kind in steps), steps
+    assert len(steps) == 2
+
+
+def test_step_spread_over_three_tokens_reported_once():
+    rng = np.random.default_rng(11)
+    n = np.arange(2, 198)
+    # 100 -> 99 -> 98 -> 97 each drop a third of 1.2 ms: pruning to 97 lands below all of it
+    stairs = (n >= 98).astype(float) + (n >= 99) + (n >= 100)
+    y = 10 + 0.05 * n + 0.4 * stairs + rng.normal(0, SIGMA, n.size)
+    (step,) = detect_steps(n, y).steps
+    assert abs(step.tokens - 97) <= 1
+    assert abs(step.upper_tokens - 100) <= 1
+
+
+def test_irregular_unsorted_grid():
+    rng = np.random.default_rng(5)
+    n = np.unique(np.concatenate([np.arange(2, 198, 7), np.arange(60, 80), [140, 141, 142, 143]]))
+    y = 10 + 0.05 * n + 0.5 * (n > 70) + 0.6 * (n > 141) + rng.normal(0, SIGMA, n.size)
+    order = rng.permutation(n.size)
+    steps = detect_steps(n[order], y[order]).steps
+    assert [(s.tokens, s.upper_tokens) for s in steps] == [(70, 71), (141, 142)]
+
+
+def test_measured_iqr_raises_the_noise():
+    n, y, _ = staircase(0)
+    # a per-call IQR of 2 ms over 5 samples: median noise ~ 2 / 1.349 * 1.2533 / sqrt(5) = 0.83 ms
+    report = detect_steps(n, y, iqr_ms=np.full(n.size, 2.0), samples=np.full(n.size, 5))
+    assert report.noise_ms == pytest.approx(2 / 1.349 * 1.2533 / np.sqrt(5))
+    assert report.steps == []
+
+
+def test_explicit_noise_and_k():
+    n, y, pos = staircase(1)
+    assert detect_steps(n, y, noise_ms=1.0).steps == []
+    assert len(detect_steps(n, y, k=50).steps) < len(pos)
+
+
+@pytest.mark.parametrize("points", [([5], [1.0]), ([5, 9], [1.0, 2.0]), ([5, 9, 7], [1.0, 2.0, 1.5])])
+def test_tiny_inputs(points):
+    report = detect_steps(*points)
+    assert report.steps == [] and report.spikes == []
+
+
+def test_bad_inputs():
+    with pytest.raises(CurveError):
+        detect_steps([1, 2, 3], [1.0, 2.0])
+    with pytest.raises(CurveError):
+        detect_steps([1, 2, 3, 4], [1.0, np.nan, 2.0, 3.0])
