@@ -1,0 +1,101 @@
+"""Scoring, selection and ToMe matching on plain tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pomt.errors import PatchError
+from pomt.patch import token_counts
+from pomt.patch.plan import check_method, resolve_removal
+from pomt.patch.scores import (
+    best_indices,
+    class_attention_scores,
+    keep_and_fuse,
+    keep_tokens,
+    pomt_scores,
+    split_best,
+)
+from pomt.patch.tome import bipartite_matching, merge_weighted
+
+
+def test_split_best_keeps_highest_in_original_order_and_drops_the_rest():
+    scores = torch.tensor([[0.1, 0.9, 0.5, 0.7, 0.2]])
+    kept, dropped = split_best(scores, 3)
+    assert kept.tolist() == [[1, 2, 3]]
+    assert sorted(dropped.tolist()[0]) == [0, 4]
+    assert best_indices(scores, 3).tolist() == [[1, 2, 3]]
+
+
+def test_keep_and_fuse_layout():
+    x = torch.arange(2 * 6 * 3, dtype=torch.float32).reshape(2, 6, 3)
+    kept = torch.tensor([[0, 3], [1, 2]])
+    dropped = torch.tensor([[1, 2, 4], [0, 3, 4]])
+    out = keep_and_fuse(x, 1, kept, dropped)
+    assert out.shape == (2, 4, 3)
+    assert torch.equal(out[:, 0], x[:, 0])
+    assert torch.equal(out[0, 1:3], x[0, [1, 4]])
+    assert torch.allclose(out[0, 3], x[0, [2, 3, 5]].mean(0))
+    assert torch.allclose(out[1, 3], x[1, [1, 4, 5]].mean(0))
+    assert torch.equal(keep_tokens(x, 2, kept)[1, 2:], x[1, [3, 4]])
+
+
+def test_pomt_scores_follow_the_definition():
+    torch.manual_seed(0)
+    batch, heads, tokens, prefix = 2, 3, 7, 2
+    probs = torch.randn(batch, heads, tokens, tokens).softmax(-1)
+    v = torch.randn(batch, heads, tokens, 4)
+    got = pomt_scores(probs, v, prefix)
+    for b in range(batch):
+        received = [
+            sum(max(probs[b, h, i, j].item() for h in range(heads)) for i in range(prefix, tokens))
+            for j in range(prefix, tokens)
+        ]
+        top = max(received)
+        sums = [sum(max(v[b, h, t, f].item() for h in range(heads)) for f in range(4)) for t in range(tokens)]
+        magnitude = torch.tensor(sums).softmax(0)[prefix:]
+        expected = torch.tensor(received) / top + magnitude
+        assert torch.allclose(got[b], expected, atol=1e-5)
+
+
+def test_class_attention_scores_mean_over_heads_of_row_zero():
+    probs = torch.rand(1, 2, 5, 5)
+    got = class_attention_scores(probs[:, :, :1], 1)
+    assert torch.allclose(got, probs[:, :, 0, 1:].mean(1))
+
+
+def test_bipartite_matching_merges_the_most_similar_pair_weighted_by_size():
+    # A = tokens 0, 2, 4; B = tokens 1, 3. Token 2 equals token 3 up to scale; others are orthogonal-ish.
+    x = torch.tensor([[[1.0, 0, 0], [0, 1, 0], [0, 0, 1], [0, 0, 2], [1, 1, -1]]])
+    size = torch.tensor([[[1.0], [1], [3], [1], [1]]])
+    matching = bipartite_matching(x, 1)
+    merged, new_size = merge_weighted(x, size, matching)
+    assert merged.shape == (1, 4, 3)
+    assert new_size.squeeze(-1).tolist() == [[1, 1, 1, 4]]
+    assert torch.allclose(merged[0, :2], x[0, [0, 4]])  # unmerged A tokens, original order
+    assert torch.allclose(merged[0, 2], x[0, 1])
+    assert torch.allclose(merged[0, 3], (3 * x[0, 2] + x[0, 3]) / 4)
+    assert torch.allclose((merged * new_size).sum(1), (x * size).sum(1))
+
+
+def test_bipartite_matching_refuses_more_than_half():
+    with pytest.raises(ValueError):
+        bipartite_matching(torch.randn(1, 5, 3), 3)
+
+
+def test_token_counts_clamp_tome_to_half_and_refuse_empty_patch_sets():
+    assert token_counts(11, 1, 3, "tome", {0: 8, 1: 8, 2: 8}) == [11, 6, 4, 3]
+    assert token_counts(11, 1, 3, "pomt", {1: 9}) == [11, 11, 2, 2]
+    with pytest.raises(PatchError, match="at least one must stay"):
+        token_counts(11, 1, 3, "topk", {1: 10})
+
+
+def test_resolve_removal_validates_blocks_and_counts():
+    assert resolve_removal(2, 3) == {0: 2, 1: 2, 2: 2}
+    assert resolve_removal({1: 0, 2: 5}, 3) == {2: 5}
+    with pytest.raises(PatchError, match="blocks 0..2"):
+        resolve_removal({3: 1}, 3)
+    with pytest.raises(PatchError, match=">= 0"):
+        resolve_removal({1: -1}, 3)
+    with pytest.raises(PatchError, match="pomt, topk, tome, l2norm, random"):
+        check_method("prune-everything")
