@@ -1,0 +1,95 @@
+"""Operators or kernels per forward, and the time the device spends in them, from `torch.profiler`.
+
+On CPU: aten operators dispatched per forward, and their summed self CPU time. On CUDA: GPU activities
+(kernels, memcpy, memset) per forward and their summed device time. Comparing that device time with
+the measured wall latency shows how much of a forward is launch and framework overhead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from pomt.measure import synchronize
+
+_KINETO_CHATTER = re.compile(r"^(USDT:|(INFO|WARNING|ERROR|STAGE):\d{4}-\d\d-\d\d )")
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    """Per-forward counts and times from one profiled run."""
+
+    ops_per_forward: float
+    device_time_ms: float
+    profiled_wall_ms: float
+    kind: str  # "aten_ops_cpu_self_time" or "gpu_kernels_device_time"
+    forwards: int
+
+
+@contextlib.contextmanager
+def _quiet_kineto() -> Iterator[None]:
+    """Drop the profiler library's own log lines from stderr; pass everything else through."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            sink.seek(0)
+            kept = [
+                line
+                for line in sink.read().decode(errors="replace").splitlines()
+                if line.strip() and not _KINETO_CHATTER.match(line)
+            ]
+            if kept:
+                print("\n".join(kept), file=sys.stderr)
+
+
+def profile_forward(
+    fn: Callable[[], object], device: str, forwards: int = 3, warmup: int = 2
+) -> ProfileSummary:
+    """Profile `forwards` calls of `fn` after `warmup` unprofiled ones."""
+    cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+    with torch.inference_mode():
+        for _ in range(warmup):
+            fn()
+        synchronize(device)
+        with _quiet_kineto(), profile(activities=activities) as prof:
+            start = time.perf_counter()
+            for _ in range(forwards):
+                fn()
+            synchronize(device)
+            wall_ms = (time.perf_counter() - start) * 1e3 / forwards
+    events = prof.events()
+    if cuda:
+        gpu = [e for e in events if e.device_type == DeviceType.CUDA]
+        busy_us = sum(e.time_range.elapsed_us() for e in gpu)
+        return ProfileSummary(
+            len(gpu) / forwards, busy_us / 1e3 / forwards, wall_ms, "gpu_kernels_device_time", forwards
+        )
+    aten = [e for e in events if e.name.startswith("aten::")]
+    self_us = sum(e.self_cpu_time_total for e in events if e.device_type == DeviceType.CPU)
+    return ProfileSummary(
+        len(aten) / forwards, self_us / 1e3 / forwards, wall_ms, "aten_ops_cpu_self_time", forwards
+    )

@@ -1,0 +1,379 @@
+"""Benchmark orchestration: build the variants, measure them side by side, collect one row each.
+
+All variants are timed in one interleaved run (`pomt.measure.interleaved`), each a deep copy called as
+`model(x)` on the same input; FLOPs, accuracy, memory, power and the profile are taken per variant.
+A sweep repeats this for every (batch size, input size) cell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from pomt.bench import accuracy as acc
+from pomt.bench.flops import count_flops
+from pomt.bench.profile import profile_forward
+from pomt.bench.resources import peak_memory, power_and_energy
+from pomt.bench.variants import (
+    BASELINE,
+    SCHEDULE,
+    Variant,
+    build_variant,
+    check_methods,
+    flops_function,
+    match_flops,
+    plan_reductions,
+)
+from pomt.device import clock_snapshot, device_fingerprint, require_locked_clocks, resolve_device
+from pomt.errors import BatchSizeError, InputSizeError, ScheduleError
+from pomt.geometry import model_geometry
+from pomt.measure import fixed_threads, interleaved
+from pomt.models import architecture, create_model, normalise_input_size
+from pomt.schedule import Schedule, load_schedule
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to benchmark and how; the CLI fills it from its options."""
+
+    model: str | None = None
+    schedule: str | Path | Schedule | None = None
+    methods: tuple[str, ...] = (BASELINE,)
+    remove: int | None = None
+    r: int | None = None
+    prune_block: int = 3
+    keep_rate: float | None = None
+    match_flops: bool = False
+    batch_size: int | None = None
+    input_size: int | tuple[int, int] | None = None
+    device: str = "auto"
+    threads: int | None = None
+    rounds: int = 30
+    calls_per_round: int = 1
+    warmup: int = 3
+    dataset_root: str | Path | None = None
+    accuracy_samples: int = 32
+    checkpoint: str | Path | None = None
+    pretrained: bool = False
+    require_locked_clocks: bool = False
+    profile: bool = True
+    power_seconds: float = 2.0
+    seed: int = 0
+
+
+@dataclass
+class BenchResult:
+    """One benchmark: a row per variant and the run's metadata."""
+
+    model: str
+    device: str
+    batch_size: int
+    input_size: tuple[int, int]
+    rows: list[dict]
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def stem(self) -> str:
+        """`<model>_<device>_bs<B>_is<S>`, the name all of this run's files share."""
+        return (
+            f"{self.model}_{self.device.split(':')[0]}_bs{self.batch_size}_is{_size_label(self.input_size)}"
+        )
+
+
+def _size_label(size: tuple[int, int]) -> str:
+    return str(size[0]) if size[0] == size[1] else f"{size[0]}x{size[1]}"
+
+
+def check_batch_size(batch: int) -> int:
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise BatchSizeError(f"batch size must be an integer >= 1, got {batch!r}")
+    return batch
+
+
+def check_input_size(size: int | tuple[int, int] | None) -> tuple[int, int] | None:
+    try:
+        return normalise_input_size(size)
+    except (TypeError, ValueError):
+        raise InputSizeError(f"input size must be a positive integer, got {size!r}") from None
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """The resolved pieces of a run shared by every cell of a sweep."""
+
+    config: BenchConfig
+    schedule: Schedule | None
+    model_name: str
+    device: str
+    fingerprint: dict
+
+
+def prepare(config: BenchConfig) -> _Setup:
+    """Validate the configuration before any model is built: methods, sizes, schedule, device, clocks."""
+    check_methods(config.methods)
+    if config.batch_size is not None:
+        check_batch_size(config.batch_size)
+    check_input_size(config.input_size)
+    schedule = load_schedule(config.schedule) if config.schedule is not None else None
+    if config.model is None and schedule is None:
+        raise ScheduleError("give --model or a --schedule (whose model is used)")
+    from pomt.models import resolve_model_name
+
+    name = resolve_model_name(config.model or schedule.model)
+    if config.match_flops and schedule is None:
+        raise ScheduleError("--match-flops needs a --schedule whose FLOPs the reducers match")
+    device = resolve_device(config.device)
+    fingerprint = device_fingerprint(device, config.threads)
+    if config.require_locked_clocks:
+        require_locked_clocks(fingerprint)
+    return _Setup(config, schedule, name, device, fingerprint)
+
+
+def run_benchmark(config: BenchConfig, progress: bool | None = None) -> BenchResult:
+    """Benchmark the configured variants at one batch size and input size."""
+    return _run_cell(prepare(config), progress)
+
+
+def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) -> BenchResult:
+    config, schedule, device = setup.config, setup.schedule if schedule_here else None, setup.device
+    batch = check_batch_size(config.batch_size or (schedule.batch_size if schedule else 1))
+    size = check_input_size(config.input_size) or (schedule.input_size if schedule else None)
+    base = create_model(
+        setup.model_name, input_size=size, pretrained=config.pretrained, checkpoint=config.checkpoint
+    ).to(device)
+    geometry = model_geometry(base)
+    size = geometry.input_size
+    if schedule is not None:
+        schedule.check_geometry(geometry)
+        if architecture(schedule.model) != architecture(setup.model_name):
+            warnings.warn(
+                f"schedule was made for {schedule.model}, benchmarking {setup.model_name}", stacklevel=2
+            )
+    x = torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(config.seed)).to(device)
+
+    reductions = plan_reductions(
+        config.methods,
+        geometry,
+        config.remove,
+        config.r,
+        config.prune_block,
+        config.keep_rate,
+        schedule,
+        amounts_later=config.match_flops,
+    )
+    if config.match_flops:
+        reductions = match_flops(reductions, geometry, flops_function(base, x[:1]), config.prune_block)
+
+    with fixed_threads(config.threads) as threads, _bar(progress, 2 * len(reductions) + 2, geometry) as bar:
+        variants = []
+        for reduction in reductions:
+            variants.append(build_variant(base, reduction, schedule, batch, config.seed))
+            bar.update()
+        del base
+        rows = {v.name: _static_row(v, x, setup, schedule, batch, size) for v in variants}
+        accuracy_kind, samples = _add_accuracy(rows, variants, config, device, batch, size)
+        bar.update()
+        before = clock_snapshot(device)
+        timing = interleaved(
+            {v.name: _forward(v, x) for v in variants},
+            device,
+            threads,
+            config.rounds,
+            config.calls_per_round,
+            config.warmup,
+        )
+        after = clock_snapshot(device)
+        bar.update()
+        notes: list[str] = []
+        for variant in variants:
+            _add_resources(rows[variant.name], variant, x, device, config, notes)
+            bar.update()
+    _add_timing(rows, timing.stats, batch)
+    for row in rows.values():
+        row["accuracy_kind"] = accuracy_kind
+    meta = {
+        "model": setup.model_name,
+        "device": device,
+        "fingerprint": setup.fingerprint,
+        "threads": threads,
+        "rounds": config.rounds,
+        "calls_per_round": config.calls_per_round,
+        "warmup": config.warmup,
+        "batch_size": batch,
+        "input_size": list(size),
+        "geometry": geometry.to_dict(),
+        "schedule": str(config.schedule) if isinstance(config.schedule, (str, Path)) else None,
+        "accuracy_kind": accuracy_kind,
+        "accuracy_samples": samples,
+        "match_flops": config.match_flops,
+        "clocks": {"before": before, "after": after},
+        "notes": sorted(set(notes)),
+    }
+    return BenchResult(architecture(setup.model_name), device, batch, size, list(rows.values()), meta)
+
+
+@contextlib.contextmanager
+def _bar(progress: bool | None, total: int, geometry) -> Iterator[tqdm]:
+    desc = f"{geometry.model} {geometry.input_size[0]}px"
+    with tqdm(
+        total=total, desc=desc, unit="step", leave=False, disable=None if progress is None else not progress
+    ) as bar:
+        yield bar
+
+
+def _forward(variant: Variant, x: torch.Tensor):
+    model = variant.model
+    return lambda: model(x)
+
+
+def _static_row(
+    variant: Variant,
+    x: torch.Tensor,
+    setup: _Setup,
+    schedule: Schedule | None,
+    batch: int,
+    size: tuple[int, int],
+) -> dict:
+    """The columns that need no timing: identity, tokens, FLOPs per image, parameters, prediction."""
+    reduction = variant.reduction
+    predicted = None
+    if schedule is not None and batch == schedule.batch_size and tuple(size) == tuple(schedule.input_size):
+        key = {SCHEDULE: "pruned_ms", BASELINE: "baseline_ms"}.get(variant.name)
+        value = schedule.predicted.get(key) if key else None
+        predicted = float(value) if isinstance(value, (int, float)) and value > 0 else None
+    params = sum(p.numel() for p in variant.model.parameters())
+    return {
+        "model": architecture(setup.model_name),
+        "method": variant.name,
+        "batch_size": batch,
+        "input_size": size[0],
+        "tokens_kept": variant.tokens_kept,
+        "predicted_ms": predicted,
+        "gflops": count_flops(variant.model, x) / batch / 1e9,
+        "params_m": params / 1e6,
+        "clocks_locked": setup.fingerprint.get("clocks_locked"),
+        "reducer": reduction.method or "",
+        "amount": reduction.amount,
+        "removal": {str(k): v for k, v in sorted(reduction.removal.items())},
+    }
+
+
+def _add_accuracy(
+    rows: dict[str, dict],
+    variants: Sequence[Variant],
+    config: BenchConfig,
+    device: str,
+    batch: int,
+    size: tuple[int, int],
+) -> tuple[str, int]:
+    if config.accuracy_samples <= 0:
+        for row in rows.values():
+            row["accuracy"] = None
+        return "", 0
+    if config.dataset_root is not None:
+        evalset = acc.imagefolder_set(
+            config.dataset_root, variants[0].model, config.accuracy_samples, batch, size, config.seed
+        )
+    else:
+        evalset = acc.synthetic_set(config.accuracy_samples, batch, size, config.seed)
+    scores = acc.evaluate([(v.name, v.model) for v in variants], evalset, device)
+    for name, score in scores.items():
+        rows[name]["accuracy"] = score
+    return evalset.kind, evalset.samples
+
+
+def _add_timing(rows: dict[str, dict], stats: dict, batch: int) -> None:
+    baseline = stats[BASELINE].median_ms
+    for name, row in rows.items():
+        s = stats[name]
+        row.update(
+            latency_ms=s.median_ms,
+            latency_iqr_ms=s.iqr_ms,
+            latency_min_ms=s.min_ms,
+            latency_p10_ms=s.p10_ms,
+            samples=s.samples,
+            throughput_ips=batch * 1e3 / s.median_ms,
+            speedup=baseline / s.median_ms,
+            speedup_min=stats[BASELINE].min_ms / s.min_ms,
+        )
+        predicted = row.get("predicted_ms")
+        row["predicted_error_pct"] = 100 * (s.median_ms - predicted) / predicted if predicted else None
+
+
+def _add_resources(
+    row: dict, variant: Variant, x: torch.Tensor, device: str, config: BenchConfig, notes: list[str]
+) -> None:
+    forward = _forward(variant, x)
+    memory = peak_memory(forward, variant.model, device)
+    row.update(peak_mem_mb=memory.peak_mb, peak_mem_kind=memory.kind)
+    power = power_and_energy(forward, device, x.shape[0], config.power_seconds)
+    row.update(power_w=power.power_w, energy_j_per_img=power.energy_j_per_img)
+    if power.power_w is None:
+        notes.append(power.note)
+    if config.profile:
+        summary = profile_forward(forward, device)
+        row.update(
+            ops_per_forward=summary.ops_per_forward,
+            device_time_ms=summary.device_time_ms,
+            profiled_wall_ms=summary.profiled_wall_ms,
+            profile_kind=summary.kind,
+        )
+    else:
+        row.update(ops_per_forward=None, device_time_ms=None, profiled_wall_ms=None, profile_kind="")
+
+
+@dataclass
+class SweepResult:
+    """Benchmarks over a grid of batch sizes and input sizes."""
+
+    model: str
+    device: str
+    batch_sizes: list[int]
+    input_sizes: list[int]
+    cells: dict[tuple[int, int], BenchResult]
+
+    @property
+    def stem(self) -> str:
+        batches = "-".join(map(str, self.batch_sizes))
+        sizes = "-".join(map(str, self.input_sizes))
+        return f"{self.model}_{self.device.split(':')[0]}_bs{batches}_is{sizes}"
+
+
+def run_sweep(
+    config: BenchConfig, batch_sizes: Sequence[int], input_sizes: Sequence[int], progress: bool | None = None
+) -> SweepResult:
+    """Run the benchmark in every (batch size, input size) cell; a schedule joins only the cells at its
+    own input size (elsewhere its token counts do not apply)."""
+    batch_sizes = [check_batch_size(b) for b in dict.fromkeys(batch_sizes)]
+    input_sizes = [check_input_size(s)[0] for s in dict.fromkeys(input_sizes)]
+    setup = prepare(config)
+    schedule = setup.schedule
+    if (
+        schedule is not None
+        and config.match_flops
+        and any((s, s) != schedule.input_size for s in input_sizes)
+    ):
+        raise ScheduleError(
+            f"--match-flops needs the schedule's input size {schedule.input_size[0]} in every cell"
+        )
+    if schedule is not None and any((s, s) != schedule.input_size for s in input_sizes):
+        warnings.warn(
+            f"the schedule applies at input size {schedule.input_size[0]} only; other cells leave it out",
+            stacklevel=2,
+        )
+    cells: dict[tuple[int, int], BenchResult] = {}
+    grid = [(b, s) for b in batch_sizes for s in input_sizes]
+    bar = tqdm(grid, desc="sweep", unit="cell", disable=None if progress is None else not progress)
+    for batch, size in bar:
+        bar.set_postfix(batch=batch, size=size)
+        cell = replace(setup, config=replace(config, batch_size=batch, input_size=size))
+        here = schedule is not None and (size, size) == tuple(schedule.input_size)
+        cells[(batch, size)] = _run_cell(cell, progress, schedule_here=here)
+    first = next(iter(cells.values()))
+    return SweepResult(first.model, first.device, batch_sizes, input_sizes, cells)

@@ -1,0 +1,252 @@
+"""The variants a benchmark compares: the unpruned model, a schedule, and reducers with their amounts.
+
+A `Reduction` says what to do (method and {block: remove}); `build_variant` does it to a deep copy of
+the base model, so every variant is its own module called as `model(x)`. With `match_flops`, each
+reducer's amount is chosen so its FLOPs come as close as they can to the schedule's.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from pomt.bench.flops import analytic_flops, count_flops, match_amount
+from pomt.errors import PatchError
+from pomt.geometry import Geometry, model_geometry
+from pomt.patch import METHODS, apply_schedule, patch, token_counts, unpatch
+from pomt.patch.tome import max_merge
+from pomt.schedule import Schedule
+
+BASELINE = "none"
+SCHEDULE = "schedule"
+VALID_METHODS = (BASELINE, *METHODS)
+TOKEN_METHODS = tuple(m for m in METHODS if m != "tome")  # amount = tokens removed at one block
+MATCH_TOLERANCE = 0.02
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """One variant's recipe: `method` (None: unpruned) removing removal[b] tokens at block b."""
+
+    name: str
+    method: str | None
+    removal: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def amount(self) -> str:
+        """Human-readable amount: "-56@3" for pruning at one block, "r=8" for uniform ToMe."""
+        if not self.removal:
+            return ""
+        values = set(self.removal.values())
+        if self.method == "tome" and len(values) == 1:
+            return f"r={values.pop()}"
+        if self.method == "tome":
+            return "r=" + "/".join(str(self.removal.get(b, 0)) for b in range(max(self.removal) + 1))
+        return " ".join(f"-{remove}@{block}" for block, remove in sorted(self.removal.items()))
+
+
+@dataclass
+class Variant:
+    """A reduction applied to its own deep copy of the model."""
+
+    reduction: Reduction
+    model: nn.Module
+    tokens_kept: int
+
+    @property
+    def name(self) -> str:
+        return self.reduction.name
+
+
+def check_methods(methods: Sequence[str]) -> list[str]:
+    """Deduplicated methods with the unpruned baseline first; PatchError names the valid ones."""
+    unknown = [m for m in methods if m not in VALID_METHODS]
+    if unknown:
+        raise PatchError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(VALID_METHODS)}")
+    ordered = [BASELINE] + [m for m in dict.fromkeys(methods) if m != BASELINE]
+    return ordered
+
+
+def tome_removal(steps: int, depth: int) -> dict[int, int]:
+    """ToMe merges for a fine-grained amount: r = steps // depth per block, one more in the first
+    steps % depth blocks (FLOPs fall with every step, unlike uniform r alone)."""
+    r, extra = divmod(steps, depth)
+    merges = {block: r + (1 if block < extra else 0) for block in range(depth)}
+    return {block: count for block, count in merges.items() if count}
+
+
+def plan_reductions(
+    methods: Sequence[str],
+    geometry: Geometry,
+    remove: int | None = None,
+    r: int | None = None,
+    prune_block: int = 3,
+    keep_rate: float | None = None,
+    schedule: Schedule | None = None,
+    amounts_later: bool = False,
+) -> list[Reduction]:
+    """Reductions for `methods` with explicit amounts (or the schedule's removal), schedule variant included.
+
+    Pruning methods remove `remove` tokens (or all but `keep_rate` of the patch tokens) at `prune_block`;
+    without either they copy the schedule's removal. ToMe merges `r` tokens per block. With
+    `amounts_later` (FLOP matching fills them in), reducers get no amount here.
+    """
+    reductions = []
+    for method in check_methods(methods):
+        if method == BASELINE:
+            reductions.append(Reduction(BASELINE, None))
+        elif amounts_later:
+            reductions.append(Reduction(method, method))
+        elif method == "tome":
+            if r is None:
+                raise PatchError("method tome needs --r (tokens merged per block) or --match-flops")
+            reductions.append(Reduction(method, method, {b: r for b in range(geometry.depth)} if r else {}))
+        else:
+            reductions.append(
+                Reduction(
+                    method, method, _token_removal(method, geometry, remove, prune_block, keep_rate, schedule)
+                )
+            )
+    if schedule is not None:
+        reductions.insert(1, Reduction(SCHEDULE, schedule.method, dict(schedule.removal)))
+    for reduction in reductions:
+        if reduction.method:
+            token_counts(
+                geometry.num_tokens,
+                geometry.prefix_tokens,
+                geometry.depth,
+                reduction.method,
+                reduction.removal,
+            )
+    return reductions
+
+
+def check_prune_block(block: int, geometry: Geometry) -> int:
+    """Raise PatchError unless the pruning block exists."""
+    if not 0 <= block < geometry.depth:
+        raise PatchError(f"--prune-block {block} is outside the model's blocks 0..{geometry.depth - 1}")
+    return block
+
+
+def _token_removal(
+    method: str,
+    geometry: Geometry,
+    remove: int | None,
+    block: int,
+    keep_rate: float | None,
+    schedule: Schedule | None,
+) -> dict[int, int]:
+    check_prune_block(block, geometry)
+    if keep_rate is not None:
+        if not 0 < keep_rate <= 1:
+            raise PatchError(f"--keep-rate must lie in (0, 1], got {keep_rate}")
+        remove = geometry.patch_tokens - max(1, round(keep_rate * geometry.patch_tokens))
+    if remove is None:
+        if schedule is None:
+            raise PatchError(f"method {method} needs --remove N, --keep-rate, --match-flops or a --schedule")
+        return dict(schedule.removal)
+    if remove < 0:
+        raise PatchError(f"--remove must be >= 0, got {remove}")
+    return {block: remove} if remove else {}
+
+
+FlopsFn = Callable[[str | None, Mapping[int, int]], float]
+
+
+def flops_function(base: nn.Module, example: torch.Tensor) -> FlopsFn:
+    """FLOPs of the base model under (method, removal): the analytic ViT count where it applies to this
+    model (checked against the FLOP counter once), else the FLOP counter on a scratch copy."""
+    scratch: list[nn.Module] = []
+
+    def counted(method: str | None, removal: Mapping[int, int]) -> float:
+        if not scratch:
+            scratch.append(copy.deepcopy(base))
+        model = unpatch(scratch[0])
+        if method and removal:
+            patch(model, method, dict(removal))
+        return float(count_flops(model, example))
+
+    batch = example.shape[0]
+    try:
+        exact = analytic_flops(base, batch) == counted(None, {})
+    except (AttributeError, TypeError):
+        exact = False
+    if exact:
+        return lambda method, removal: float(analytic_flops(base, batch, method, dict(removal)))
+    return counted
+
+
+def match_flops(
+    reductions: Sequence[Reduction], geometry: Geometry, flops_at: FlopsFn, prune_block: int = 3
+) -> list[Reduction]:
+    """Replace each reducer's amount so its FLOPs match the schedule variant's (closest reachable)."""
+    target_reduction = next((red for red in reductions if red.name == SCHEDULE), None)
+    if target_reduction is None:
+        raise PatchError("--match-flops needs a --schedule to match")
+    check_prune_block(prune_block, geometry)
+    target = flops_at(target_reduction.method, target_reduction.removal)
+    matched = []
+    for reduction in reductions:
+        if reduction.method is None or reduction.name == SCHEDULE:
+            matched.append(reduction)
+            continue
+        method = reduction.method
+        if method == "tome":
+
+            def removal_of(steps: int) -> dict[int, int]:
+                return tome_removal(steps, geometry.depth)
+
+            high = geometry.depth * max_merge(geometry.patch_tokens)
+        else:
+
+            def removal_of(steps: int) -> dict[int, int]:
+                return {prune_block: steps} if steps else {}
+
+            high = geometry.patch_tokens - 1
+        memo: dict[int, float] = {}
+
+        def at(steps: int, removal_of=removal_of, method=method, memo=memo) -> float:
+            if steps not in memo:
+                memo[steps] = flops_at(method, removal_of(steps))
+            return memo[steps]
+
+        best = match_amount(at, target, 0, high)
+        error = abs(at(best) - target) / target
+        if error > MATCH_TOLERANCE:
+            warnings.warn(
+                f"{reduction.name} cannot match the schedule's FLOPs within "
+                f"{MATCH_TOLERANCE:.0%} (closest is {error:.1%} off)",
+                stacklevel=2,
+            )
+        matched.append(Reduction(reduction.name, method, removal_of(best)))
+    return matched
+
+
+def build_variant(
+    base: nn.Module,
+    reduction: Reduction,
+    schedule: Schedule | None = None,
+    batch_size: int | None = None,
+    seed: int = 0,
+) -> Variant:
+    """Deep-copy the base model and patch the copy as the reduction says."""
+    model = copy.deepcopy(base)
+    if reduction.name == SCHEDULE and schedule is not None:
+        apply_schedule(model, schedule, batch_size=batch_size)
+    elif reduction.method and reduction.removal:
+        patch(model, reduction.method, reduction.removal, seed=seed)
+    return Variant(reduction, model.eval(), _tokens_kept(model, reduction))
+
+
+def _tokens_kept(model: nn.Module, reduction: Reduction) -> int:
+    geometry = model_geometry(model)
+    if not reduction.method or not reduction.removal:
+        return geometry.num_tokens
+    return token_counts(
+        geometry.num_tokens, geometry.prefix_tokens, geometry.depth, reduction.method, reduction.removal
+    )[-1]
