@@ -43,3 +43,7 @@ class PatchError(PomtError):
 
 class CurveError(PomtError):
     """A latency or accuracy curve file is corrupt or does not match the run."""
+
+
+class PolicyError(PomtError):
+    """A scheduling policy cannot be applied as asked (missing accuracy, unreachable budget)."""

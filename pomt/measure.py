@@ -174,12 +174,13 @@ def measure_point(
     spread_limit: float = SPREAD_LIMIT,
     retries: int = 2,
     snapshot: Callable[[], dict] | None = None,
+    warmup: int = DEFAULT_WARMUP,
 ) -> LatencyPoint:
     """Measure one point; re-measure (keeping the tighter result) while its spread is too large."""
     before = snapshot() if snapshot else {}
     best: Stats | None = None
     for attempt in range(retries + 1):
-        stats, used = time_callable(fn, device, threads, min_run_s=min_run_s * (1 + attempt))
+        stats, used = time_callable(fn, device, threads, warmup=warmup, min_run_s=min_run_s * (1 + attempt))
         if best is None or stats.spread < best.spread:
             best = stats
         if best.spread <= spread_limit:
