@@ -53,18 +53,32 @@ def split_best(scores: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Ten
     return order[:, :keep].sort(dim=-1).values, order[:, keep:]
 
 
+def _select_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows x[b, index[b]] -> (B, K, C); one `index_select` on the flattened batch (much faster on CPU
+    than `gather` with an expanded index)."""
+    batch, tokens, channels = x.shape
+    offsets = torch.arange(0, batch * tokens, tokens, device=x.device).unsqueeze(1)
+    flat = x.reshape(batch * tokens, channels).index_select(0, (index + offsets).reshape(-1))
+    return flat.view(batch, -1, channels)
+
+
 def gather_patches(x: torch.Tensor, prefix: int, indices: torch.Tensor) -> torch.Tensor:
     """The patch tokens at `indices` (B, K) -> (B, K, C)."""
-    index = (indices + prefix).unsqueeze(-1).expand(-1, -1, x.shape[-1])
-    return x.gather(1, index)
+    return _select_rows(x, indices + prefix)
+
+
+def _with_prefix(prefix: int, indices: torch.Tensor) -> torch.Tensor:
+    """Token indices: the prefix positions, then the patch `indices` shifted past the prefix."""
+    head = torch.arange(prefix, device=indices.device).expand(indices.shape[0], -1)
+    return torch.cat([head, indices + prefix], dim=1)
 
 
 def keep_tokens(x: torch.Tensor, prefix: int, kept: torch.Tensor) -> torch.Tensor:
     """Prefix tokens followed by the kept patch tokens."""
-    return torch.cat([x[:, :prefix], gather_patches(x, prefix, kept)], dim=1)
+    return _select_rows(x, _with_prefix(prefix, kept))
 
 
 def keep_and_fuse(x: torch.Tensor, prefix: int, kept: torch.Tensor, dropped: torch.Tensor) -> torch.Tensor:
     """Prefix, kept patch tokens, then one token that is the mean of the dropped ones."""
     fused = gather_patches(x, prefix, dropped).mean(dim=1, keepdim=True)
-    return torch.cat([x[:, :prefix], gather_patches(x, prefix, kept), fused], dim=1)
+    return torch.cat([_select_rows(x, _with_prefix(prefix, kept)), fused], dim=1)
