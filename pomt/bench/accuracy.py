@@ -1,9 +1,9 @@
 """Accuracy of each variant: top-1 on a labelled ImageFolder, or agreement with the unpruned model.
 
 Top-1 uses timm's eval transform resolved at the benchmark's input size; the folder's sorted class
-sub-folders are taken as the model's class indices (the ImageNet layout). Without a dataset, agreement
-is the fraction of inputs on which a variant's top-1 class equals the unpruned model's, on seeded
-random inputs (label-free; meaningful for pretrained or checkpointed weights).
+sub-folders are taken as the model's class indices (the ImageNet layout, as in `pomt.accuracy`).
+Otherwise agreement: the fraction of inputs on which a variant's top-1 class equals the unpruned
+model's, on an unlabelled folder or on seeded random inputs (meaningful for trained weights).
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from pomt.accuracy import AGREEMENT, TOP1, eval_transform, open_image_folder, seeded_subset
 from pomt.errors import DatasetError
-
-TOP1 = "top1"
-AGREEMENT = "agreement"
 
 
 @dataclass(frozen=True)
@@ -47,32 +45,23 @@ def synthetic_set(samples: int, batch: int, input_size: tuple[int, int], seed: i
 def imagefolder_set(
     root: str | Path, model: nn.Module, samples: int, batch: int, input_size: tuple[int, int], seed: int = 0
 ) -> EvalSet:
-    """A seeded subset of an ImageFolder, with timm's eval transform for `model` at `input_size`."""
-    import timm.data
-    from torchvision.datasets import ImageFolder
-
-    root = Path(root)
-    if not root.is_dir():
-        raise DatasetError(f"dataset folder not found: {root}")
-    config = timm.data.resolve_model_data_config(model)
-    config["input_size"] = (3, *input_size)
-    transform = timm.data.create_transform(**config, is_training=False)
-    try:
-        dataset = ImageFolder(str(root), transform=transform)
-    except (FileNotFoundError, RuntimeError) as exc:
-        raise DatasetError(f"no usable images in {root}: {str(exc).splitlines()[0]}") from None
+    """A seeded subset of an image folder with the model's eval transform at `input_size`: top-1 when the
+    folder has class sub-folders, agreement when the images lie directly in it (`pomt.accuracy`'s loader)."""
+    dataset, kind = open_image_folder(root, eval_transform(model, input_size))
     total = min(_rounded(samples, batch), len(dataset))
-    if total < batch:
-        raise DatasetError(f"{root} holds {len(dataset)} images, fewer than one batch of {batch}")
     total -= total % batch
-    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:total].tolist()
+    if total == 0:
+        raise DatasetError(f"{root} holds {len(dataset)} images, fewer than one batch of {batch}")
+    subset = seeded_subset(dataset, total, seed)
     try:
-        pairs = [dataset[i] for i in order]
+        pairs = [subset[i] for i in range(total)]
     except OSError as exc:
         raise DatasetError(f"cannot read an image in {root}: {exc}") from None
     images = torch.stack([image for image, _ in pairs])
     labels = torch.tensor([label for _, label in pairs])
-    return EvalSet(TOP1, list(images.split(batch)), list(labels.split(batch)), total)
+    return EvalSet(
+        kind, list(images.split(batch)), list(labels.split(batch)) if kind == TOP1 else None, total
+    )
 
 
 def predictions(model: nn.Module, batches: Iterable[torch.Tensor], device: str) -> torch.Tensor:

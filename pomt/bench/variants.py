@@ -39,14 +39,17 @@ class Reduction:
 
     @property
     def amount(self) -> str:
-        """Human-readable amount: "-56@3" for pruning at one block, "r=8" for uniform ToMe."""
+        """Human-readable amount: "-56@3" for pruning at block 3, "r=8" for ToMe with the same r in
+        every block it merges in ("r=1@9-11" when that starts later than block 0), else its merge count."""
         if not self.removal:
             return ""
         values = set(self.removal.values())
-        if self.method == "tome" and len(values) == 1:
-            return f"r={values.pop()}"
+        blocks = sorted(self.removal)
+        contiguous = blocks == list(range(blocks[0], blocks[-1] + 1))
+        if self.method == "tome" and len(values) == 1 and contiguous:
+            return f"r={values.pop()}" + (f"@{blocks[0]}-{blocks[-1]}" if blocks[0] else "")
         if self.method == "tome":
-            return "r=" + "/".join(str(self.removal.get(b, 0)) for b in range(max(self.removal) + 1))
+            return f"{sum(self.removal.values())} merges"
         return " ".join(f"-{remove}@{block}" for block, remove in sorted(self.removal.items()))
 
 
@@ -73,10 +76,11 @@ def check_methods(methods: Sequence[str]) -> list[str]:
 
 
 def tome_removal(steps: int, depth: int) -> dict[int, int]:
-    """ToMe merges for a fine-grained amount: r = steps // depth per block, one more in the first
-    steps % depth blocks (FLOPs fall with every step, unlike uniform r alone)."""
+    """ToMe merges for a fine-grained amount: r = steps // depth per block, one more in the last
+    steps % depth blocks. FLOPs fall with every step, and a late merge saves little, so FLOP matching
+    can land much closer than uniform r alone."""
     r, extra = divmod(steps, depth)
-    merges = {block: r + (1 if block < extra else 0) for block in range(depth)}
+    merges = {block: r + (1 if block >= depth - extra else 0) for block in range(depth)}
     return {block: count for block, count in merges.items() if count}
 
 

@@ -1,0 +1,222 @@
+"""pomt.bench: FLOP counts, amount matching, variant planning, tables; end-to-end runs on deit_tiny."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_one_line_error, run_script
+
+from pomt.bench.flops import analytic_flops, count_flops, match_amount
+from pomt.bench.report import COLUMNS
+from pomt.bench.variants import plan_reductions, tome_removal
+from pomt.cli import main
+from pomt.errors import PatchError
+from pomt.geometry import model_geometry
+from pomt.models import create_model
+from pomt.patch import patch
+from pomt.schedule import PruneStep, Schedule, save_schedule
+
+# deit_tiny: width 192, MLP 768, patch 16, 1000 classes
+WIDTH, HIDDEN, PATCH, CLASSES, DEPTH = 192, 768, 16, 1000, 12
+
+
+def deit_tiny_flops(input_size: int, block: int | None = None, remove: int = 0) -> int:
+    """FLOPs per image of deit_tiny pruning `remove` tokens at `block` after its attention (2·M·N·K each)."""
+    patches = (input_size // PATCH) ** 2
+    total = 2 * patches * (3 * PATCH * PATCH) * WIDTH  # patch embedding conv
+    n = patches + 1
+    for b in range(DEPTH):
+        total += 2 * n * WIDTH * 3 * WIDTH + 2 * 2 * n * n * WIDTH + 2 * n * WIDTH * WIDTH  # qkv, attn, proj
+        if b == block:
+            n -= remove
+        total += 2 * 2 * n * WIDTH * HIDDEN  # fc1 + fc2
+    return total + 2 * WIDTH * CLASSES  # head on the class token
+
+
+@pytest.fixture(scope="module")
+def tiny64():
+    return create_model("deit_tiny", input_size=64)
+
+
+def write_schedule(
+    path,
+    removal: dict[int, int],
+    input_size: int = 224,
+    num_tokens: int | None = None,
+    batch: int = 1,
+    predicted: dict | None = None,
+):
+    tokens = num_tokens or (input_size // PATCH) ** 2 + 1
+    schedule = Schedule(
+        model="deit_tiny_patch16_224",
+        input_size=(input_size, input_size),
+        batch_size=batch,
+        num_tokens=tokens,
+        prefix_tokens=1,
+        depth=DEPTH,
+        method="pomt",
+        prune=tuple(PruneStep(b, r) for b, r in removal.items()),
+        predicted=predicted or {"baseline_ms": 5.0, "pruned_ms": 4.0},
+        device={"kind": "cpu"},
+    )
+    return save_schedule(schedule, path)
+
+
+def read_csv(path):
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        return reader.fieldnames, list(reader)
+
+
+def test_counter_and_analytic_agree_with_an_independent_count(tiny64):
+    x = torch.randn(2, 3, 64, 64)
+    assert count_flops(tiny64, x) == analytic_flops(tiny64, 2) == 2 * deit_tiny_flops(64)
+    for method, prune in [("pomt", {3: 5}), ("topk", {3: 5}), ("l2norm", {2: 3, 6: 4}), ("tome", 2)]:
+        pruned = patch(copy.deepcopy(tiny64), method, prune)
+        removal = prune if isinstance(prune, dict) else dict.fromkeys(range(DEPTH), prune)
+        assert count_flops(pruned, x) == analytic_flops(tiny64, 2, method, removal), method
+    assert count_flops(patch(copy.deepcopy(tiny64), "pomt", {3: 5}), x) == 2 * deit_tiny_flops(64, 3, 5)
+
+
+def test_match_amount_finds_the_closest_amount():
+    flops = {amount: 100.0 - 7 * amount for amount in range(11)}
+    assert match_amount(flops.__getitem__, 60.0, 0, 10) == 6  # 58 is closer than 65
+    assert match_amount(flops.__getitem__, 1000.0, 0, 10) == 0
+    assert match_amount(flops.__getitem__, -5.0, 0, 10) == 10
+
+
+def test_tome_removal_adds_one_merge_per_step():
+    totals = [sum(tome_removal(step, 4).values()) for step in range(10)]
+    assert totals == list(range(10))
+    assert tome_removal(6, 4) == {0: 1, 1: 1, 2: 2, 3: 2}
+
+
+def test_plan_reductions_puts_the_baseline_and_schedule_first(tiny64):
+    geometry = model_geometry(tiny64)
+    plans = plan_reductions(["topk", "tome"], geometry, remove=4, r=2, prune_block=3)
+    assert [(p.name, p.removal, p.amount) for p in plans] == [
+        ("none", {}, ""),
+        ("topk", {3: 4}, "-4@3"),
+        ("tome", dict.fromkeys(range(DEPTH), 2), "r=2"),
+    ]
+    with pytest.raises(PatchError, match="choose from none, pomt, topk, tome, l2norm, random"):
+        plan_reductions(["none", "fastest"], geometry)
+    with pytest.raises(PatchError, match="--r"):
+        plan_reductions(["tome"], geometry)
+    with pytest.raises(PatchError, match="cannot remove 16"):
+        plan_reductions(["topk"], geometry, remove=16)
+
+
+@pytest.mark.slow
+def test_end_to_end_schedule_and_reducers(tmp_path, capsys):
+    schedule = write_schedule(tmp_path / "s.schedule.json", {3: 50})
+    args = "--model deit_tiny --methods none,topk,tome --remove 50 --r 4 --batch-size 1 --input-size 224"
+    args += " --rounds 3 --warmup 1 --accuracy-samples 2 --threads 1"
+    main(["bench", *args.split(), "--schedule", str(schedule), "--output-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    stem = tmp_path / "deit_tiny_patch16_224_cpu_bs1_is224"
+    columns, rows = read_csv(f"{stem}.benchmark.csv")
+    assert tuple(columns[: len(COLUMNS)]) == COLUMNS
+    assert [r["method"] for r in rows] == ["none", "schedule", "topk", "tome"]
+    by = {r["method"]: r for r in rows}
+    for row in rows:
+        assert float(row["latency_ms"]) > 0 and float(row["throughput_ips"]) > 0 and float(row["speedup"]) > 0
+        assert float(row["ops_per_forward"]) > 0 and float(row["device_time_ms"]) > 0
+        assert row["accuracy_kind"] == "agreement" and 0 <= float(row["accuracy"]) <= 1
+        assert row["power_w"] == "" and row["peak_mem_kind"] == "cpu_rss_delta"
+    assert float(by["none"]["accuracy"]) == 1.0 and float(by["none"]["speedup"]) == 1.0
+    assert by["schedule"]["tokens_kept"] == "147" and float(by["schedule"]["predicted_ms"]) == 4.0
+    assert float(by["none"]["predicted_ms"]) == 5.0 and by["topk"]["predicted_ms"] == ""
+    expected = deit_tiny_flops(224, block=3, remove=50) / 1e9
+    for name in ("schedule", "topk"):
+        assert float(by[name]["gflops"]) < float(by["none"]["gflops"])
+        assert float(by[name]["gflops"]) == pytest.approx(expected, rel=0.01)
+    assert float(by["none"]["gflops"]) == pytest.approx(deit_tiny_flops(224) / 1e9, rel=1e-6)
+    meta = json.loads(Path(f"{stem}.benchmark.json").read_text())["meta"]
+    assert meta["rounds"] == 3 and meta["threads"] == 1 and "clocks_locked" in meta["fingerprint"]
+    assert (tmp_path / f"{stem.name}.benchmark.png").stat().st_size > 0
+    assert "schedule" in out and "power is measured on NVIDIA GPUs only" in out
+
+
+@pytest.mark.slow
+def test_match_flops_within_two_percent(tmp_path):
+    schedule = write_schedule(tmp_path / "s.schedule.json", {3: 60})
+    args = "--methods none,topk,tome,l2norm --match-flops --prune-block 6 --rounds 2 --warmup 0"
+    args += " --accuracy-samples 0 --no-profile"
+    main(["bench", *args.split(), "--schedule", str(schedule), "--output-dir", str(tmp_path)])
+    _, rows = read_csv(tmp_path / "deit_tiny_patch16_224_cpu_bs1_is224.benchmark.csv")
+    by = {r["method"]: r for r in rows}
+    target = float(by["schedule"]["gflops"])
+    for name in ("topk", "tome", "l2norm"):
+        assert float(by[name]["gflops"]) == pytest.approx(target, rel=0.02), name
+    assert by["topk"]["amount"].endswith("@6") and int(by["topk"]["amount"][1:-2]) > 60
+
+
+@pytest.mark.slow
+def test_sweep_table_and_heatmap(tmp_path, capsys):
+    args = "--model deit_tiny --methods topk --keep-rate 0.5 --batch-sizes 1,2 --input-sizes 32,64"
+    args += " --rounds 2 --warmup 0 --accuracy-samples 0 --no-profile"
+    main(["bench", *args.split(), "--output-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    table = out[out.index("topk: batch \\ input") :]
+    lines = table.splitlines()
+    assert lines[0].split()[-2:] == ["32", "64"]
+    assert [line.split()[0] for line in lines[2:4]] == ["1", "2"]
+    assert all(line.count("x") == 2 for line in lines[2:4])
+    stem = tmp_path / "deit_tiny_patch16_224_cpu_bs1-2_is32-64.sweep"
+    _, rows = read_csv(f"{stem}.csv")
+    cells = sorted({(int(r["batch_size"]), int(r["input_size"])) for r in rows})
+    assert cells == [(1, 32), (1, 64), (2, 32), (2, 64)]
+    assert {r["tokens_kept"] for r in rows if r["method"] == "topk"} == {"3", "9"}
+    assert (tmp_path / f"{stem.name}.png").stat().st_size > 0
+    assert len(json.loads(Path(f"{stem}.json").read_text())["speedup"]["topk"]) == 4
+
+
+def test_missing_schedule_file_is_one_line(tmp_path):
+    absent = str(tmp_path / "absent.json")
+    result = run_script("benchmark.py", "--schedule", absent, "--output-dir", str(tmp_path))
+    assert_one_line_error(result, "schedule file not found")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--model", "deit_tiny", "--methods", "none,fastest"], "choose from none, pomt, topk"),
+        (["--model", "deit_tiny", "--batch-size", "0"], "batch size must be"),
+        (["--model", "deit_tiny", "--input-size", "100"], "not divisible by the patch size"),
+        (["--model", "deit_tiny", "--methods", "topk"], "needs --remove"),
+    ],
+)
+def test_bad_input_is_one_line(args, fragment, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *args, "--output-dir", str(tmp_path), "--accuracy-samples", "0", "--no-profile"])
+    assert exit_info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and fragment in lines[0], lines
+
+
+def test_schedule_for_another_model_is_one_line(tmp_path, capsys):
+    schedule = write_schedule(tmp_path / "s.schedule.json", {3: 50}, num_tokens=257)  # a DINOv2-sized grid
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--model", "deit_tiny", "--schedule", str(schedule), "--output-dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "does not match" in lines[0], lines
+
+
+@pytest.mark.slow
+def test_top1_on_an_image_folder(tmp_path):
+    from tiny_data import SIZE, make_image_folder
+
+    root = make_image_folder(tmp_path / "data", per_class=2)
+    args = f"--model test_vit --input-size {SIZE} --methods none,random --remove 10 --batch-size 2"
+    args += " --accuracy-samples 6 --rounds 2 --warmup 0 --no-profile"
+    main(["bench", *args.split(), "--dataset-root", str(root), "--output-dir", str(tmp_path)])
+    _, rows = read_csv(next(tmp_path.glob("*.benchmark.csv")))
+    assert {r["accuracy_kind"] for r in rows} == {"top1"}
+    assert all(0 <= float(r["accuracy"]) <= 1 for r in rows)
