@@ -73,7 +73,7 @@ def keep_tokens(
             x = gather_tokens(x, prefix, picked)
         return (x, *rest)
 
-    handle = transformer_blocks(model)[at_block].register_forward_pre_hook(drop)
+    handle = transformer_blocks(model)[at_block].register_forward_pre_hook(drop, prepend=True)
     try:
         yield model
     finally:
