@@ -15,6 +15,7 @@ from pomt.bench.flops import analytic_flops, count_flops, match_amount
 from pomt.bench.report import COLUMNS
 from pomt.bench.variants import plan_reductions, tome_removal
 from pomt.cli import main
+from pomt.device import device_fingerprint
 from pomt.errors import PatchError
 from pomt.geometry import model_geometry
 from pomt.models import create_model
@@ -128,7 +129,8 @@ def test_end_to_end_schedule_and_reducers(tmp_path, capsys):
         assert float(row["latency_ms"]) > 0 and float(row["throughput_ips"]) > 0 and float(row["speedup"]) > 0
         assert float(row["ops_per_forward"]) > 0 and float(row["device_time_ms"]) > 0
         assert row["accuracy_kind"] == "agreement" and 0 <= float(row["accuracy"]) <= 1
-        assert row["power_w"] == "" and row["peak_mem_kind"] == "cpu_rss_delta"
+        assert row["power_w"] == "" and row["peak_mem_kind"] == "cpu_max_allocated"
+        assert float(row["peak_mem_mb"]) > float(row["params_m"]) * 4e6 / 2**20  # weights + activations
     assert float(by["none"]["accuracy"]) == 1.0 and float(by["none"]["speedup"]) == 1.0
     assert by["schedule"]["tokens_kept"] == "147" and float(by["schedule"]["predicted_ms"]) == 4.0
     assert float(by["none"]["predicted_ms"]) == 5.0 and by["topk"]["predicted_ms"] == ""
@@ -198,6 +200,16 @@ def test_bad_input_is_one_line(args, fragment, tmp_path, capsys):
     assert exit_info.value.code == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and fragment in lines[0], lines
+
+
+def test_require_locked_clocks_refuses_unlocked_clocks(tmp_path, capsys):
+    if device_fingerprint("cpu")["clocks_locked"] is True:
+        pytest.skip("this machine's CPU clocks are locked")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--model", "deit_tiny", "--device", "cpu", "--require-locked-clocks"])
+    assert exit_info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "clocks" in lines[0], lines
 
 
 def test_schedule_for_another_model_is_one_line(tmp_path, capsys):

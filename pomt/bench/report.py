@@ -40,6 +40,7 @@ EXTRA_COLUMNS = (
     "speedup_min",
     "predicted_error_pct",
     "peak_mem_kind",
+    "rss_delta_mb",
     "profiled_wall_ms",
     "profile_kind",
 )

@@ -1,10 +1,11 @@
 """Peak memory of one forward and GPU power/energy while a variant runs.
 
-Memory: on CUDA, `max_memory_allocated` during the forward above what was allocated before, plus the
-variant's own weights (what the variant would peak at alone on the GPU); on CPU, the process's peak RSS
-during the forward above its RSS before (Linux `VmHWM` reset through `/proc/self/clear_refs`, else
-psutil sampling), i.e. activations and workspace only. Power: NVML board power sampled in a background
-thread during a timed loop; NVIDIA only.
+Memory: the variant's own weights plus the peak of the tensors its forward allocates, i.e. what the
+variant would peak at alone. On CUDA from `max_memory_allocated`; on CPU (which has no allocator
+statistics) from a dispatch mode that tracks the live storages created by aten ops. On CPU the process's
+peak RSS growth during the forward is reported too (Linux `VmHWM` reset through `/proc/self/clear_refs`,
+else psutil sampling); it is often 0, as the allocator reuses memory already resident.
+Power: NVML board power sampled in a background thread during a timed loop; NVIDIA only.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from pathlib import Path
 import psutil
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from pomt.device import gpu_power_w
 from pomt.measure import synchronize
@@ -30,10 +34,35 @@ _CLEAR_REFS = Path("/proc/self/clear_refs")
 
 @dataclass(frozen=True)
 class Memory:
-    """Peak memory of a forward in MB and what kind of number it is."""
+    """Peak memory of a forward in MB, what kind of number it is, and (CPU) the RSS growth."""
 
     peak_mb: float | None
-    kind: str  # "cuda_max_allocated", "cpu_rss_delta", or "" when not measured
+    kind: str  # "cuda_max_allocated", "cpu_max_allocated", or "" when not measured
+    rss_delta_mb: float | None = None
+
+
+class LiveTensorPeak(TorchDispatchMode):
+    """Peak bytes of live tensor storages created by aten ops inside the mode (views counted once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.bytes = 0
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for key in [key for key, (ref, _) in self.live.items() if ref.expired()]:
+            self.bytes -= self.live.pop(key)[1]
+        for tensor in tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor):
+                storage = tensor.untyped_storage()
+                pointer = storage.data_ptr()
+                if pointer and pointer not in self.live:
+                    self.live[pointer] = (StorageWeakRef(storage), storage.nbytes())
+                    self.bytes += storage.nbytes()
+        self.peak = max(self.peak, self.bytes)
+        return out
 
 
 @dataclass(frozen=True)
@@ -96,7 +125,7 @@ class Sampler:
         self._thread.join()
 
 
-def _cpu_peak_mb(fn: Callable[[], object], repeats: int) -> float:
+def _rss_delta_mb(fn: Callable[[], object], repeats: int) -> float:
     gc.collect()
     if _reset_peak_rss():
         before = _status_kb("VmRSS") or 0
@@ -125,7 +154,11 @@ def peak_memory(fn: Callable[[], object], model: nn.Module, device: str, repeats
             peak = torch.cuda.max_memory_allocated(device) - before + weight_bytes(model)
             return Memory(peak / MB, "cuda_max_allocated")
         if device == "cpu":
-            return Memory(_cpu_peak_mb(fn, repeats), "cpu_rss_delta")
+            tracker = LiveTensorPeak()
+            with tracker:
+                fn()
+            peak = (tracker.peak + weight_bytes(model)) / MB
+            return Memory(peak, "cpu_max_allocated", _rss_delta_mb(fn, repeats))
     return Memory(None, "")
 
 

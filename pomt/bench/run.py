@@ -311,7 +311,7 @@ def _add_resources(
 ) -> None:
     forward = _forward(variant, x)
     memory = peak_memory(forward, variant.model, device)
-    row.update(peak_mem_mb=memory.peak_mb, peak_mem_kind=memory.kind)
+    row.update(peak_mem_mb=memory.peak_mb, peak_mem_kind=memory.kind, rss_delta_mb=memory.rss_delta_mb)
     power = power_and_energy(forward, device, x.shape[0], config.power_seconds)
     row.update(power_w=power.power_w, energy_j_per_img=power.energy_j_per_img)
     if power.power_w is None:
