@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import warnings
 
@@ -293,3 +294,16 @@ def test_inference_mode_with_bfloat16_autocast(models, method):
         unpatch(model)
     assert out.shape == (2, 1000)
     assert torch.isfinite(out.float()).all()
+
+
+def test_a_patched_model_deep_copies_and_runs_other_input_sizes(image):
+    model = _timm("deit_small_patch16_224", dynamic_img_size=True)
+    patch(model, "pomt", {3: 56})
+    twin = copy.deepcopy(model)
+    small = torch.randn(1, 3, 160, 160)
+    counts, _ = _counts_and_outputs(twin, small)
+    assert counts[3:5] == [101, 45]
+    unpatch(twin)
+    assert patch_state(twin) is None and patch_state(model) is not None
+    with pytest.raises(PatchError, match="at least one must stay"):
+        _counts_and_outputs(model, torch.randn(1, 3, 112, 112))

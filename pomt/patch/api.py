@@ -48,6 +48,8 @@ def patch(
     geometry = model_geometry(model)
     removal = resolve_removal(prune, geometry.depth)
     token_counts(geometry.num_tokens, geometry.prefix_tokens, geometry.depth, method, removal)
+    if method == "topk" and geometry.prefix_tokens == 0 and removal:
+        raise PatchError("topk scores tokens by class-token attention, but this model has no class token")
     model_blocks = transformer_blocks(model)
     state = blocks.PatchState(
         method=method, removal=removal, prefix_tokens=geometry.prefix_tokens, seed=seed,

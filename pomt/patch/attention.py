@@ -48,7 +48,17 @@ def split_heads(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 def probabilities(attn: nn.Module, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """softmax(q·kᵀ · scale) over keys, computed explicitly (B, H, Nq, N)."""
-    return ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+    batch, heads, queries, dim = q.shape
+    q3, k3 = q.reshape(batch * heads, queries, dim), k.reshape(batch * heads, -1, dim)
+    logits = torch.baddbmm(q3.new_empty(()), q3, k3.transpose(1, 2), beta=0, alpha=attn.scale)
+    return logits.softmax(dim=-1).view(batch, heads, queries, -1)
+
+
+def apply_probabilities(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """probs @ v per head (B, H, N, d)."""
+    batch, heads, tokens, dim = v.shape
+    out = torch.bmm(probs.reshape(batch * heads, -1, tokens), v.reshape(batch * heads, tokens, dim))
+    return out.view(batch, heads, -1, dim)
 
 
 def fused(

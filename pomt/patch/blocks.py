@@ -87,7 +87,8 @@ def run_pomt(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor
     y = block.norm1(x)
     q, k, v = attention.split_heads(attn, y)
     probs = attention.probabilities(attn, q, k)
-    x = _attn_residual(block, x, attention.project(attn, attn.attn_drop(probs) @ v, y))
+    out = attention.apply_probabilities(attn.attn_drop(probs), v)
+    x = _attn_residual(block, x, attention.project(attn, out, y))
     kept, dropped = scores.split_best(scores.pomt_scores(probs, v, prefix), keep)
     return _mlp_residual(block, scores.keep_and_fuse(x, prefix, kept, dropped))
 
