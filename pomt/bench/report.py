@@ -52,6 +52,7 @@ _TABLE = (  # (header, column, format)
     ("tokens", "tokens_kept", "{}"),
     ("latency ms", "latency_ms", "{:.3f}"),
     ("IQR ms", "latency_iqr_ms", "{:.3f}"),
+    ("min ms", "latency_min_ms", "{:.3f}"),
     ("img/s", "throughput_ips", "{:.1f}"),
     ("speedup", "speedup", "{:.3f}x"),
     ("pred ms", "predicted_ms", "{:.3f}"),
@@ -98,7 +99,7 @@ def format_table(result: BenchResult) -> str:
     )
     notes = [
         f"accuracy: {kind}" + (f" on {meta.get('accuracy_samples')} samples" if kind != "none" else ""),
-        "speedup = unpruned median / variant median; GFLOPs per image",
+        "speedup = unpruned median / variant median; GFLOPs per image (2 FLOPs per multiply-add)",
         *meta.get("notes", []),
     ]
     slower = [r["method"] for r in result.rows if r["method"] != BASELINE and (r.get("speedup") or 0) < 1]

@@ -34,7 +34,7 @@ from pomt.device import clock_snapshot, device_fingerprint, require_locked_clock
 from pomt.errors import BatchSizeError, InputSizeError, ScheduleError
 from pomt.geometry import model_geometry
 from pomt.measure import fixed_threads, interleaved
-from pomt.models import architecture, create_model, normalise_input_size
+from pomt.models import architecture, create_model, normalise_input_size, resolve_model_name
 from pomt.schedule import Schedule, load_schedule
 
 
@@ -123,8 +123,6 @@ def prepare(config: BenchConfig) -> _Setup:
     schedule = load_schedule(config.schedule) if config.schedule is not None else None
     if config.model is None and schedule is None:
         raise ScheduleError("give --model or a --schedule (whose model is used)")
-    from pomt.models import resolve_model_name
-
     name = resolve_model_name(config.model or schedule.model)
     if config.match_flops and schedule is None:
         raise ScheduleError("--match-flops needs a --schedule whose FLOPs the reducers match")
