@@ -2,6 +2,7 @@
 
 from pomt.geometry import Geometry, model_geometry
 from pomt.models import create_model, resolve_model_name
+from pomt.patch import apply_schedule, patch, unpatch
 from pomt.schedule import Schedule, load_schedule, save_schedule
 
 __version__ = "0.1.0"
@@ -9,9 +10,12 @@ __version__ = "0.1.0"
 __all__ = [
     "Geometry",
     "Schedule",
+    "apply_schedule",
     "create_model",
     "load_schedule",
     "model_geometry",
+    "patch",
     "resolve_model_name",
     "save_schedule",
+    "unpatch",
 ]
