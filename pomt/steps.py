@@ -1,51 +1,58 @@
 """Detection of latency steps (level shifts) in a measured curve L(n) with scipy.
 
-Method, on the points sorted by token count (duplicates averaged):
+Model: L(n) = smooth trend + a sum of level shifts (steps) + noise. On the points sorted by token
+count (duplicates averaged):
 
-1. Local trend. Each interval between neighbouring points gets a local slope: the gap-weighted median of
-   the per-token slopes of the intervals within `2 * window` intervals, itself excluded, so a step never
-   sets its own trend. Integrating these slopes gives a trend; `e = L - trend` is the detrended level.
+1. Trend. A robust cubic (Tukey-weighted least squares, `trend`) fitted to the curve with the steps
+   found so far taken out; a first guess of those steps is every single interval whose change departs
+   from a straight robust fit by more than 4 noise units. A global fit works alike on dense, sparse and
+   irregular grids, and a step never bends its own trend because it is taken out first.
 2. Noise. The per-point noise is the larger of (a) the normal-scaled `scipy.stats.median_abs_deviation`
-   of the residual differences (difference minus slope x gap) divided by sqrt(2), (b) the standard error
-   of a median derived from the measured IQR (IQR / 1.349 x 1.2533 / sqrt(samples), median over points),
+   of the residual differences (change minus trend change) over sqrt(2), (b) the standard error of a
+   median from the measured IQR (IQR / 1.349 x 1.2533 / sqrt(samples), median over points), and
    (c) 0.01 % of the median latency. `noise_ms`, when given, replaces (a).
-3. Spikes. An interior point whose level lies more than k noise units away from the median levels of
-   the `window` points on each side, on the same side of both, is a spike: reported for re-measurement
-   and left out of the step search.
-4. Steps. For every interval the level shift h = median(e of `window` points above) - median(e of
-   `window` points below) and its significance z = |h| / standard error. `scipy.signal.find_peaks` with
-   `height=k` on z (drops and rises separately) finds candidate regions; each is located at the interval
-   with the largest residual difference nearby and widened by up to `spread` neighbouring intervals
-   that carry a clear part of it (a step spread over 2-3 tokens is reported once, its low side being
-   the lowest of them). Candidates that touch are merged and re-scored; those with z >= k remain.
+3. Spikes. An interior point lying more than k noise units away from the median level of the `window`
+   points on each side, on the same side of both, is a spike: reported for re-measurement and left out.
+4. Steps. For every interval, the level shift h = mean(detrended level of `window` points above) -
+   mean(`window` points below) with the other known steps taken out, and its significance
+   z = |h| / standard error of h. `scipy.signal.find_peaks(height=k)` on z (drops and rises apart)
+   gives candidates; each is placed at the interval with the largest residual change nearby and widened
+   by up to `spread` neighbouring intervals that carry a clear part of it (a step spread over 2-3
+   tokens is reported once; its low side is the lowest of them). Touching candidates are merged and
+   re-scored; those with z >= k remain. Steps 1 and 4 repeat until the set of steps settles.
 
-A "drop" is the usual step: fewer tokens, faster than the trend predicts. A "rise" is a non-monotone
-region's edge: fewer tokens, slower. Two steps closer than about `window` points count as one.
+A "drop" is the usual step: fewer tokens, faster than the trend predicts. A "rise" is the edge of a
+non-monotone region: fewer tokens, slower. Two steps closer than about `window` points count as one.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from scipy.signal import find_peaks
-from scipy.stats import median_abs_deviation
+from scipy.stats import median_abs_deviation, siegelslopes
 
 from pomt.errors import CurveError
 
 IQR_TO_SD = 1.349  # IQR of a normal distribution in standard deviations
 MEDIAN_SE = 1.2533  # standard error of a median relative to that of a mean, for normal samples
 NOISE_FLOOR = 1e-4  # relative: no timer resolves a curve to better than 0.01 %
-SLOPE_WIDTH = 15  # points on each side of an interval that set its local slope
-SLOPE_SE = 1.1  # Theil-Sen slope error relative to least squares
+TREND_DEGREE = 3
+JUMP_GUESS = 3.0  # noise units of a single-interval change that count as a step for the first trend
+LOW_QUARTILE_ABS_NORMAL = 0.3186  # 25th percentile of |N(0, 1)|
+PASSES = 4
 
 
 @dataclass(frozen=True)
 class Step:
-    """One significant level shift between `tokens` (low side) and `upper_tokens` (high side)."""
+    """One significant level shift between `tokens` (low side) and `upper_tokens` (high side).
+
+    `drop_ms` is the raw latency change before - after; `excess_ms` the shift over the trend (positive
+    for a drop); `significance` that shift over its standard error.
+    """
 
     tokens: int
     upper_tokens: int
@@ -86,8 +93,8 @@ def detect_steps(
     floor = _noise_floor(y, iqr, nsamp)
     if len(t) < 4:
         return StepReport([], [], max(noise_ms or 0.0, floor))
-    sigma = estimate_noise(t, y, floor=floor, noise_ms=noise_ms)
-    spike_idx = _find_spikes(t, y, local_slopes(t, y), sigma, k, window)
+    _, sigma, detrended = _first_guess(t, y, floor=floor, noise_ms=noise_ms)
+    spike_idx = _find_spikes(detrended, sigma, k, window)
     keep = np.ones(len(t), dtype=bool)
     keep[spike_idx] = False
     steps = _find_steps(t[keep], y[keep], sigma, k, window, spread) if keep.sum() >= 4 else []
@@ -95,7 +102,7 @@ def detect_steps(
 
 
 def _prepare(tokens, latency_ms, iqr_ms, samples):
-    """Sorted arrays with duplicate token counts averaged; validated."""
+    """Sorted float arrays with duplicate token counts averaged; validated."""
     t = np.asarray(tokens, dtype=float)
     y = np.asarray(latency_ms, dtype=float)
     if t.shape != y.shape or t.ndim != 1:
@@ -112,7 +119,7 @@ def _prepare(tokens, latency_ms, iqr_ms, samples):
     def mean(a: np.ndarray) -> np.ndarray:
         return np.bincount(inverse, weights=a) / counts
 
-    return uniq.astype(int), mean(y), mean(np.nan_to_num(iqr)), np.maximum(mean(nsamp), 1.0)
+    return uniq, mean(y), mean(np.nan_to_num(iqr)), np.maximum(mean(nsamp), 1.0)
 
 
 def _noise_floor(y: np.ndarray, iqr: np.ndarray, samples: np.ndarray) -> float:
@@ -123,54 +130,88 @@ def _noise_floor(y: np.ndarray, iqr: np.ndarray, samples: np.ndarray) -> float:
     return float(max(np.median(se), NOISE_FLOOR * np.median(np.abs(y))))
 
 
-def _side_indices(n: int, lo: int, hi: int, width: int) -> tuple[range, range]:
-    """Up to `width` point indices at or below point lo, and from point hi + 1 upward."""
-    return range(max(0, lo - width + 1), lo + 1), range(hi + 1, min(n, hi + 1 + width))
+def trend(t: np.ndarray, y: np.ndarray, sigma: float | None = None, floor: float = 0.0) -> np.ndarray:
+    """Robust quadratic trend of y over t, evaluated at t.
 
-
-@functools.lru_cache(maxsize=64)
-def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
-    return np.triu_indices(n, 1)
-
-
-def _slope_around(t: np.ndarray, y: np.ndarray, lo: int, hi: int, width: int) -> tuple[float, float]:
-    """Robust slope next to the points lo..hi+1 (median of pairwise slopes on each side, pairs that
-    straddle the gap left out) and the sum of squared token spreads that sets its precision."""
-    slopes, sxx = [], 0.0
-    for side in _side_indices(len(t), lo, hi, width):
-        if len(side) >= 2:
-            ts, ys = t[side.start : side.stop], y[side.start : side.stop]
-            a, b = _pairs(len(side))
-            slopes.append((ys[b] - ys[a]) / (ts[b] - ts[a]))
-            sxx += float(np.sum((ts - ts.mean()) ** 2))
-    if not slopes:
-        return float((y[-1] - y[0]) / (t[-1] - t[0])), 0.0
-    return float(np.median(np.concatenate(slopes))), sxx
-
-
-def local_slopes(t: np.ndarray, y: np.ndarray, width: int = SLOPE_WIDTH) -> np.ndarray:
-    """Per-interval trend slope (ms/token) from `width` points on each side; a step never sets its own."""
+    Fitted in slope space: a repeated-median line (`scipy.stats.siegelslopes`) through the per-token
+    slopes of the intervals, refitted without the intervals whose change departs from it by more than
+    JUMP_GUESS noise units. Steps are outliers there (up to half of the intervals may hold one), so
+    neither a dense curve nor a coarse staircase tilts the trend. `sigma` defaults to a lower-quartile
+    spread of the changes, re-estimated as the fit improves.
+    """
     t = np.asarray(t, dtype=float)
     y = np.asarray(y, dtype=float)
-    return np.array([_slope_around(t, y, i, i, width)[0] for i in range(len(t) - 1)])
+    if t.size < 3:
+        return np.full_like(y, y.mean()) if t.size < 2 else y.copy()
+    mid = 0.5 * (t[:-1] + t[1:])
+    slope = np.diff(y) / np.diff(t)
+    use = np.ones(mid.size, dtype=bool)
+    fitted = np.median(slope) * t
+    for _ in range(6):
+        if use.sum() >= 3:
+            fit = siegelslopes(slope[use], mid[use])
+            fitted = fit.intercept * t + 0.5 * fit.slope * t**2
+        change = np.diff(y - fitted)
+        centred = change - np.median(change[use]) if use.any() else change
+        noise = sigma if sigma is not None else _low_quartile_sd(centred) / math.sqrt(2.0)
+        again = np.abs(centred) < JUMP_GUESS * max(noise, floor, 1e-12) * math.sqrt(2.0)
+        if np.array_equal(again, use):
+            break
+        use = again
+    # the smooth part by least squares in level space (far more precise than slopes of short intervals),
+    # with the excluded intervals' changes taken out as level offsets
+    change = np.diff(y - fitted)
+    jumps = np.where(use, 0.0, change - np.median(change[use]) if use.any() else change)
+    base = y - np.concatenate([[0.0], np.cumsum(jumps)])
+    x = (t - t.mean()) / (np.ptp(t) or 1.0)
+    coef = np.polynomial.polynomial.polyfit(x, base, min(2, t.size - 2))
+    return np.polynomial.polynomial.polyval(x, coef)
 
 
-def residual_differences(t: np.ndarray, y: np.ndarray, slopes: np.ndarray | None = None) -> np.ndarray:
-    """Difference of neighbouring latencies minus what the local slope predicts over the gap."""
-    s = local_slopes(t, y) if slopes is None else slopes
-    return np.diff(np.asarray(y, dtype=float)) - s * np.diff(np.asarray(t, dtype=float))
+def _low_quartile_sd(x: np.ndarray) -> float:
+    """Standard deviation from the 25th percentile of |x - median|: robust to up to 3/4 outliers."""
+    return float(np.percentile(np.abs(x - np.median(x)), 25)) / LOW_QUARTILE_ABS_NORMAL if x.size else 0.0
+
+
+def residual_differences(
+    t: np.ndarray, y: np.ndarray, *, floor: float = 0.0, noise_ms: float | None = None
+) -> tuple[np.ndarray, float]:
+    """Change between neighbouring points minus the trend's change, and the per-point noise (ms).
+
+    The trend is fitted with large single-interval jumps taken out, so steps do not tilt it.
+    """
+    r, sigma, _ = _first_guess(t, y, floor=floor, noise_ms=noise_ms)
+    return r, sigma
+
+
+def detrend(t: np.ndarray, y: np.ndarray, *, floor: float = 0.0) -> tuple[np.ndarray, float]:
+    """The curve minus its smooth trend (steps kept in) and the per-point noise (ms)."""
+    _, sigma, e = _first_guess(t, y, floor=floor)
+    return e, sigma
+
+
+def _first_guess(
+    t: np.ndarray, y: np.ndarray, *, floor: float = 0.0, noise_ms: float | None = None
+) -> tuple[np.ndarray, float, np.ndarray]:
+    """Residual differences, noise, and the curve minus its smooth trend (steps kept in)."""
+    t = np.asarray(t, dtype=float)
+    y = np.asarray(y, dtype=float)
+    smooth = trend(t, y, floor=floor)
+    r = np.diff(y) - np.diff(smooth)
+    if noise_ms is not None:
+        sigma = max(float(noise_ms), floor)
+    else:
+        sigma = max(float(median_abs_deviation(r, scale="normal")) / math.sqrt(2.0), floor)
+    return r, sigma, y - smooth
 
 
 def estimate_noise(
     t: np.ndarray, y: np.ndarray, *, floor: float = 0.0, noise_ms: float | None = None
 ) -> float:
-    """Per-point noise (ms): robust spread of the residual differences, never below `floor`."""
-    if noise_ms is not None:
-        return max(float(noise_ms), floor)
-    if len(t) < 3:
-        return floor
-    r = residual_differences(t, y)
-    return max(float(median_abs_deviation(r, scale="normal")) / math.sqrt(2.0), floor)
+    """Per-point noise (ms) of a curve: robust spread of its residual differences, never below `floor`."""
+    if len(t) < 4:
+        return max(noise_ms or 0.0, floor)
+    return residual_differences(t, y, floor=floor, noise_ms=noise_ms)[1]
 
 
 def _median_var(m: int) -> float:
@@ -178,12 +219,9 @@ def _median_var(m: int) -> float:
     return {1: 1.0, 2: 0.5}.get(m, math.pi / (2.0 * m))
 
 
-def _find_spikes(
-    t: np.ndarray, y: np.ndarray, s: np.ndarray, sigma: float, k: float, window: int
-) -> list[int]:
+def _find_spikes(e: np.ndarray, sigma: float, k: float, window: int) -> list[int]:
     spikes = []
-    for j in range(1, len(t) - 1):
-        e = y - 0.5 * (s[j - 1] + s[j]) * t
+    for j in range(1, len(e) - 1):
         left, right = e[max(0, j - window) : j], e[j + 1 : j + 1 + window]
         dl, dr = e[j] - np.median(left), e[j] - np.median(right)
         limit = k * sigma * math.sqrt(1.0 + max(_median_var(left.size), _median_var(right.size)))
@@ -192,29 +230,20 @@ def _find_spikes(
     return spikes
 
 
-def _shift(t: np.ndarray, y: np.ndarray, lo: int, hi: int, sigma: float, window: int) -> tuple[float, float]:
-    """Level shift over the trend across points lo..hi+1 (upper level minus lower) and its z-score."""
-    slope, sxx = _slope_around(t, y, lo, hi, SLOPE_WIDTH)
-    below, above = _side_indices(len(t), lo, hi, window)
-    e = y - slope * t
-    h = float(e[above.start : above.stop].mean() - e[below.start : below.stop].mean())
-    gap = float(t[above.start : above.stop].mean() - t[below.start : below.stop].mean())
-    slope_var = SLOPE_SE**2 / sxx if sxx > 0 else 0.0
-    se = sigma * math.sqrt(1.0 / len(below) + 1.0 / len(above) + slope_var * gap**2)
-    return h, abs(h) / se if se > 0 else math.inf
+Known = list[tuple[int, int, int, float, float]]  # (sign, first interval, last interval, shift, z)
 
 
 def _find_steps(
     t: np.ndarray, y: np.ndarray, sigma: float, k: float, window: int, spread: int
 ) -> list[Step]:
-    """Candidate steps, then re-scored with the other steps taken out of the curve (so a neighbouring
-    step biases neither the local slope nor the levels), until the set settles."""
-    found = _candidates(t, y, sigma, k, window, spread, [])
-    for _ in range(3):
+    """Candidates, re-scored with the other steps taken out of the curve, until the set settles."""
+    found: Known = []
+    for _ in range(PASSES):
         again = _candidates(t, y, sigma, k, window, spread, found)
-        if [c[:3] for c in again] == [c[:3] for c in found]:
-            break
+        settled = [c[:3] for c in again] == [c[:3] for c in found]
         found = again
+        if settled:
+            break
     steps = []
     for sign, a, b, shift, sig in found:
         before, after = float(y[b + 1]), float(y[a])
@@ -234,37 +263,62 @@ def _find_steps(
     return sorted(steps, key=lambda s: s.tokens)
 
 
-def _without(t: np.ndarray, y: np.ndarray, known: list, lo: int, hi: int):
-    """The curve with the known steps that do not touch intervals lo..hi taken out (the points inside
-    a spread step dropped), and lo, hi re-indexed onto it."""
-    out = y.copy()
-    keep = np.ones(len(t), dtype=bool)
-    for _, a, b, shift, _ in known:
-        if b < lo - 1 or a > hi + 1:
-            out[b + 1 :] -= shift
-            keep[a + 1 : b + 1] = False
-    drop_before = int(np.count_nonzero(~keep[:lo]))
-    return t[keep], out[keep], lo - drop_before, hi - drop_before
+def _levels(t: np.ndarray, y: np.ndarray, known: Known, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+    """Detrended levels with every known step taken out, and each known step's level function."""
+    staircase = np.zeros((len(known), len(t)))
+    for row, (_, _, b, shift, _) in enumerate(known):
+        staircase[row, b + 1 :] = shift
+    base = y - staircase.sum(axis=0)
+    return base - trend(t, base, sigma), staircase
+
+
+def _shift(
+    e: np.ndarray, lo: int, hi: int, sigma: float, window: int, skip: np.ndarray
+) -> tuple[float, float]:
+    """Level shift across points lo..hi+1 (upper level minus lower) and its z-score; `skip` marks points
+    inside other spread steps, which belong to neither level."""
+    below = [j for j in range(lo, -1, -1) if not skip[j]][:window]
+    above = [j for j in range(hi + 1, len(e)) if not skip[j]][:window]
+    if not below or not above:
+        return 0.0, 0.0
+    h = float(e[above].mean() - e[below].mean())
+    se = sigma * math.sqrt(1.0 / len(below) + 1.0 / len(above))
+    return h, abs(h) / se if se > 0 else math.inf
 
 
 def _candidates(
-    t: np.ndarray, y: np.ndarray, sigma: float, k: float, window: int, spread: int, known: list
-) -> list[tuple[int, int, int, float, float]]:
+    t: np.ndarray, y: np.ndarray, sigma: float, k: float, window: int, spread: int, known: Known
+) -> Known:
     """(sign, first interval, last interval, shift, significance) of each step that passes k."""
     m = len(t) - 1
+    e_all, staircase = _levels(t, y, known, sigma)
+    inside = np.zeros(len(t), dtype=bool)
+    for _, a, b, _, _ in known:
+        inside[a + 1 : b + 1] = True
+
+    def view(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Levels with the known steps that touch intervals lo..hi put back, and points to skip."""
+        e = e_all.copy()
+        skip = inside.copy()
+        for row, (_, a, b, _, _) in enumerate(known):
+            if not (b < lo - 1 or a > hi + 1):
+                e += staircase[row]
+                skip[a + 1 : b + 1] = False
+        return e, skip
+
     h = np.empty(m)
     z = np.empty(m)
     r = np.empty(m)
     for i in range(m):
-        ti, yi, j, _ = _without(t, y, known, i, i)
-        h[i], z[i] = _shift(ti, yi, j, j, sigma, window)
-        r[i] = yi[j + 1] - yi[j] - _slope_around(ti, yi, j, j, SLOPE_WIDTH)[0] * (ti[j + 1] - ti[j])
+        e, skip = view(i, i)
+        h[i], z[i] = _shift(e, i, i, sigma, window, skip)
+        r[i] = e[i + 1] - e[i]
     spans: list[tuple[int, int, int]] = []
     for sign in (1, -1):
         profile = np.concatenate([[0.0], np.where(sign * h > 0, z, 0.0), [0.0]])
         peaks, _ = find_peaks(profile, height=k)
         for p in peaks - 1:
-            lo, hi = max(0, p - window + 1), min(m, p + window)
+            lo, hi = max(0, p - window // 2), min(m, p + window // 2 + 1)
             j = lo + int(np.argmax(sign * r[lo:hi]))
             if sign * r[j] <= 0:
                 continue
@@ -275,9 +329,11 @@ def _candidates(
             while b < m - 1 and b - j < spread and sign * r[b + 1] >= tau:
                 b += 1
             spans.append((sign, a, b))
-    out = []
+    out: Known = []
     for sign, a, b in _merge(spans):
-        shift, sig = _shift(*_without(t, y, known, a, b), sigma, window)
+        e, skip = view(a, b)
+        skip[a + 1 : b + 1] = True
+        shift, sig = _shift(e, a, b, sigma, window, skip)
         if sign * shift > 0 and sig >= k:
             out.append((sign, a, b, shift, sig))
     return out
