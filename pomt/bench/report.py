@@ -211,8 +211,11 @@ def plot_sweep(sweep: SweepResult):
         axis.set_xlabel("input size")
         axis.set_ylabel("batch size")
         axis.set_title(name)
-    figure.colorbar(image, ax=axes[0].tolist(), label="speedup vs unpruned")
-    figure.suptitle(f"{sweep.model} on {sweep.device}: speedup (< 1: pruning loses)")
+    bar = figure.colorbar(image, ax=axes[0].tolist(), label="speedup vs unpruned")
+    ticks = [math.exp(-spread), math.exp(-spread / 2), 1.0, math.exp(spread / 2), math.exp(spread)]
+    bar.set_ticks(ticks, labels=[f"{t:.2f}x" for t in ticks])
+    bar.ax.minorticks_off()
+    figure.suptitle(f"{sweep.model} on {sweep.device}: speedup (< 1: pruning loses)", y=1.04)
     plt.close(figure)
     return figure
 
