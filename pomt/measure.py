@@ -7,6 +7,7 @@ CPU and MPS use `torch.utils.benchmark.Timer`; CUDA uses CUDA events around ever
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -14,7 +15,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
-from torch.utils import benchmark
+
+# torch.utils.benchmark imports cpp_extension, which logs "No CUDA runtime is found" on CUDA builds of
+# torch without a GPU: import-time noise that would turn a one-line CLI error into two lines.
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+from torch.utils import benchmark  # noqa: E402
 
 DEFAULT_MIN_RUN_S = 0.2
 DEFAULT_WARMUP = 2
