@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from pomt.measure import interleaved
-from pomt.patch import patch
-from pomt.patch.blocks import BlockPlan, PatchState, install, run_pomt
+from pomt.patching import patch
+from pomt.patching.blocks import BlockPlan, PatchState, install, run_pomt
 
 MODEL = "deit_small_patch16_224"
 BLOCK = 3

@@ -2,7 +2,7 @@
 
 from pomt.geometry import Geometry, model_geometry
 from pomt.models import create_model, resolve_model_name
-from pomt.patch import apply_schedule, patch, unpatch
+from pomt.patching import apply_schedule, patch, unpatch
 from pomt.schedule import Schedule, load_schedule, save_schedule
 
 __version__ = "0.1.0"

@@ -55,7 +55,7 @@ class Schedule:
 
     @property
     def removal(self) -> dict[int, int]:
-        """{block: tokens removed there}, the form `pomt.patch` takes."""
+        """{block: tokens removed there}, the form `pomt.patching` takes."""
         return {step.block: step.remove for step in self.prune if step.remove > 0}
 
     def to_dict(self) -> dict:

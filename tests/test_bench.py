@@ -19,7 +19,7 @@ from pomt.device import device_fingerprint
 from pomt.errors import PatchError
 from pomt.geometry import model_geometry
 from pomt.models import create_model
-from pomt.patch import patch
+from pomt.patching import patch
 from pomt.schedule import PruneStep, Schedule, save_schedule
 
 # deit_tiny: width 192, MLP 768, patch 16, 1000 classes

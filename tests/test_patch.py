@@ -12,7 +12,7 @@ import torch
 
 from pomt.errors import PatchError, ScheduleError
 from pomt.geometry import model_geometry, transformer_blocks
-from pomt.patch import METHODS, apply_schedule, patch, patch_state, token_counts, unpatch
+from pomt.patching import METHODS, apply_schedule, patch, patch_state, token_counts, unpatch
 from pomt.schedule import PruneStep, Schedule
 
 PRUNE = {3: 56, 6: 20}

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from pomt.errors import PatchError
-from pomt.patch import token_counts
-from pomt.patch.plan import check_method, resolve_removal
-from pomt.patch.scores import (
+from pomt.patching import token_counts
+from pomt.patching.plan import check_method, resolve_removal
+from pomt.patching.scores import (
     best_indices,
     class_attention_scores,
     keep_and_fuse,
@@ -16,7 +16,7 @@ from pomt.patch.scores import (
     pomt_scores,
     split_best,
 )
-from pomt.patch.tome import bipartite_matching, merge_weighted
+from pomt.patching.tome import bipartite_matching, merge_weighted
 
 
 def test_split_best_keeps_highest_in_original_order_and_drops_the_rest():

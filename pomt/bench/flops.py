@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils import flop_counter
 
 from pomt.geometry import model_geometry, transformer_blocks
-from pomt.patch.plan import token_counts
+from pomt.patching.plan import token_counts
 
 _ATEN = torch.ops.aten
 

@@ -18,8 +18,8 @@ from torch import nn
 from pomt.bench.flops import analytic_flops, count_flops, match_amount
 from pomt.errors import PatchError
 from pomt.geometry import Geometry, model_geometry
-from pomt.patch import METHODS, apply_schedule, patch, token_counts, unpatch
-from pomt.patch.tome import max_merge
+from pomt.patching import METHODS, apply_schedule, patch, token_counts, unpatch
+from pomt.patching.tome import max_merge
 from pomt.schedule import Schedule
 
 BASELINE = "none"

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pomt.errors import PatchError
-from pomt.patch.tome import max_merge
-
-METHODS = ("pomt", "topk", "tome", "l2norm", "random")
+from pomt.patching.tome import max_merge
+from pomt.schedule import METHODS
 
 
 def check_method(method: str) -> str:

@@ -16,8 +16,8 @@ from torch import nn
 
 from pomt.errors import PatchError, ScheduleError
 from pomt.geometry import model_geometry, transformer_blocks
-from pomt.patch import blocks
-from pomt.patch.plan import check_method, resolve_removal, token_counts
+from pomt.patching import blocks
+from pomt.patching.plan import check_method, resolve_removal, token_counts
 from pomt.schedule import Schedule, load_schedule
 
 STATE_ATTR = "_pomt_patch"

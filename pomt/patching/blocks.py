@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from pomt.errors import PatchError, ScheduleError
-from pomt.patch import attention, scores
-from pomt.patch.plan import removed_at
-from pomt.patch.tome import bipartite_matching, merge_weighted
+from pomt.patching import attention, scores
+from pomt.patching.plan import removed_at
+from pomt.patching.tome import bipartite_matching, merge_weighted
 
 
 @dataclass(eq=False)
