@@ -3,10 +3,10 @@
 Model: L(n) = smooth trend + a sum of level shifts (steps) + noise. On the points sorted by token
 count (duplicates averaged):
 
-1. Trend. A robust cubic (Tukey-weighted least squares, `trend`) fitted to the curve with the steps
-   found so far taken out; a first guess of those steps is every single interval whose change departs
-   from a straight robust fit by more than 4 noise units. A global fit works alike on dense, sparse and
-   irregular grids, and a step never bends its own trend because it is taken out first.
+1. Trend. A robust quadratic (`trend`: repeated-median slopes, then least squares with every interval
+   whose change departs by more than 3 noise units taken out as an offset), fitted to the curve with
+   the steps found so far removed. A global fit works alike on dense, sparse and irregular grids, and
+   a step does not bend its own trend.
 2. Noise. The per-point noise is the larger of (a) the normal-scaled `scipy.stats.median_abs_deviation`
    of the residual differences (change minus trend change) over sqrt(2), (b) the standard error of a
    median from the measured IQR (IQR / 1.349 x 1.2533 / sqrt(samples), median over points), and
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from scipy.signal import find_peaks
-from scipy.stats import median_abs_deviation, siegelslopes
+from scipy.stats import median_abs_deviation
 
 from pomt.errors import CurveError
 
@@ -131,29 +131,30 @@ def _noise_floor(y: np.ndarray, iqr: np.ndarray, samples: np.ndarray) -> float:
 
 
 def trend(t: np.ndarray, y: np.ndarray, sigma: float | None = None, floor: float = 0.0) -> np.ndarray:
-    """Robust quadratic trend of y over t, evaluated at t.
+    """Robust quadratic trend of y over t, evaluated at t; steps do not bend it.
 
-    Fitted in slope space: a repeated-median line (`scipy.stats.siegelslopes`) through the per-token
-    slopes of the intervals, refitted without the intervals whose change departs from it by more than
-    JUMP_GUESS noise units. Steps are outliers there (up to half of the intervals may hold one), so
-    neither a dense curve nor a coarse staircase tilts the trend. `sigma` defaults to a lower-quartile
-    spread of the changes, re-estimated as the fit improves.
+    First in slope space: a repeated-median line (Siegel's, weighted by interval length) through the
+    intervals' per-token slopes, refitted without the intervals whose change departs from it by more
+    than JUMP_GUESS noise units; steps are outliers there, so a coarse staircase does not tilt it. Then
+    least squares in level space with those intervals' changes taken out as offsets, which is far more
+    precise than slopes of short intervals. `sigma` defaults to a lower-quartile spread of the changes.
     """
     t = np.asarray(t, dtype=float)
     y = np.asarray(y, dtype=float)
     if t.size < 3:
         return np.full_like(y, y.mean()) if t.size < 2 else y.copy()
     mid = 0.5 * (t[:-1] + t[1:])
-    slope = np.diff(y) / np.diff(t)
+    gap = np.diff(t)
+    slope = np.diff(y) / gap
     use = np.ones(mid.size, dtype=bool)
     fitted = np.median(slope) * t
     for _ in range(6):
         if use.sum() >= 3:
-            fit = siegelslopes(slope[use], mid[use])
-            fitted = fit.intercept * t + 0.5 * fit.slope * t**2
+            a, b = _weighted_repeated_median(mid[use], slope[use], gap[use])
+            fitted = a * t + 0.5 * b * t**2
         change = np.diff(y - fitted)
         centred = change - np.median(change[use]) if use.any() else change
-        noise = sigma if sigma is not None else _low_quartile_sd(centred) / math.sqrt(2.0)
+        noise = sigma if sigma is not None else low_quartile_sd(centred) / math.sqrt(2.0)
         again = np.abs(centred) < JUMP_GUESS * max(noise, floor, 1e-12) * math.sqrt(2.0)
         if np.array_equal(again, use):
             break
@@ -168,7 +169,29 @@ def trend(t: np.ndarray, y: np.ndarray, sigma: float | None = None, floor: float
     return np.polynomial.polynomial.polyval(x, coef)
 
 
-def _low_quartile_sd(x: np.ndarray) -> float:
+def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    order = np.argsort(values)
+    cum = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cum, 0.5 * cum[-1])])
+
+
+def _weighted_repeated_median(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float]:
+    """Siegel's repeated-median line y = a + b x with weights (robust to nearly half the weight being
+    outliers); weights let long intervals, whose slopes are precise, count for more than short ones."""
+    dx = x[None, :] - x[:, None]
+    np.fill_diagonal(dx, np.nan)
+    pair = (y[None, :] - y[:, None]) / dx
+    order = np.argsort(pair, axis=1)  # NaN (the diagonal) sorts last
+    sorted_pair = np.take_along_axis(pair, order, axis=1)
+    cum = np.cumsum(np.where(np.isnan(sorted_pair), 0.0, w[order]), axis=1)
+    half = 0.5 * cum[:, -1:]
+    rows = sorted_pair[np.arange(x.size), np.argmax(cum >= half, axis=1)]
+    b = _weighted_median(rows, w)
+    a = _weighted_median(y - b * x, w)
+    return a, b
+
+
+def low_quartile_sd(x: np.ndarray) -> float:
     """Standard deviation from the 25th percentile of |x - median|: robust to up to 3/4 outliers."""
     return float(np.percentile(np.abs(x - np.median(x)), 25)) / LOW_QUARTILE_ABS_NORMAL if x.size else 0.0
 
