@@ -18,6 +18,7 @@ from pomt.accuracy import (
 )
 from pomt.errors import CurveError, DatasetError
 from pomt.models import create_model
+
 from tiny_data import MODEL, SIZE, loader_for, make_image_folder, train_tiny_vit
 
 

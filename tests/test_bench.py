@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_one_line_error, run_script
 
 from pomt.bench.flops import analytic_flops, count_flops, match_amount
 from pomt.bench.report import COLUMNS
@@ -21,6 +20,8 @@ from pomt.geometry import model_geometry
 from pomt.models import create_model
 from pomt.patching import patch
 from pomt.schedule import PruneStep, Schedule, save_schedule
+
+from conftest import assert_one_line_error, run_script
 
 # deit_tiny: width 192, MLP 768, patch 16, 1000 classes
 WIDTH, HIDDEN, PATCH, CLASSES, DEPTH = 192, 768, 16, 1000, 12

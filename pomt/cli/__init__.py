@@ -1,8 +1,9 @@
 """The `pomt` console script: typer commands over the library."""
 
-from pomt.cli import (
-    bench,  # noqa: F401
-    info,  # noqa: F401  (registers commands)
+from pomt.cli import (  # noqa: F401  (importing a command module registers its commands)
+    bench,
+    info,
+    offline,
 )
 from pomt.cli.app import app, main
 

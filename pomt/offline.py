@@ -1,0 +1,374 @@
+"""The offline computation: measure L(n), find steps, estimate A(n), choose a removal, write the schedule.
+
+One function per stage; `run_offline` strings them together for the CLI and `offline_computation.py`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pomt import accuracy as acc
+from pomt.device import clock_snapshot, device_fingerprint, require_locked_clocks, resolve_device
+from pomt.errors import BatchSizeError, DatasetError, GridError, PolicyError
+from pomt.geometry import Geometry, model_geometry
+from pomt.io import atomic_write_csv
+from pomt.measure import LatencyPoint, measure_point
+from pomt.models import architecture, create_model, normalise_input_size
+from pomt.plots import plot_offline
+from pomt.policy import Decision, choose_budget, choose_step, choose_utility, utility_values
+from pomt.schedule import METHODS, PruneStep, Schedule, save_schedule, utc_now
+from pomt.search import PointStore, adaptive_search, full_search, remeasure_spikes, token_grid
+from pomt.steps import StepReport, detect_steps
+from pomt.tokens import keep_tokens
+
+CURVE_COLUMNS = (
+    "tokens", "median_ms", "iqr_ms", "samples", "accuracy", "accuracy_interpolated",
+    "min_ms", "p10_ms", "threads", "device",
+)
+
+
+@dataclass(frozen=True)
+class OfflineConfig:
+    """Everything one offline run needs; defaults are the CLI's."""
+
+    model: str = "deit_base"
+    batch_size: int = 4
+    input_size: int | tuple[int, int] | None = None
+    device: str = "auto"
+    threads: int | None = None
+    grid_start: int | None = None
+    grid_stop: int | None = None
+    grid_stride: int = 1
+    search: str = "adaptive"
+    coarse_stride: int | None = None
+    significance: float = 5.0
+    min_run_s: float = 0.2
+    dataset_root: Path | None = None
+    checkpoint: Path | None = None
+    pretrained: bool | None = None
+    accuracy_samples: int = 500
+    accuracy_points: int = 12
+    accuracy_batch_size: int = 32
+    alpha: float = 0.5
+    policy: str | None = None
+    latency_budget_ms: float | None = None
+    min_accuracy: float | None = None
+    max_remove: int | None = None
+    min_gain: float = 0.03
+    prune_block: int = 3
+    method: str = "pomt"
+    output_dir: Path = Path("bin")
+    resume: bool = False
+    require_locked_clocks: bool = False
+    latency_only: bool = False
+    accuracy_only: bool = False
+    accuracy_curve: Path | None = None
+    seed: int = 0
+    progress: bool = True
+
+
+@dataclass
+class OfflineResult:
+    """What a run found and wrote."""
+
+    geometry: Geometry
+    device: dict
+    points: list[LatencyPoint] = field(default_factory=list)
+    report: StepReport | None = None
+    accuracy: acc.AccuracyCurve | None = None
+    decision: Decision | None = None
+    overhead_ms: float = 0.0
+    paths: dict[str, Path] = field(default_factory=dict)
+    measure_seconds: float = 0.0
+    measured_points: int = 0
+
+
+def output_stem(model: str, device: str, batch_size: int, input_size: tuple[int, int]) -> str:
+    """`<model>_<device>_bs<B>_is<S>`: the name every output of one tuple shares."""
+    size = str(input_size[0]) if input_size[0] == input_size[1] else f"{input_size[0]}x{input_size[1]}"
+    return f"{architecture(model)}_{device.split(':')[0]}_bs{batch_size}_is{size}"
+
+
+def validate(config: OfflineConfig) -> None:
+    """Reject bad settings before any model is built."""
+    if config.batch_size < 1:
+        raise BatchSizeError(f"batch size must be at least 1, got {config.batch_size}")
+    if config.method not in METHODS:
+        raise PolicyError(f"unknown method '{config.method}'; choose one of {', '.join(METHODS)}")
+    if config.search not in ("adaptive", "full"):
+        raise GridError(f"unknown search '{config.search}'; choose adaptive or full")
+    if config.latency_only and config.accuracy_only:
+        raise PolicyError("--latency-only and --accuracy-only exclude each other")
+    if config.policy not in (None, "utility", "step", "budget"):
+        raise PolicyError(f"unknown policy '{config.policy}'; choose utility, step or budget")
+    if config.policy == "budget" and config.latency_budget_ms is None:
+        raise PolicyError("the budget policy needs --latency-budget-ms")
+    if not 0.0 <= config.alpha <= 1.0:
+        raise PolicyError(f"--alpha must lie in [0, 1], got {config.alpha}")
+    if config.accuracy_samples < 1:
+        raise PolicyError(f"--accuracy-samples must be at least 1, got {config.accuracy_samples}")
+    normalise_input_size(config.input_size)
+    if config.dataset_root is not None and not Path(config.dataset_root).is_dir():
+        raise DatasetError(f"dataset folder not found: {config.dataset_root}")
+
+
+def needs_accuracy_model(config: OfflineConfig) -> bool:
+    return config.dataset_root is not None and not config.latency_only and config.accuracy_curve is None
+
+
+def build_model(config: OfflineConfig) -> nn.Module:
+    """The model at the run's input size; weights only when accuracy is measured here."""
+    pretrained = config.pretrained
+    if pretrained is None:
+        pretrained = needs_accuracy_model(config) and config.checkpoint is None
+    return create_model(config.model, config.input_size, pretrained=pretrained, checkpoint=config.checkpoint)
+
+
+def overhead_latency(
+    model: nn.Module, x: torch.Tensor, device: str, threads: int | None, min_run_s: float
+) -> float:
+    """Latency (ms) of the model with its blocks removed: embedding + head, which pruning never saves."""
+    stripped = copy.deepcopy(model)
+    stripped.blocks = type(stripped.blocks)()
+    return measure_point(lambda: stripped(x), 0, device=device, threads=threads, min_run_s=min_run_s).median_ms
+
+
+def latency_measure(
+    model: nn.Module, x: torch.Tensor, device: str, threads: int | None, min_run_s: float
+) -> Callable[[int], LatencyPoint]:
+    """A function n → LatencyPoint of one full forward with n tokens through every block."""
+
+    def measure(n: int) -> LatencyPoint:
+        with keep_tokens(model, n):
+            return measure_point(
+                lambda: model(x), n, device=device, threads=threads, min_run_s=min_run_s, warmup=1,
+                snapshot=lambda: clock_snapshot(device),
+            )
+
+    return measure
+
+
+def latency_grid(config: OfflineConfig, geometry: Geometry) -> list[int]:
+    """The token counts to search, checked against the model (prune block and range too)."""
+    if not 0 <= config.prune_block < geometry.depth:
+        raise GridError(f"--prune-block {config.prune_block} is outside the model's blocks [0, {geometry.depth - 1}]")
+    if config.max_remove is not None and not 0 <= config.max_remove <= geometry.patch_tokens - 1:
+        raise GridError(f"--max-remove {config.max_remove} is outside [0, {geometry.patch_tokens - 1}]")
+    return token_grid(
+        config.grid_start if config.grid_start is not None else geometry.num_tokens,
+        config.grid_stop if config.grid_stop is not None else geometry.min_tokens,
+        config.grid_stride,
+        min_tokens=geometry.min_tokens,
+        max_tokens=geometry.num_tokens,
+    )
+
+
+def search_latency(
+    config: OfflineConfig, model: nn.Module, geometry: Geometry, device: str, grid: list[int], store: PointStore
+) -> list[LatencyPoint]:
+    """Full or adaptive search over the token grid, resuming from the store."""
+    x = torch.randn(config.batch_size, 3, *geometry.input_size, device=device)
+    measure = latency_measure(model, x, device, config.threads, config.min_run_s)
+    if config.search == "full":
+        points = full_search(measure, grid, store=store, progress=config.progress)
+        points = remeasure_spikes(points, measure, k=config.significance, store=store)
+    else:
+        points = adaptive_search(
+            measure, grid, coarse_stride=config.coarse_stride, k=config.significance, store=store,
+            progress=config.progress,
+        )
+    return [points[n] for n in sorted(points)]
+
+
+def find_steps(points: list[LatencyPoint], k: float) -> StepReport:
+    return detect_steps(
+        [p.tokens for p in points],
+        [p.median_ms for p in points],
+        k=k,
+        iqr_ms=[p.iqr_ms for p in points],
+        samples=[p.samples for p in points],
+    )
+
+
+def estimate_accuracy(
+    config: OfflineConfig, model: nn.Module, geometry: Geometry, device: str, extra_counts: list[int]
+) -> acc.AccuracyCurve:
+    """A(n) on a seeded, bounded sample of the dataset folder with random pruning after embedding."""
+    dataset, kind = acc.open_image_folder(config.dataset_root, acc.eval_transform(model, geometry.input_size))
+    subset = acc.seeded_subset(dataset, config.accuracy_samples, config.seed)
+    counts = acc.accuracy_token_counts(geometry.min_tokens, geometry.num_tokens, config.accuracy_points, extra_counts)
+    loader = acc.image_loader(subset, config.accuracy_batch_size)
+    return acc.measure_accuracy(model, loader, counts, kind, device=device, seed=config.seed,
+                                progress=config.progress)
+
+
+def decide(
+    config: OfflineConfig,
+    geometry: Geometry,
+    points: list[LatencyPoint],
+    report: StepReport,
+    accuracy: Mapping[int, float] | None,
+    overhead_ms: float,
+) -> Decision:
+    """Apply the chosen policy (budget if a budget is given, utility with accuracy, else step)."""
+    curve = {p.tokens: p.median_ms for p in points}
+    if geometry.num_tokens not in curve:
+        raise GridError(f"the latency grid must include N = {geometry.num_tokens} (the unpruned baseline)")
+    max_remove = geometry.patch_tokens - 1 if config.max_remove is None else config.max_remove
+    common = dict(
+        num_tokens=geometry.num_tokens, prefix_tokens=geometry.prefix_tokens, depth=geometry.depth,
+        block=config.prune_block, max_remove=max_remove, overhead_ms=overhead_ms,
+    )
+    policy = config.policy or ("budget" if config.latency_budget_ms is not None else
+                               "utility" if accuracy is not None else "step")
+    if policy == "utility":
+        if accuracy is None:
+            raise PolicyError("the utility policy needs accuracy: give --dataset-root or --accuracy-curve")
+        return choose_utility(curve, accuracy, alpha=config.alpha, min_accuracy=config.min_accuracy, **common)
+    if policy == "budget":
+        return choose_budget(curve, latency_budget_ms=config.latency_budget_ms, accuracy=accuracy,
+                             min_accuracy=config.min_accuracy, **common)
+    return choose_step(curve, report.steps, min_gain=config.min_gain, accuracy=accuracy,
+                       min_accuracy=config.min_accuracy, **common)
+
+
+def build_schedule(
+    config: OfflineConfig,
+    geometry: Geometry,
+    decision: Decision,
+    report: StepReport,
+    accuracy: acc.AccuracyCurve | None,
+    fingerprint: dict,
+    curve_name: str,
+) -> Schedule:
+    prune = (PruneStep(decision.block, decision.remove),) if decision.remove > 0 else ()
+    return Schedule(
+        model=geometry.model,
+        input_size=geometry.input_size,
+        batch_size=config.batch_size,
+        num_tokens=geometry.num_tokens,
+        prefix_tokens=geometry.prefix_tokens,
+        depth=geometry.depth,
+        method=config.method,
+        prune=prune,
+        policy={
+            "name": decision.policy,
+            "alpha": config.alpha if decision.policy == "utility" else None,
+            "max_remove": geometry.patch_tokens - 1 if config.max_remove is None else config.max_remove,
+            "min_gain": config.min_gain,
+            "latency_budget_ms": config.latency_budget_ms,
+            "min_accuracy": config.min_accuracy,
+            "prune_block": config.prune_block,
+            "reason": decision.reason,
+        },
+        predicted={
+            "baseline_ms": round(decision.baseline_ms, 4),
+            "pruned_ms": round(decision.predicted_ms, 4),
+            "gain": round(decision.gain, 5),
+            "accuracy": decision.accuracy,
+            "accuracy_kind": accuracy.kind if accuracy else None,
+        },
+        steps=[_rounded(step.to_dict()) for step in report.steps],
+        device=fingerprint,
+        curve=curve_name,
+        created=utc_now(),
+    )
+
+
+def _rounded(row: dict) -> dict:
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
+
+
+def curve_rows(points: list[LatencyPoint], accuracy: acc.AccuracyCurve | None) -> list[dict]:
+    values = accuracy.at(p.tokens for p in points) if accuracy else {}
+    rows = []
+    for point in points:
+        row = _rounded(point.to_row())
+        if accuracy:
+            row["accuracy"] = round(values[point.tokens], 6)
+            row["accuracy_interpolated"] = point.tokens not in accuracy.values
+        rows.append(row)
+    return rows
+
+
+def run_offline(config: OfflineConfig) -> OfflineResult:
+    """Run every stage the configuration asks for and write the outputs; see the module docstring."""
+    validate(config)
+    device = resolve_device(config.device)
+    model = build_model(config).to(device)
+    geometry = model_geometry(model)
+    grid = latency_grid(config, geometry)
+    fingerprint = device_fingerprint(device, config.threads)
+    if config.require_locked_clocks:
+        require_locked_clocks(fingerprint)
+    stem = output_stem(config.model, device, config.batch_size, geometry.input_size)
+    out = Path(config.output_dir)
+    result = OfflineResult(geometry=geometry, device=fingerprint)
+
+    if config.accuracy_curve is not None:
+        result.accuracy = acc.load_accuracy_curve(
+            config.accuracy_curve, (geometry.min_tokens, geometry.num_tokens)
+        )
+    if config.accuracy_only:
+        if config.dataset_root is None:
+            raise PolicyError("--accuracy-only needs --dataset-root")
+        result.accuracy = estimate_accuracy(config, model, geometry, device, [])
+        result.paths["accuracy"] = acc.save_accuracy_curve(out / f"{stem}.accuracy.csv", result.accuracy)
+        return result
+
+    store_path = out / f"{stem}.points.jsonl"
+    if not config.resume:
+        store_path.unlink(missing_ok=True)
+    store = PointStore(store_path, {
+        "model": geometry.model, "batch_size": config.batch_size, "input_size": list(geometry.input_size),
+        "device": device, "device_name": fingerprint.get("name"), "threads": fingerprint.get("threads"),
+    })
+    started = time.perf_counter()
+    before = len(store.load())
+    result.points = search_latency(config, model, geometry, device, grid, store)
+    x = torch.randn(config.batch_size, 3, *geometry.input_size, device=device)
+    result.overhead_ms = overhead_latency(model, x, device, config.threads, config.min_run_s)
+    result.measure_seconds = time.perf_counter() - started
+    result.measured_points = len(store.records()) - before
+    result.report = find_steps(result.points, config.significance)
+
+    if needs_accuracy_model(config):
+        extra = [s.tokens for s in result.report.steps] + [s.upper_tokens for s in result.report.steps]
+        result.accuracy = estimate_accuracy(config, model, geometry, device, extra)
+        result.paths["accuracy"] = acc.save_accuracy_curve(out / f"{stem}.accuracy.csv", result.accuracy)
+
+    accuracy_at = acc.accuracy_lookup(result.accuracy, (p.tokens for p in result.points))
+    result.decision = decide(config, geometry, result.points, result.report, accuracy_at, result.overhead_ms)
+    curve_name = f"{stem}.curve.csv"
+    result.paths["curve"] = atomic_write_csv(out / curve_name, curve_rows(result.points, result.accuracy),
+                                             CURVE_COLUMNS)
+    schedule = build_schedule(config, geometry, result.decision, result.report, result.accuracy,
+                              fingerprint, curve_name)
+    result.paths["schedule"] = save_schedule(schedule, out / f"{stem}.schedule.json")
+    utility = None
+    if accuracy_at is not None:
+        utility = utility_values(
+            {p.tokens: p.median_ms for p in result.points}, accuracy_at, alpha=config.alpha,
+            num_tokens=geometry.num_tokens, depth=geometry.depth, block=config.prune_block,
+            overhead_ms=result.overhead_ms,
+        )
+    result.paths["plot"] = plot_offline(
+        out / f"{stem}.png",
+        f"{geometry.model} on {fingerprint.get('name', device)}, batch {config.batch_size}, "
+        f"{geometry.input_size[0]}x{geometry.input_size[1]} px",
+        result.points,
+        result.report.steps,
+        result.decision.kept_tokens,
+        accuracy=result.accuracy.values if result.accuracy else None,
+        accuracy_kind=result.accuracy.kind if result.accuracy else None,
+        utility=utility,
+    )
+    result.paths["points"] = store_path
+    return result
