@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tiny_data import make_image_folder, train_tiny_vit
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -51,3 +53,12 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
     assert "Traceback" not in result.stderr
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """A generated labelled ImageFolder and a tiny ViT checkpoint trained on it (once per session)."""
+    root = make_image_folder(tmp_path_factory.mktemp("data"))
+    checkpoint = tmp_path_factory.mktemp("ckpt") / "tiny.pth"
+    train_accuracy = train_tiny_vit(root, checkpoint)
+    return root, checkpoint, train_accuracy

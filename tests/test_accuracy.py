@@ -19,15 +19,7 @@ from pomt.accuracy import (
 from pomt.errors import CurveError, DatasetError
 from pomt.models import create_model
 
-from tiny_data import MODEL, SIZE, loader_for, make_image_folder, train_tiny_vit
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = make_image_folder(tmp_path_factory.mktemp("data"))
-    checkpoint = tmp_path_factory.mktemp("ckpt") / "tiny.pth"
-    train_accuracy = train_tiny_vit(root, checkpoint)
-    return root, checkpoint, train_accuracy
+from tiny_data import MODEL, SIZE, loader_for, make_image_folder
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from pomt.geometry import transformer_blocks
 from pomt.models import create_model
 
 from conftest import ROOT, assert_one_line_error, run_script
-from tiny_data import MODEL, SIZE, make_image_folder, train_tiny_vit
+from tiny_data import MODEL, SIZE
 
 STEM = "test_vit_cpu_bs2_is96"
 FAST = ("--model", MODEL, "--input-size", str(SIZE), "--batch-size", "2", "--threads", "1", "--no-progress")
@@ -81,17 +81,11 @@ def test_resume_after_kill_measures_each_point_once(tmp_path):
     assert tokens == list(range(2, 38))  # every grid point exactly once
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = make_image_folder(tmp_path_factory.mktemp("data"))
-    checkpoint = tmp_path_factory.mktemp("ckpt") / "tiny.pth"
-    assert train_tiny_vit(root, checkpoint) > 0.8
-    return root, checkpoint
 
 
 @pytest.mark.slow
 def test_end_to_end_with_accuracy_writes_a_schedule_that_applies(tmp_path, trained):
-    root, checkpoint = trained
+    root, checkpoint, _ = trained
     result = _offline("--dataset-root", str(root), "--checkpoint", str(checkpoint), "--accuracy-points", "6",
                       "--min-run-s", "0.05", "--alpha", "0.5", out=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -126,7 +120,7 @@ def test_end_to_end_with_accuracy_writes_a_schedule_that_applies(tmp_path, train
 
 @pytest.mark.slow
 def test_accuracy_only_then_combined_with_latency(tmp_path, trained):
-    root, checkpoint = trained
+    root, checkpoint, _ = trained
     first = _offline("--accuracy-only", "--dataset-root", str(root), "--checkpoint", str(checkpoint),
                      "--accuracy-points", "5", out=tmp_path / "big")
     assert first.returncode == 0, first.stderr
