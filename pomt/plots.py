@@ -42,7 +42,7 @@ def plot_offline(
     for i, step in enumerate(steps):
         colour = "tab:red" if step.kind == "drop" else "tab:purple"
         ax.axvline(step.tokens, color=colour, ls="--", lw=0.8, label=("step" if i == 0 else None))
-        ax.annotate(f"{step.drop_pct:+.1f}%", (step.tokens, step.after_ms), fontsize=7, color=colour)
+        ax.annotate(f"{-step.drop_pct:+.1f}%", (step.tokens, step.after_ms), fontsize=7, color=colour)
     if chosen_tokens is not None:
         ax.axvline(chosen_tokens, color="tab:green", lw=2, label=f"chosen: keep {chosen_tokens}")
     ax.set_ylabel("latency (ms)")

@@ -26,6 +26,8 @@ Measure = Callable[[int], LatencyPoint]
 FLAG = 0.4  # refine an interval whose level shift reaches FLAG * k standard errors
 FOLLOW = 0.3  # keep bisecting the half that holds a shift while it reaches FOLLOW * k
 JUMP = 3.0  # noise units of one change that keep a neighbouring point out of a level estimate
+REPLICATES = 4  # coarse counts measured twice: their spread is the noise between measurements
+BETWEEN_MARGIN = 2.0  # between-measurement noise replaces the within-run figure only above this ratio
 
 
 def token_grid(start: int, stop: int, stride: int, *, min_tokens: int, max_tokens: int) -> list[int]:
@@ -196,10 +198,16 @@ def adaptive_search(
     coarse = sorted(set(grid[::stride]) | {grid[0], grid[-1]})
     for n in coarse:
         take(n)
+    first = {n: points[n].median_ms for n in _replicate_counts(coarse)}
+    for n in first:
+        if n not in remeasured:
+            remeasured.add(n)
+            take(n, again=True)
+    between = _between_noise(first, points, store)
 
     pending: set[tuple[int, int]] = set()
     while budget_left():
-        snap = _Snapshot(points, [n for n in grid if n in points])
+        snap = _Snapshot(points, [n for n in grid if n in points], between)
         if len(snap.measured) < 3:
             break
         for n in snap.spike_like(k / 2.0):
@@ -207,7 +215,7 @@ def adaptive_search(
                 remeasured.add(n)
                 take(n, again=True)
         if not pending:
-            snap = _Snapshot(points, [n for n in grid if n in points])
+            snap = _Snapshot(points, [n for n in grid if n in points], between)
             pending = {iv for iv in snap.flagged(FLAG * k) if position[iv[1]] - position[iv[0]] > 1}
             if not pending:
                 break
@@ -219,7 +227,7 @@ def adaptive_search(
             take(mid)
             if mid not in points:
                 break
-            snap = _Snapshot(points, [n for n in grid if n in points])
+            snap = _Snapshot(points, [n for n in grid if n in points], between)
             halves = [(lo, mid), (mid, hi)]
             best = 1 if snap.nearer_lower(lo, mid, hi) else 0
             if snap.z(halves[best]) >= FOLLOW * k:
@@ -236,7 +244,7 @@ def adaptive_search(
 class _Snapshot:
     """The measured curve at one moment of an adaptive search: detrended levels and their noise."""
 
-    def __init__(self, points: dict[int, LatencyPoint], measured: list[int]):
+    def __init__(self, points: dict[int, LatencyPoint], measured: list[int], between: float = 0.0):
         self.measured = measured
         self.index = {n: i for i, n in enumerate(measured)}
         if len(measured) < 3:
@@ -247,6 +255,8 @@ class _Snapshot:
         if floor <= 0:  # no measured spread: a lower-quartile spread of the changes (robust to steps)
             r = np.diff(y) - np.median(np.diff(y) / np.diff(t)) * np.diff(t)
             floor = low_quartile_sd(r) / math.sqrt(2)
+        if between > BETWEEN_MARGIN * floor:  # four pairs estimate it roughly: only a clear excess counts
+            floor = between
         self.sigma = max(floor, NOISE_FLOOR * float(np.median(np.abs(y))), 1e-12)
         self.e = y - trend(t, y, self.sigma)
 
@@ -285,6 +295,29 @@ class _Snapshot:
             and min(abs(r[j - 1]), abs(r[j])) >= threshold
             and abs(r[j - 1] + r[j]) < 0.5 * max(abs(r[j - 1]), abs(r[j]))
         ]
+
+
+def _replicate_counts(coarse: list[int]) -> list[int]:
+    """Interior coarse counts, evenly spread, that are measured a second time."""
+    interior = coarse[1:-1] or coarse
+    step = max(1, len(interior) // REPLICATES)
+    return interior[step // 2 :: step][:REPLICATES]
+
+
+def _between_noise(first: dict[int, float], points: dict[int, LatencyPoint], store: PointStore | None) -> float:
+    """Noise of one measured median between measurements (drift, contention), from repeated counts.
+
+    Within-run spread (IQR) misses what changes between runs on a shared machine; two measurements of
+    the same count a few seconds apart show it. On resume the pairs come from the store's history.
+    """
+    pairs = [(value, points[n].median_ms) for n, value in first.items() if n in points]
+    if store is not None:
+        history: dict[int, list[float]] = {}
+        for point in store.records():
+            history.setdefault(point.tokens, []).append(point.median_ms)
+        pairs = [(values[0], values[1]) for n, values in history.items() if n in first and len(values) >= 2]
+    differences = np.array([a - b for a, b in pairs], dtype=float)
+    return float(np.sqrt(np.mean(differences**2) / 2.0)) if differences.size else 0.0
 
 
 def _iqr_noise(points: list[LatencyPoint]) -> float:
