@@ -234,11 +234,41 @@ def adaptive_search(
                 pending.add(halves[best])
             if snap.z(halves[1 - best]) >= FLAG * k:
                 pending.add(halves[1 - best])
+    _localise_reported_steps(points, grid, position, take, budget_left, k)
     bar.close()
     left = None if max_evals is None else max_evals - evals
     return remeasure_spikes(
         points, lambda n: _measure(measure, n), k=k, rounds=1, store=store, skip=remeasured, max_evals=left
     )
+
+
+def _localise_reported_steps(points, grid, position, take, budget_left, k: float) -> None:
+    """Bisect until every step that `detect_steps` reports has no unmeasured grid count inside it.
+
+    The refinement above judges intervals locally; this pass makes the search agree with the detector
+    the caller reports from, so no reported step is left spanning a coarse interval.
+    """
+    while budget_left():
+        ordered = sorted(points)
+        report = detect_steps(
+            ordered,
+            [points[n].median_ms for n in ordered],
+            k=k,
+            iqr_ms=[points[n].iqr_ms for n in ordered],
+            samples=[points[n].samples for n in ordered],
+        )
+        gaps = []
+        for step in report.steps:
+            lo, hi = position.get(step.tokens), position.get(step.upper_tokens)
+            if lo is None or hi is None:
+                continue
+            inside = [grid[i] for i in range(lo + 1, hi) if grid[i] not in points]
+            if inside:
+                gaps.append(inside[len(inside) // 2])
+        if not gaps:
+            return
+        for n in gaps:
+            take(n)
 
 
 class _Snapshot:
