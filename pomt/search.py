@@ -234,7 +234,7 @@ def adaptive_search(
                 pending.add(halves[best])
             if snap.z(halves[1 - best]) >= FLAG * k:
                 pending.add(halves[1 - best])
-    _localise_reported_steps(points, grid, position, take, budget_left, k)
+    _localise_reported_steps(points, grid, position, take, budget_left, k, remeasured)
     bar.close()
     left = None if max_evals is None else max_evals - evals
     return remeasure_spikes(
@@ -242,11 +242,13 @@ def adaptive_search(
     )
 
 
-def _localise_reported_steps(points, grid, position, take, budget_left, k: float) -> None:
+def _localise_reported_steps(points, grid, position, take, budget_left, k: float, remeasured: set) -> None:
     """Bisect until every step that `detect_steps` reports has no unmeasured grid count inside it.
 
     The refinement above judges intervals locally; this pass makes the search agree with the detector
-    the caller reports from, so no reported step is left spanning a coarse interval.
+    the caller reports from, so no reported step is left spanning a coarse interval. A "spike" that
+    survived re-measurement is a real feature narrower than the coarse stride (a valley or ridge a few
+    tokens wide): both intervals beside it are bisected until it resolves into steps.
     """
     while budget_left():
         ordered = sorted(points)
@@ -257,9 +259,14 @@ def _localise_reported_steps(points, grid, position, take, budget_left, k: float
             iqr_ms=[points[n].iqr_ms for n in ordered],
             samples=[points[n].samples for n in ordered],
         )
+        spans = [(step.tokens, step.upper_tokens) for step in report.steps]
+        for n in report.spikes:
+            if n in remeasured and 0 < ordered.index(n) < len(ordered) - 1:
+                i = ordered.index(n)
+                spans += [(ordered[i - 1], n), (n, ordered[i + 1])]
         gaps = []
-        for step in report.steps:
-            lo, hi = position.get(step.tokens), position.get(step.upper_tokens)
+        for low, high in spans:
+            lo, hi = position.get(low), position.get(high)
             if lo is None or hi is None:
                 continue
             inside = [grid[i] for i in range(lo + 1, hi) if grid[i] not in points]
@@ -267,7 +274,7 @@ def _localise_reported_steps(points, grid, position, take, budget_left, k: float
                 gaps.append(inside[len(inside) // 2])
         if not gaps:
             return
-        for n in gaps:
+        for n in sorted(set(gaps)):
             take(n)
 
 

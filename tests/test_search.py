@@ -180,3 +180,31 @@ def test_token_grid():
 def test_token_grid_errors(start, stop, stride):
     with pytest.raises(GridError, match=r"\[2, 197\]|stride"):
         token_grid(start, stop, stride, min_tokens=2, max_tokens=197)
+
+
+class Valley(Curve):
+    """A linear curve with a dip narrower than the coarse stride: counts in [lo, hi] are faster."""
+
+    def __init__(self, lo: int, hi: int, depth: float):
+        super().__init__(seed=11, num_tokens=197, n_steps=0, min_gap=1)
+        self.lo, self.hi, self.depth = lo, hi, depth
+
+    def __call__(self, n: int) -> LatencyPoint:
+        point = super().__call__(n)
+        dip = self.depth if self.lo <= n <= self.hi else 0.0
+        return LatencyPoint(tokens=n, median_ms=point.median_ms - dip, iqr_ms=IQR, samples=SAMPLES,
+                            threads=1, device="cpu")
+
+
+def test_adaptive_resolves_a_valley_narrower_than_the_coarse_stride():
+    curve = Valley(lo=179, hi=191, depth=12 * SIGMA)  # coarse stride 14: one coarse count falls inside
+    grid = token_grid(197, 2, 1, min_tokens=2, max_tokens=197)
+    points = adaptive_search(curve, grid, progress=False)
+    assert len(curve.calls) <= len(grid) / 3  # two edges close together cost more than two steps apart
+    assert located(points, 178) and located(points, 191)  # both edges on adjacent measured counts
+    ordered = sorted(points)
+    report = detect_steps(ordered, [points[n].median_ms for n in ordered],
+                          iqr_ms=[points[n].iqr_ms for n in ordered], samples=[points[n].samples for n in ordered])
+    kinds = {(s.tokens, s.kind) for s in report.steps}
+    assert any(abs(t - 191) <= 1 and kind == "drop" for t, kind in kinds), kinds
+    assert any(abs(t - 178) <= 1 and kind == "rise" for t, kind in kinds), kinds
