@@ -331,7 +331,7 @@ def run_offline(config: OfflineConfig) -> OfflineResult:
         "device": device, "device_name": fingerprint.get("name"), "threads": fingerprint.get("threads"),
     })
     started = time.perf_counter()
-    before = len(store.load())
+    before = len(store.records())
     result.points = search_latency(config, model, geometry, device, grid, store)
     x = torch.randn(config.batch_size, 3, *geometry.input_size, device=device)
     result.overhead_ms = overhead_latency(model, x, device, config.threads, config.min_run_s)
