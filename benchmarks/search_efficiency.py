@@ -16,8 +16,7 @@ import torch
 from pomt.geometry import model_geometry
 from pomt.measure import LatencyPoint, measure_point
 from pomt.models import create_model
-from pomt.search import adaptive_search, full_search, token_grid
-from pomt.steps import StepReport, detect_steps
+from pomt.search import adaptive_search, full_search, steps_of_points, token_grid
 from pomt.tokens import keep_tokens
 
 GOAL_RATIO = 0.2
@@ -25,15 +24,6 @@ BIG_PCT = 5.0
 TOLERANCE = 2
 
 
-def steps_of(points: dict[int, LatencyPoint], k: float) -> StepReport:
-    ordered = sorted(points)
-    return detect_steps(
-        ordered,
-        [points[n].median_ms for n in ordered],
-        k=k,
-        iqr_ms=[points[n].iqr_ms for n in ordered],
-        samples=[points[n].samples for n in ordered],
-    )
 
 
 def main() -> None:
@@ -70,7 +60,8 @@ def main() -> None:
     adaptive = adaptive_search(counted, grid, k=args.k, progress=False)
     adaptive_s = time.perf_counter() - start
 
-    full_report, adaptive_report = steps_of(full, args.k), steps_of(adaptive, args.k)
+    full_report = steps_of_points(full.values(), args.k)
+    adaptive_report = steps_of_points(adaptive.values(), args.k)
     print(f"model {geometry.model}  batch {args.batch_size}  threads {args.threads}  "
           f"grid {grid[0]}..{grid[-1]} stride {args.stride}  ({len(grid)} counts)")
     print(f"full grid   {full_s:8.1f} s   {len(grid)} evaluations   noise {full_report.noise_ms:.3f} ms")

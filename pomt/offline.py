@@ -24,8 +24,8 @@ from pomt.models import architecture, create_model, normalise_input_size
 from pomt.plots import plot_offline
 from pomt.policy import Decision, choose_budget, choose_step, choose_utility, utility_values
 from pomt.schedule import METHODS, PruneStep, Schedule, save_schedule, utc_now
-from pomt.search import PointStore, adaptive_search, full_search, remeasure_spikes, token_grid
-from pomt.steps import StepReport, detect_steps
+from pomt.search import PointStore, adaptive_search, full_search, remeasure_spikes, steps_of_points, token_grid
+from pomt.steps import StepReport
 from pomt.tokens import keep_tokens
 
 CURVE_COLUMNS = (
@@ -187,15 +187,6 @@ def search_latency(
     return [points[n] for n in sorted(points)]
 
 
-def find_steps(points: list[LatencyPoint], k: float) -> StepReport:
-    return detect_steps(
-        [p.tokens for p in points],
-        [p.median_ms for p in points],
-        k=k,
-        iqr_ms=[p.iqr_ms for p in points],
-        samples=[p.samples for p in points],
-    )
-
 
 def estimate_accuracy(
     config: OfflineConfig, model: nn.Module, geometry: Geometry, device: str, extra_counts: list[int]
@@ -337,7 +328,7 @@ def run_offline(config: OfflineConfig) -> OfflineResult:
     result.overhead_ms = overhead_latency(model, x, device, config.threads, config.min_run_s)
     result.measure_seconds = time.perf_counter() - started
     result.measured_points = len(store.records()) - before
-    result.report = find_steps(result.points, config.significance)
+    result.report = steps_of_points(result.points, config.significance)
 
     if needs_accuracy_model(config):
         extra = [s.tokens for s in result.report.steps] + [s.upper_tokens for s in result.report.steps]

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from pomt.errors import CurveError, GridError
 from pomt.measure import LatencyPoint
-from pomt.steps import IQR_TO_SD, MEDIAN_SE, NOISE_FLOOR, detect_steps, low_quartile_sd, trend
+from pomt.steps import IQR_TO_SD, MEDIAN_SE, NOISE_FLOOR, StepReport, detect_steps, low_quartile_sd, trend
 
 STORE_FORMAT = "pomt.points"
 STORE_VERSION = 1
@@ -252,13 +252,7 @@ def _localise_reported_steps(points, grid, position, take, budget_left, k: float
     """
     while budget_left():
         ordered = sorted(points)
-        report = detect_steps(
-            ordered,
-            [points[n].median_ms for n in ordered],
-            k=k,
-            iqr_ms=[points[n].iqr_ms for n in ordered],
-            samples=[points[n].samples for n in ordered],
-        )
+        report = steps_of_points(points.values(), k)
         spans = [(step.tokens, step.upper_tokens) for step in report.steps]
         for n in report.spikes:
             if n in remeasured and 0 < ordered.index(n) < len(ordered) - 1:
@@ -334,6 +328,18 @@ class _Snapshot:
         ]
 
 
+def steps_of_points(points: Iterable[LatencyPoint], k: float = 5.0) -> StepReport:
+    """`detect_steps` on measured points: medians, with their IQR and sample counts as the noise."""
+    ordered = sorted(points, key=lambda p: p.tokens)
+    return detect_steps(
+        [p.tokens for p in ordered],
+        [p.median_ms for p in ordered],
+        k=k,
+        iqr_ms=[p.iqr_ms for p in ordered],
+        samples=[p.samples for p in ordered],
+    )
+
+
 def _replicate_counts(coarse: list[int]) -> list[int]:
     """Interior coarse counts, evenly spread, that are measured a second time."""
     interior = coarse[1:-1] or coarse
@@ -390,14 +396,7 @@ def remeasure_spikes(
     done = set(skip)
     evals = 0
     for _ in range(rounds):
-        ordered = sorted(points)
-        report = detect_steps(
-            ordered,
-            [points[n].median_ms for n in ordered],
-            k=k,
-            iqr_ms=[points[n].iqr_ms for n in ordered],
-            samples=[points[n].samples for n in ordered],
-        )
+        report = steps_of_points(points.values(), k)
         spikes = [n for n in report.spikes if n not in done]
         if not spikes:
             break
