@@ -8,7 +8,7 @@ the folder): agreement of the pruned model's top-1 with the unpruned model's on 
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,6 +178,3 @@ def load_accuracy_curve(path: str | Path, token_range: tuple[int, int] | None = 
             )
     return AccuracyCurve(values, kinds.pop(), samples)
 
-
-def accuracy_lookup(curve: AccuracyCurve | None, tokens: Iterable[int]) -> Mapping[int, float] | None:
-    return None if curve is None else curve.at(tokens)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import tempfile
@@ -34,8 +35,6 @@ def atomic_write_json(path: str | Path, data: object) -> Path:
 
 def atomic_write_csv(path: str | Path, rows: Iterable[dict], columns: Sequence[str]) -> Path:
     """Write rows (dicts) as CSV with the given column order, atomically."""
-    import io
-
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
     writer.writeheader()

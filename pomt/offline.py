@@ -5,7 +5,6 @@ One function per stage; `run_offline` strings them together for the CLI and `off
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -135,9 +134,12 @@ def overhead_latency(
     model: nn.Module, x: torch.Tensor, device: str, threads: int | None, min_run_s: float
 ) -> float:
     """Latency (ms) of the model with its blocks removed: embedding + head, which pruning never saves."""
-    stripped = copy.deepcopy(model)
-    stripped.blocks = type(stripped.blocks)()
-    return measure_point(lambda: stripped(x), 0, device=device, threads=threads, min_run_s=min_run_s).median_ms
+    blocks = model.blocks
+    model.blocks = type(blocks)()  # swapped out for the measurement, no copy of the weights
+    try:
+        return measure_point(lambda: model(x), 0, device=device, threads=threads, min_run_s=min_run_s).median_ms
+    finally:
+        model.blocks = blocks
 
 
 def latency_measure(
@@ -335,7 +337,7 @@ def run_offline(config: OfflineConfig) -> OfflineResult:
         result.accuracy = estimate_accuracy(config, model, geometry, device, extra)
         result.paths["accuracy"] = acc.save_accuracy_curve(out / f"{stem}.accuracy.csv", result.accuracy)
 
-    accuracy_at = acc.accuracy_lookup(result.accuracy, (p.tokens for p in result.points))
+    accuracy_at = result.accuracy.at(p.tokens for p in result.points) if result.accuracy else None
     result.decision = decide(config, geometry, result.points, result.report, accuracy_at, result.overhead_ms)
     curve_name = f"{stem}.curve.csv"
     result.paths["curve"] = atomic_write_csv(out / curve_name, curve_rows(result.points, result.accuracy),
