@@ -45,5 +45,9 @@ class CurveError(PomtError):
     """A latency or accuracy curve file is corrupt or does not match the run."""
 
 
+class TraceError(PomtError):
+    """A latency trace (CSV + JSON sidecar) is missing, corrupt, or does not match the model it names."""
+
+
 class PolicyError(PomtError):
     """A scheduling policy cannot be applied as asked (missing accuracy, unreachable budget)."""

@@ -145,6 +145,18 @@ def _timer_times(fn: Callable[[], object], threads: int, min_run_s: float, devic
     return [t * 1e3 for t in measurement.times]
 
 
+def time_calls(fn: Callable[[], object], device: str, reps: int, threads: int | None = None) -> list[float]:
+    """`reps` per-call latencies (ms) of `fn`, back to back: CUDA events around each call on CUDA, the
+    synchronised wall clock elsewhere (`torch.utils.benchmark.Timer.timeit` would add two hidden warm-up
+    calls to every reading). No warm-up: the caller decides."""
+    if reps < 1:
+        raise ValueError("reps must be >= 1")
+    if device.startswith("cuda"):
+        return _cuda_event_times(fn, reps)
+    with fixed_threads(threads):
+        return [_time_block(fn, device, 1) for _ in range(reps)]
+
+
 def time_callable(
     fn: Callable[[], object],
     device: str = "cpu",

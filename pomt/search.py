@@ -1,33 +1,50 @@
-"""Which token counts to measure: the full grid, or an adaptive refinement around steps; resumable.
+"""Which token counts to measure, in which order, and which latency steps are real.
 
-Partial results live in a JSON-lines `PointStore` (a header with the run's settings, then one
-`LatencyPoint` per line, fsynced), so a killed search continues where it stopped.
+Measurement design (so that a machine whose speed drifts does not shape the curve):
+- Passes. The counts of a set are visited once per pass in a seeded random order, with the reference
+  count (N) in every pass: a randomised block design. Each count pools its passes, every visit taken
+  relative to its pass's reference visit (`pomt.stats.pool_visits`). Never one ascending sweep.
+- Full search: every grid count in `passes` passes.
+- Adaptive search: a coarse subset in `passes` passes; then, wherever the step detector (at the lower
+  `candidate_k` threshold) sees a candidate with unmeasured grid counts inside it, the middle one is
+  measured - every such midpoint of a round together, in `refine_passes` shuffled passes with the
+  reference - until no candidate has an unmeasured count inside, or the budget (a fraction of the full
+  grid's visits) is spent. A one-point feature (a spike) is bisected on both sides.
+- Confirmation, the one test for a step. Each candidate, most significant first, is measured
+  alternately at its two counts (A B, B A, ... for `confirm_rounds` rounds, in the same warm state). It
+  is accepted when the paired log-ratio, less what the smooth trend predicts across it, differs from 0
+  by a t-test at `alpha` and by at least `min_step`. Only confirmed steps are reported; a non-monotone
+  edge (fewer tokens, more time) is confirmed the same way.
+A visit is one untimed forward at the new count and `reps` timed forwards; the budget, the full grid's
+cost and every figure the search reports count visits. Given its seed and what it measures the search
+is deterministic, so a run resumed from its journal (`pomt.sources.Session`) continues exactly.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from collections.abc import Callable, Iterable
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import numpy as np
 from tqdm import tqdm
 
-from pomt.errors import CurveError, GridError
-from pomt.measure import LatencyPoint
-from pomt.steps import IQR_TO_SD, MEDIAN_SE, NOISE_FLOOR, StepReport, detect_steps, low_quartile_sd, trend
+from pomt.errors import GridError
+from pomt.sources import Session, TraceExhausted, calibrate_reps
+from pomt.stats import (
+    CurvePoint,
+    Drift,
+    PairedEffect,
+    corrected_values,
+    drift,
+    drift_profile,
+    paired_effect,
+    pool_visits,
+    relative_noise,
+)
+from pomt.steps import Step, detect_steps, trend
+from pomt.trace import Visit
 
-STORE_FORMAT = "pomt.points"
-STORE_VERSION = 1
-
-Measure = Callable[[int], LatencyPoint]
-FLAG = 0.4  # refine an interval whose level shift reaches FLAG * k standard errors
-FOLLOW = 0.3  # keep bisecting the half that holds a shift while it reaches FOLLOW * k
-JUMP = 3.0  # noise units of one change that keep a neighbouring point out of a level estimate
-REPLICATES = 4  # coarse counts measured twice: their spread is the noise between measurements
-BETWEEN_MARGIN = 2.0  # between-measurement noise replaces the within-run figure only above this ratio
+CALIBRATION_REPS = 3
 
 
 def token_grid(start: int, stop: int, stride: int, *, min_tokens: int, max_tokens: int) -> list[int]:
@@ -49,360 +66,400 @@ def token_grid(start: int, stop: int, stride: int, *, min_tokens: int, max_token
     return sorted(counts)
 
 
-def _jsonable(meta: dict) -> dict:
-    return json.loads(json.dumps(meta, sort_keys=True, default=str))
+@dataclass(frozen=True)
+class SearchSettings:
+    """How a search measures and when it believes a step; defaults are the CLI's."""
 
+    adaptive: bool = True
+    passes: int = 6
+    refine_passes: int = 1
+    reps: int | None = None  # timed forwards per visit; None: about `visit_s` of timing per visit
+    visit_s: float = 0.1
+    coarse_stride: int | None = None
+    candidate_k: float = 3.0
+    alpha: float = 0.01
+    min_step: float = 0.03
+    confirm_rounds: int = 6
+    budget: float = 0.2  # adaptive: most visits, as a fraction of the full grid's passes x counts
+    seed: int = 0
 
-class PointStore:
-    """Append-only JSON-lines file of measured points, headed by the settings they were measured with."""
-
-    def __init__(self, path: str | os.PathLike, meta: dict):
-        self.path = Path(path)
-        self.meta = _jsonable(meta)
-        if self.path.exists() and self.path.stat().st_size > 0:
-            self._check_header()
-            self._drop_partial_tail()
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            header = {"format": STORE_FORMAT, "version": STORE_VERSION, "meta": self.meta}
-            self._append(json.dumps(header, sort_keys=True))
-
-    def _check_header(self) -> None:
-        with self.path.open(encoding="utf-8") as f:
-            first = f.readline()
-        try:
-            header = json.loads(first)
-            stored = header["meta"]
-            ok = header.get("format") == STORE_FORMAT
-        except (json.JSONDecodeError, KeyError, TypeError):
-            ok, stored = False, None
-        if not ok:
-            raise CurveError(f"{self.path} is not a pomt partial-search file; move it away or drop --resume")
-        if stored != self.meta:
-            keys = sorted(k for k in set(stored) | set(self.meta) if stored.get(k) != self.meta.get(k))
-            diffs = ", ".join(f"{k}={stored.get(k)!r} (now {self.meta.get(k)!r})" for k in keys)
-            raise CurveError(
-                f"{self.path} was measured with other settings: {diffs}; delete it or drop --resume"
-            )
-
-    def _drop_partial_tail(self) -> None:
-        """Cut a last line that a killed run left half-written, so new lines start clean."""
-        data = self.path.read_bytes()
-        if data.endswith(b"\n"):
-            return
-        cut = data.rfind(b"\n") + 1
-        with self.path.open("r+b") as f:
-            f.truncate(cut)
-
-    def _append(self, line: str) -> None:
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-    def add(self, point: LatencyPoint) -> None:
-        """Append one point durably (flushed and fsynced)."""
-        row = point.to_row()
-        row["clocks"] = point.clocks
-        self._append(json.dumps(row, sort_keys=True, default=str))
-
-    def records(self) -> list[LatencyPoint]:
-        """Every stored point in the order measured (a re-measured count appears more than once)."""
-        lines = self.path.read_text(encoding="utf-8").splitlines()[1:]
-        out = []
-        for i, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                out.append(LatencyPoint(**json.loads(line)))
-            except (json.JSONDecodeError, TypeError) as exc:
-                if i == len(lines) - 1:
-                    break  # truncated by a killed run
-                raise CurveError(f"{self.path} line {i + 2} is corrupt ({exc}); delete the file") from exc
-        return out
-
-    def load(self) -> dict[int, LatencyPoint]:
-        """Latest point per token count."""
-        return {p.tokens: p for p in self.records()}
-
-
-def _record(points: dict[int, LatencyPoint], point: LatencyPoint, store: PointStore | None) -> None:
-    points[point.tokens] = point
-    if store is not None:
-        store.add(point)
-
-
-def _measure(measure: Measure, n: int) -> LatencyPoint:
-    point = measure(n)
-    if point.tokens != n:
-        raise CurveError(f"measure({n}) returned a point for {point.tokens} tokens")
-    return point
-
-
-def full_search(
-    measure: Measure, grid: list[int], *, store: PointStore | None = None, progress: bool = True
-) -> dict[int, LatencyPoint]:
-    """Measure every grid count not already in the store; returns the grid's points, ascending."""
-    points = store.load() if store is not None else {}
-    todo = [n for n in sorted(set(grid)) if n not in points]
-    for n in tqdm(todo, desc="latency (full grid)", unit="pt", disable=not progress):
-        _record(points, _measure(measure, n), store)
-    return {n: points[n] for n in sorted(set(grid))}
-
-
-def adaptive_search(
-    measure: Measure,
-    grid: list[int],
-    *,
-    coarse_stride: int | None = None,
-    k: float = 5.0,
-    store: PointStore | None = None,
-    progress: bool = True,
-    max_evals: int | None = None,
-) -> dict[int, LatencyPoint]:
-    """Measure a coarse subset of the grid, then bisect (on the grid) every interval whose latency change
-    departs from the local trend, until each step lies within one grid interval; re-measure spikes once.
-
-    An interval is refined when the level shift across it (up to two measured points each side, the
-    robust trend of `pomt.steps.trend` taken out) reaches FLAG * k standard errors of the measured noise.
-    After a bisection the half whose ends lie on different levels is followed while its shift reaches
-    FOLLOW * k, the other half too when it reaches FLAG * k, so a step is tracked down to adjacent grid
-    points. A point whose two neighbouring changes jump and cancel is re-measured once before anything
-    is bisected around it. The coarse stride defaults to sqrt(grid size); steps closer together than
-    about two coarse strides can read as a slope at first and cost extra evaluations. Counts already in
-    the store are not measured again. Returns every measured point, ascending.
-    """
-    grid = sorted(set(grid))
-    if not grid:
-        raise GridError("the token grid is empty")
-    if coarse_stride is not None and coarse_stride < 1:
-        raise GridError(f"coarse stride must be at least 1, got {coarse_stride}")
-    stride = coarse_stride or max(2, round(math.sqrt(len(grid))))
-    position = {n: i for i, n in enumerate(grid)}
-    points = store.load() if store is not None else {}
-    remeasured = _remeasured(store)
-    evals = 0
-    bar = tqdm(desc="latency (adaptive)", unit="pt", disable=not progress)
-
-    def budget_left() -> bool:
-        return max_evals is None or evals < max_evals
-
-    def take(n: int, again: bool = False) -> None:
-        nonlocal evals
-        if (n in points and not again) or not budget_left():
-            return
-        _record(points, _measure(measure, n), store)
-        evals += 1
-        bar.update(1)
-
-    coarse = sorted(set(grid[::stride]) | {grid[0], grid[-1]})
-    for n in coarse:
-        take(n)
-    first = {n: points[n].median_ms for n in _replicate_counts(coarse)}
-    for n in first:
-        if n not in remeasured:
-            remeasured.add(n)
-            take(n, again=True)
-    between = _between_noise(first, points, store)
-
-    pending: set[tuple[int, int]] = set()
-    while budget_left():
-        snap = _Snapshot(points, [n for n in grid if n in points], between)
-        if len(snap.measured) < 3:
-            break
-        for n in snap.spike_like(k / 2.0):
-            if n not in remeasured:
-                remeasured.add(n)
-                take(n, again=True)
-        if not pending:
-            snap = _Snapshot(points, [n for n in grid if n in points], between)
-            pending = {iv for iv in snap.flagged(FLAG * k) if position[iv[1]] - position[iv[0]] > 1}
-            if not pending:
-                break
-        work, pending = sorted(pending), set()
-        for lo, hi in work:
-            if position[hi] - position[lo] <= 1:
-                continue
-            mid = grid[(position[lo] + position[hi]) // 2]
-            take(mid)
-            if mid not in points:
-                break
-            snap = _Snapshot(points, [n for n in grid if n in points], between)
-            halves = [(lo, mid), (mid, hi)]
-            best = 1 if snap.nearer_lower(lo, mid, hi) else 0
-            if snap.z(halves[best]) >= FOLLOW * k:
-                pending.add(halves[best])
-            if snap.z(halves[1 - best]) >= FLAG * k:
-                pending.add(halves[1 - best])
-    _localise_reported_steps(points, grid, position, take, budget_left, k, remeasured)
-    bar.close()
-    left = None if max_evals is None else max_evals - evals
-    return remeasure_spikes(
-        points, lambda n: _measure(measure, n), k=k, rounds=1, store=store, skip=remeasured, max_evals=left
-    )
-
-
-def _localise_reported_steps(points, grid, position, take, budget_left, k: float, remeasured: set) -> None:
-    """Bisect until every step that `detect_steps` reports has no unmeasured grid count inside it.
-
-    The refinement above judges intervals locally; this pass makes the search agree with the detector
-    the caller reports from, so no reported step is left spanning a coarse interval. A "spike" that
-    survived re-measurement is a real feature narrower than the coarse stride (a valley or ridge a few
-    tokens wide): both intervals beside it are bisected until it resolves into steps.
-    """
-    while budget_left():
-        ordered = sorted(points)
-        report = steps_of_points(points.values(), k)
-        spans = [(step.tokens, step.upper_tokens) for step in report.steps]
-        for n in report.spikes:
-            if n in remeasured and 0 < ordered.index(n) < len(ordered) - 1:
-                i = ordered.index(n)
-                spans += [(ordered[i - 1], n), (n, ordered[i + 1])]
-        gaps = []
-        for low, high in spans:
-            lo, hi = position.get(low), position.get(high)
-            if lo is None or hi is None:
-                continue
-            inside = [grid[i] for i in range(lo + 1, hi) if grid[i] not in points]
-            if inside:
-                gaps.append(inside[len(inside) // 2])
-        if not gaps:
-            return
-        for n in sorted(set(gaps)):
-            take(n)
-
-
-class _Snapshot:
-    """The measured curve at one moment of an adaptive search: detrended levels and their noise."""
-
-    def __init__(self, points: dict[int, LatencyPoint], measured: list[int], between: float = 0.0):
-        self.measured = measured
-        self.index = {n: i for i, n in enumerate(measured)}
-        if len(measured) < 3:
-            return
-        t = np.array(measured, dtype=float)
-        y = np.array([points[n].median_ms for n in measured])
-        floor = _iqr_noise([points[n] for n in measured])
-        if floor <= 0:  # no measured spread: a lower-quartile spread of the changes (robust to steps)
-            r = np.diff(y) - np.median(np.diff(y) / np.diff(t)) * np.diff(t)
-            floor = low_quartile_sd(r) / math.sqrt(2)
-        if between > BETWEEN_MARGIN * floor:  # four pairs estimate it roughly: only a clear excess counts
-            floor = between
-        self.sigma = max(floor, NOISE_FLOOR * float(np.median(np.abs(y))), 1e-12)
-        self.e = y - trend(t, y, self.sigma)
-
-    def _below_above(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        """Levels of the point at `lo` and the one before it, and of `hi` and the one after it; the
-        outer point only when no large jump lies between (a neighbouring step must not leak in)."""
-        i, j = self.index[lo], self.index[hi]
-        jump = np.abs(np.diff(self.e)) >= JUMP * self.sigma * math.sqrt(2.0)
-        below = [i - 1, i] if i >= 1 and not jump[i - 1] else [i]
-        above = [j, j + 1] if j + 1 < len(self.e) and not jump[j] else [j]
-        return self.e[below], self.e[above]
-
-    def z(self, interval: tuple[int, int]) -> float:
-        """Level shift across the interval (two points each side) over its standard error."""
-        below, above = self._below_above(*interval)
-        h = above.mean() - below.mean()
-        return float(abs(h) / (self.sigma * math.sqrt(1 / below.size + 1 / above.size)))
-
-    def flagged(self, threshold: float) -> list[tuple[int, int]]:
-        pairs = zip(self.measured, self.measured[1:], strict=False)
-        return [iv for iv in pairs if self.z(iv) >= threshold]
-
-    def nearer_lower(self, lo: int, mid: int, hi: int) -> bool:
-        """Whether the level at `mid` is closer to the level below `lo` than to the one above `hi`."""
-        below, above = self._below_above(lo, hi)
-        level = self.e[self.index[mid]]
-        return abs(level - below.mean()) < abs(level - above.mean())
-
-    def spike_like(self, threshold: float) -> list[int]:
-        """Interior counts whose two neighbouring changes are large, opposite, and cancel."""
-        r = np.diff(self.e) / (self.sigma * math.sqrt(2.0))
-        return [
-            self.measured[j]
-            for j in range(1, len(self.measured) - 1)
-            if r[j - 1] * r[j] < 0
-            and min(abs(r[j - 1]), abs(r[j])) >= threshold
-            and abs(r[j - 1] + r[j]) < 0.5 * max(abs(r[j - 1]), abs(r[j]))
+    def check(self) -> SearchSettings:
+        """Raise GridError for settings no search can run with."""
+        problems = [
+            (self.passes >= 2, f"--passes must be at least 2 (the noise comes from them), got {self.passes}"),
+            (self.refine_passes >= 1, f"--refine-passes must be at least 1, got {self.refine_passes}"),
+            (self.reps is None or self.reps >= 1, f"--reps must be at least 1, got {self.reps}"),
+            (self.confirm_rounds >= 3, f"--confirm-rounds must be at least 3, got {self.confirm_rounds}"),
+            (0.0 < self.alpha < 1.0, f"--alpha-step must lie in (0, 1), got {self.alpha}"),
+            (self.min_step >= 0.0, f"--min-step must be >= 0, got {self.min_step}"),
+            (0.0 < self.budget <= 1.0, f"--budget must lie in (0, 1], got {self.budget}"),
+            (self.coarse_stride is None or self.coarse_stride >= 1,
+             f"--coarse-stride must be at least 1, got {self.coarse_stride}"),
+            (self.visit_s > 0, f"--visit-s must be positive, got {self.visit_s}"),
         ]
+        for ok, message in problems:
+            if not ok:
+                raise GridError(message)
+        return self
 
 
-def steps_of_points(points: Iterable[LatencyPoint], k: float = 5.0) -> StepReport:
-    """`detect_steps` on measured points: medians, with their IQR and sample counts as the noise."""
-    ordered = sorted(points, key=lambda p: p.tokens)
-    return detect_steps(
-        [p.tokens for p in ordered],
-        [p.median_ms for p in ordered],
-        k=k,
-        iqr_ms=[p.iqr_ms for p in ordered],
-        samples=[p.samples for p in ordered],
-    )
+@dataclass(frozen=True)
+class Confirmation:
+    """The paired verdict on one candidate step between `low` and `high` tokens."""
+
+    low: int
+    high: int
+    effect: PairedEffect | None
+    accepted: bool
+    kind: str  # "drop", "rise", or "none"
+    reason: str
+    candidate_z: float = 0.0
+
+    @property
+    def paired_pct(self) -> float | None:
+        """Change from `high` to `low` tokens over the trend's, in % (positive: `low` is faster)."""
+        return None if self.effect is None else 100.0 * (1.0 - self.effect.excess)
+
+    def to_dict(self) -> dict:
+        return {
+            "low": self.low, "high": self.high, "accepted": self.accepted, "kind": self.kind,
+            "reason": self.reason, "candidate_z": round(self.candidate_z, 2),
+            "paired_pct": None if self.paired_pct is None else round(self.paired_pct, 3),
+            "paired": None if self.effect is None else self.effect.to_dict(),
+        }
 
 
-def _replicate_counts(coarse: list[int]) -> list[int]:
-    """Interior coarse counts, evenly spread, that are measured a second time."""
-    interior = coarse[1:-1] or coarse
-    step = max(1, len(interior) // REPLICATES)
-    return interior[step // 2 :: step][:REPLICATES]
+@dataclass
+class SearchResult:
+    """What a search measured and concluded."""
+
+    points: list[CurvePoint]
+    steps: list[Step]  # confirmed steps only
+    candidates: list[Confirmation]  # every candidate and its verdict, confirmed or not
+    drift: Drift | None
+    noise: float  # one visit's relative spread between passes
+    reps: int
+    visits: int  # visits the search asked for (journal included)
+    measured: int  # visits measured live in this run
+    full_grid_visits: int
+    budget_visits: int | None
+    budget_spent: bool
+    design: list[Visit] = field(default_factory=list, repr=False)
+
+    @property
+    def rejected(self) -> list[Confirmation]:
+        return [c for c in self.candidates if not c.accepted]
+
+    @property
+    def evaluation_ratio(self) -> float:
+        return self.visits / self.full_grid_visits if self.full_grid_visits else math.nan
+
+    def drift_exceeds(self, effects_pct: list[float]) -> str | None:
+        """A sentence when the drift seen is larger than the smallest effect reported, else None."""
+        if self.drift is None or not effects_pct:
+            return None
+        smallest = min(abs(e) for e in effects_pct)
+        if self.drift.pct <= smallest:
+            return None
+        return (f"the machine drifted {self.drift.pct:.1f}% during measurement (reference {self.drift.reference_tokens} "
+                f"tokens), more than the smallest effect reported ({smallest:.1f}%): steps and gains rest on paired "
+                "measurements, absolute latencies do not")
 
 
-def _between_noise(first: dict[int, float], points: dict[int, LatencyPoint], store: PointStore | None) -> float:
-    """Noise of one measured median between measurements (drift, contention), from repeated counts.
-
-    Within-run spread (IQR) misses what changes between runs on a shared machine; two measurements of
-    the same count a few seconds apart show it. On resume the pairs come from the store's history.
-    """
-    pairs = [(value, points[n].median_ms) for n, value in first.items() if n in points]
-    if store is not None:
-        history: dict[int, list[float]] = {}
-        for point in store.records():
-            history.setdefault(point.tokens, []).append(point.median_ms)
-        pairs = [(values[0], values[1]) for n, values in history.items() if n in first and len(values) >= 2]
-    differences = np.array([a - b for a, b in pairs], dtype=float)
-    return float(np.sqrt(np.mean(differences**2) / 2.0)) if differences.size else 0.0
+class _BudgetSpent(Exception):
+    """Raised inside a search when its visit budget is used up."""
 
 
-def _iqr_noise(points: list[LatencyPoint]) -> float:
-    """Noise of a point's median from its measured IQR and sample count (median over points)."""
-    se = [p.iqr_ms / IQR_TO_SD * MEDIAN_SE / math.sqrt(max(p.samples, 1)) for p in points]
-    return float(np.median(se)) if se else 0.0
+class LatencySearch:
+    """One search over a token grid through a `Session`; `run()` measures, refines and confirms."""
+
+    def __init__(self, session: Session, grid: list[int], reference: int, settings: SearchSettings,
+                 progress: bool = True):
+        if not grid:
+            raise GridError("the token grid is empty")
+        if reference not in grid:
+            raise GridError(f"the token grid must include the reference count N = {reference}")
+        self.session, self.grid, self.reference = session, sorted(set(grid)), reference
+        self.settings = settings.check()
+        self.position = {n: i for i, n in enumerate(self.grid)}
+        self.rng = np.random.default_rng(settings.seed)
+        self.design: list[Visit] = []
+        self.paired: list[Visit] = []
+        self.judged: dict[tuple[int, int], Confirmation] = {}
+        self.full_grid_visits = settings.passes * len(self.grid)
+        self.budget = max(1, int(settings.budget * self.full_grid_visits)) if settings.adaptive else None
+        self.reps = settings.reps or 1
+        self._pass = 0
+        self._curve: tuple[int, list[CurvePoint]] | None = None
+        total = self.budget or self.full_grid_visits
+        self._bar = tqdm(total=total, desc="latency", unit="visit", disable=not progress)
+
+    def _visit(self, tokens: int, reps: int | None = None) -> Visit:
+        if self.budget is not None and self.session.visits >= self.budget:
+            raise _BudgetSpent
+        visit = self.session.visit(tokens, reps or self.reps, self._pass)
+        self._bar.update(1)
+        return visit
+
+    def _new_pass(self) -> int:
+        self._pass += 1
+        return self._pass
+
+    def _calibrate(self) -> None:
+        """Timed forwards per visit: the setting, a replayed trace's own, or from one visit of the
+        reference (pass 0) so that a visit lasts about `visit_s`."""
+        preferred = getattr(self.session.source, "preferred_reps", None)
+        if self.settings.reps is not None or preferred is not None:
+            self.reps = self.settings.reps or preferred
+            return
+        visit = self._visit(self.reference, CALIBRATION_REPS)
+        self.reps = calibrate_reps(visit.median_ms / 1e3, self.settings.visit_s)
+
+    def measure_passes(self, counts: list[int], passes: int) -> None:
+        """`passes` shuffled passes over `counts` plus the reference."""
+        members = sorted(set(counts) | {self.reference})
+        for _ in range(passes):
+            self._new_pass()
+            for n in self.rng.permutation(members):
+                self.design.append(self._visit(int(n)))
+
+    def visits(self) -> list[Visit]:
+        """Every visit so far: the design's passes and the confirmations' rounds."""
+        return self.design + self.paired
+
+    def curve(self) -> list[CurvePoint]:
+        """The pooled, drift-corrected curve of every visit so far (cached per visit count).
+
+        Confirmation visits count too: when a bisection was misled by one disturbed visit, the rounds
+        of its (rejected) confirmation correct the levels and the detector moves the candidate."""
+        if self._curve is None or self._curve[0] != len(self.visits()):
+            self._curve = (len(self.visits()), pool_visits(self.visits(), self.reference))
+        return self._curve[1]
+
+    def noise(self) -> float:
+        return relative_noise(corrected_values(self.visits()))
+
+    def candidates(self) -> list[tuple[int, int, float]]:
+        """(low, high, z) of every candidate the detector sees at `candidate_k` on the pooled,
+        drift-corrected curve (each point with its own standard error), most significant first; a
+        spike gives one candidate on each side."""
+        points = self.curve()
+        if len(points) < 4:
+            return []
+        tokens = [p.tokens for p in points]
+        report = detect_steps(tokens, [p.latency_ms for p in points], k=self.settings.candidate_k,
+                              noise_ms=[p.se_ms for p in points])
+        out = [(step.tokens, step.upper_tokens, step.significance) for step in report.steps]
+        for n in report.spikes:
+            i = tokens.index(n)
+            if 0 < i < len(tokens) - 1:
+                out += [(tokens[i - 1], n, self.settings.candidate_k), (n, tokens[i + 1], self.settings.candidate_k)]
+        return sorted(dict.fromkeys(out), key=lambda c: (-c[2], c[0]))
+
+    def _design_change(self, low: int, high: int) -> tuple[float, float]:
+        """The design's estimate of the level change from `high` to `low` over the trend's (a fraction,
+        negative for a drop) and its standard error."""
+        points = self.curve()
+        level = {p.tokens: p for p in points}
+        expected = self._trend(points)
+        change = (level[low].latency_ms / expected[low]) / (level[high].latency_ms / expected[high]) - 1.0
+        se = math.hypot(level[low].se_ms / level[low].latency_ms, level[high].se_ms / level[high].latency_ms)
+        return change, se
+
+    @staticmethod
+    def _trend(points: list[CurvePoint]) -> dict[int, float]:
+        t = np.array([p.tokens for p in points], dtype=float)
+        smooth = trend(t, np.array([p.latency_ms for p in points]), float(np.median([p.se_ms for p in points])))
+        return dict(zip([p.tokens for p in points], smooth.tolist(), strict=True))
+
+    def _unmeasured_inside(self, low: int, high: int) -> list[int]:
+        measured = {v.tokens for v in self.visits()}
+        return [n for n in self.grid[self.position[low] + 1 : self.position[high]] if n not in measured]
+
+    def _unsettled(self, low: int, high: int) -> list[int]:
+        """Counts to measure again before a candidate is judged: its two counts until they have three
+        visits (a median that one disturbed visit cannot move), its measured neighbours outside it until
+        they have two. A bisection places candidates from single visits, which misplaces some."""
+        counts: dict[int, int] = {}
+        for visit in self.visits():
+            counts[visit.tokens] = counts.get(visit.tokens, 0) + 1
+        measured = sorted(counts)
+        i, j = measured.index(low), measured.index(high)
+        wanted = {n: 2 for n in measured[max(0, i - 1) : i] + measured[j + 1 : j + 2]}
+        wanted.update({low: 3, high: 3})
+        return sorted(n for n, least in wanted.items() if counts[n] < least)
+
+    def _left(self) -> float:
+        return math.inf if self.budget is None else self.budget - self.session.visits
+
+    def examine(self) -> list[Confirmation]:
+        """Refine and confirm candidates, most significant first, as far as the budget goes.
+
+        Each round re-runs the detector. The most significant candidate not yet judged is confirmed when
+        nothing inside it is left to measure; otherwise the candidates the remaining budget can carry to
+        a verdict (bisection to neighbouring grid counts, then confirmation) are refined together.
+        """
+        confirm_cost = 2 * self.settings.confirm_rounds
+        judged = self.judged
+        while True:
+            todo = [c for c in self.candidates() if c[:2] not in judged]
+            if not todo:
+                break
+            low, high, z = todo[0]
+            if not self._unmeasured_inside(low, high):
+                unsettled = self._unsettled(low, high)
+                if unsettled:
+                    if self._left() < len(unsettled) + 1 + confirm_cost:
+                        break
+                    self.measure_passes(unsettled, 1)
+                    continue
+                change, se = self._design_change(low, high)
+                if abs(change) + 2.0 * se < self.settings.min_step:
+                    reason = (f"smaller than the minimum step by the design's estimate "
+                              f"({100 * abs(change):.1f}% +- {200 * se:.1f}% < {100 * self.settings.min_step:.1f}%)")
+                    judged[(low, high)] = Confirmation(low, high, None, False, "none", reason, z)
+                    continue
+                if self._left() < confirm_cost:
+                    break
+                try:
+                    judged[(low, high)] = self.confirm(low, high, z)
+                except TraceExhausted as exc:
+                    judged[(low, high)] = Confirmation(low, high, None, False, "none", f"not examined: {exc}", z)
+                continue
+            mids, cost = [], self.settings.refine_passes  # the reference visits of one round
+            for c_low, c_high, _ in todo:
+                inside = self._unmeasured_inside(c_low, c_high)
+                levels = math.ceil(math.log2(len(inside) + 1)) if inside else 0
+                need = levels * self.settings.refine_passes * 2 + confirm_cost
+                if cost + need > self._left():
+                    break
+                cost += need
+                if inside:
+                    mids.append(inside[len(inside) // 2])
+            if not mids:
+                break
+            self.measure_passes(sorted(set(mids)), self.settings.refine_passes)
+        unjudged = [c for c in self.candidates() if c[:2] not in judged]
+        skipped = [Confirmation(lo, hi, None, False, "none", "not examined: the visit budget is spent", z)
+                   for lo, hi, z in unjudged]
+        return list(judged.values()) + skipped
+
+    def confirm(self, low: int, high: int, z: float) -> Confirmation:
+        """Measure `low` and `high` alternately and judge the step between them (see the module doc).
+
+        Two looks: after half the rounds, and after all of them, each tested at alpha / 2 (so the two
+        together keep the false-step rate at alpha); a clear step stops at the first look. Each visit is
+        taken with the drift at its time divided out (the profile of every visit so far): live, the two
+        visits of a round are adjacent and the correction barely moves their ratio; in a replay, where
+        they may come from different moments of the recording, it restores the pairing.
+        """
+        s = self.settings
+        looks = sorted({max(2, s.confirm_rounds // 2), s.confirm_rounds})
+        rounds: list[tuple[Visit, Visit]] = []
+        expected = self._trend(self.curve())
+        offset = math.log(expected[low] / expected[high]) if expected[low] > 0 < expected[high] else 0.0
+        for look in looks:
+            while len(rounds) < look:
+                self._new_pass()
+                order = (high, low) if len(rounds) % 2 == 0 else (low, high)
+                taken = {n: self._visit(n) for n in order}
+                rounds.append((taken[low], taken[high]))
+                self.paired.extend(taken.values())
+            effect = self._paired(rounds, offset)
+            change = effect.excess - 1.0
+            if effect.p_value < s.alpha / len(looks) and abs(change) >= s.min_step:
+                kind = "drop" if change < 0 else "rise"
+                reason = f"confirmed: {kind} of {100 * abs(change):.1f}% (p = {effect.p_value:.2g}, {len(rounds)} rounds)"
+                return Confirmation(low, high, effect, True, kind, reason, z)
+        if effect.p_value >= s.alpha / len(looks):
+            reason = f"not significant (p = {effect.p_value:.2g} >= {s.alpha / len(looks):.2g})"
+        else:
+            reason = f"smaller than the minimum step ({100 * abs(change):.1f}% < {100 * s.min_step:.1f}%)"
+        return Confirmation(low, high, effect, False, "none", reason, z)
+
+    def _paired(self, rounds: list[tuple[Visit, Visit]], offset: float) -> PairedEffect:
+        """The paired effect of high over low tokens, each visit corrected for the drift at its time."""
+        everything = self.visits()
+        _, drift_log = drift_profile(everything)
+        factor = {id(v): math.exp(g) for v, g in zip(everything, drift_log, strict=True)}
+        lows = [a.median_ms / factor[id(a)] for a, _ in rounds]
+        highs = [b.median_ms / factor[id(b)] for _, b in rounds]
+        return paired_effect(highs, lows, offset=offset)
+
+    def record(self) -> list[Visit]:
+        """Every grid count in `passes` shuffled passes, nothing judged: a dense trace (`pomt record`)."""
+        self._calibrate()
+        self.measure_passes(self.grid, self.settings.passes)
+        self._bar.close()
+        return self.visits()
+
+    def run(self) -> SearchResult:
+        """Measure (full or adaptive), then refine and confirm; see the module docstring."""
+        s = self.settings
+        confirmations: list[Confirmation] = []
+        try:
+            self._calibrate()
+            if s.adaptive:
+                stride = s.coarse_stride or max(2, round(math.sqrt(len(self.grid))))
+                coarse = sorted(set(self.grid[::stride]) | {self.grid[0], self.grid[-1]})
+                self.measure_passes(coarse, s.passes)
+            else:
+                self.measure_passes(self.grid, s.passes)
+            confirmations = self.examine()
+        except (_BudgetSpent, TraceExhausted) as exc:
+            why = "the visit budget is spent" if isinstance(exc, _BudgetSpent) else str(exc)
+            confirmations = list(self.judged.values()) + [
+                Confirmation(lo, hi, None, False, "none", f"not examined: {why}", z)
+                for lo, hi, z in self.candidates() if (lo, hi) not in self.judged
+            ]
+        self._bar.close()
+        points = self.curve()
+        return SearchResult(
+            points=points,
+            steps=confirmed_steps(points, confirmations),
+            candidates=confirmations,
+            drift=drift(self.visits(), self.reference),
+            noise=self.noise(),
+            reps=self.reps,
+            visits=self.session.visits,
+            measured=self.session.measured,
+            full_grid_visits=self.full_grid_visits,
+            budget_visits=self.budget,
+            budget_spent=any(c.effect is None for c in confirmations),
+            design=self.visits(),
+        )
 
 
-def _remeasured(store: PointStore | None) -> set[int]:
-    """Counts the store already holds more than once (re-measured in an earlier run)."""
-    if store is None:
-        return set()
-    seen: set[int] = set()
-    twice: set[int] = set()
-    for p in store.records():
-        (twice if p.tokens in seen else seen).add(p.tokens)
-    return twice
+def confirmed_steps(points: list[CurvePoint], confirmations: list[Confirmation]) -> list[Step]:
+    """A `Step` for every accepted confirmation, its levels from the pooled curve."""
+    level = {p.tokens: p.latency_ms for p in points}
+    steps = []
+    for c in confirmations:
+        if not c.accepted or c.effect is None:
+            continue
+        before, after = level[c.high], level[c.low]
+        low_ci, high_ci = c.effect.ci
+        excess_ci = (100.0 * (1.0 - high_ci / math.exp(c.effect.offset)), 100.0 * (1.0 - low_ci / math.exp(c.effect.offset)))
+        steps.append(
+            Step(
+                tokens=c.low,
+                upper_tokens=c.high,
+                before_ms=before,
+                after_ms=after,
+                drop_ms=before - after,
+                drop_pct=100.0 * (before - after) / before if before else 0.0,
+                significance=c.candidate_z,
+                kind=c.kind,
+                excess_ms=before * (1.0 - c.effect.excess),
+                paired_pct=c.paired_pct,
+                paired_ci_pct=excess_ci,
+                p_value=c.effect.p_value,
+                pairs=c.effect.pairs,
+            )
+        )
+    return sorted(steps, key=lambda step: step.tokens)
 
 
-def remeasure_spikes(
-    points: dict[int, LatencyPoint],
-    measure: Measure,
-    *,
-    k: float = 5.0,
-    rounds: int = 2,
-    store: PointStore | None = None,
-    skip: Iterable[int] = (),
-    max_evals: int | None = None,
-) -> dict[int, LatencyPoint]:
-    """Re-measure the counts `detect_steps` calls spikes (the new value replaces the old), up to `rounds`
-    times; counts in `skip` are left as they are. Returns the updated points."""
-    points = dict(points)
-    done = set(skip)
-    evals = 0
-    for _ in range(rounds):
-        report = steps_of_points(points.values(), k)
-        spikes = [n for n in report.spikes if n not in done]
-        if not spikes:
-            break
-        for n in spikes:
-            if max_evals is not None and evals >= max_evals:
-                return points
-            _record(points, _measure(measure, n), store)
-            evals += 1
-    return dict(sorted(points.items()))
+__all__ = [
+    "Confirmation", "LatencySearch", "SearchResult", "SearchSettings", "confirmed_steps", "token_grid",
+]

@@ -7,16 +7,18 @@ count (duplicates averaged):
    whose change departs by more than 3 noise units taken out as an offset), fitted to the curve with
    the steps found so far removed. A global fit works alike on dense, sparse and irregular grids, and
    a step does not bend its own trend.
-2. Noise. The per-point noise is the larger of (a) the normal-scaled `scipy.stats.median_abs_deviation`
-   of the residual differences (change minus trend change) over sqrt(2), (b) the standard error of a
-   median from the measured IQR (IQR / 1.349 x 1.2533 / sqrt(samples), median over points), and
-   (c) 0.01 % of the median latency. `noise_ms`, when given, replaces (a).
+2. Noise. Each point's standard error, given by the caller (`noise_ms`: one figure or one per point;
+   pomt measures it as the spread between visits of the same count, `pomt.stats`), never below 0.01 %
+   of its latency. Without it, the normal-scaled `scipy.stats.median_abs_deviation` of the residual
+   differences (change minus trend change) over sqrt(2), one figure for the whole curve.
 3. Spikes. An interior point lying more than k noise units away from the median level of the `window`
-   points on each side, on the same side of both, is a spike: reported for re-measurement and left out.
+   points on each side, on the same side of both, is a spike: a feature narrower than the grid around
+   it (or a disturbed measurement), reported apart and left out of the step search.
 4. Steps. For every interval, the level shift h = mean(detrended level of `window` points above) -
    mean(`window` points below) with the other known steps taken out, and its significance
-   z = |h| / standard error of h. `scipy.signal.find_peaks(height=k)` on z (drops and rises apart)
-   gives candidates; each is placed at the interval with the largest residual change nearby and widened
+   z = |h| / standard error of h (from the noise of the points on each side).
+   `scipy.signal.find_peaks(height=k)` on z (drops and rises apart) gives candidates; each is placed
+   at the interval with the largest residual change nearby and widened
    by up to `spread` neighbouring intervals that carry a clear part of it (a step spread over 2-3
    tokens is reported once; its low side is the lowest of them). Touching candidates are merged and
    re-scored; those with z >= k remain. Steps 1 and 4 repeat until the set of steps settles.
@@ -36,11 +38,10 @@ from scipy.signal import find_peaks
 from scipy.stats import median_abs_deviation
 
 from pomt.errors import CurveError
+from pomt.stats import drift_profile, paired_effect
+from pomt.trace import Visit
 
-IQR_TO_SD = 1.349  # IQR of a normal distribution in standard deviations
-MEDIAN_SE = 1.2533  # standard error of a median relative to that of a mean, for normal samples
 NOISE_FLOOR = 1e-4  # relative: no timer resolves a curve to better than 0.01 %
-TREND_DEGREE = 3
 JUMP_GUESS = 3.0  # noise units of a single-interval change that count as a step for the first trend
 LOW_QUARTILE_ABS_NORMAL = 0.3186  # 25th percentile of |N(0, 1)|
 PASSES = 4
@@ -51,7 +52,9 @@ class Step:
     """One significant level shift between `tokens` (low side) and `upper_tokens` (high side).
 
     `drop_ms` is the raw latency change before - after; `excess_ms` the shift over the trend (positive
-    for a drop); `significance` that shift over its standard error.
+    for a drop); `significance` that shift over its standard error. The `paired_*` fields, filled once
+    the step is confirmed by paired measurement (`pomt.search`), give the same change in % (positive for
+    a drop) as measured alternately at both counts, with its confidence interval and p-value.
     """
 
     tokens: int
@@ -63,9 +66,15 @@ class Step:
     significance: float
     kind: str
     excess_ms: float = 0.0
+    paired_pct: float | None = None
+    paired_ci_pct: tuple[float, float] | None = None
+    p_value: float | None = None
+    pairs: int | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        data["paired_ci_pct"] = list(self.paired_ci_pct) if self.paired_ci_pct else None
+        return data
 
 
 @dataclass
@@ -82,35 +91,31 @@ def detect_steps(
     latency_ms: Sequence[float],
     *,
     k: float = 5.0,
-    noise_ms: float | None = None,
-    iqr_ms: Sequence[float] | None = None,
-    samples: Sequence[int] | None = None,
+    noise_ms: float | Sequence[float] | None = None,
     window: int = 5,
     spread: int = 2,
 ) -> StepReport:
     """Find latency steps of significance >= k and one-point spikes; see the module docstring."""
-    t, y, iqr, nsamp = _prepare(tokens, latency_ms, iqr_ms, samples)
-    floor = _noise_floor(y, iqr, nsamp)
+    t, y, given = _prepare(tokens, latency_ms, noise_ms)
     if len(t) < 4:
-        return StepReport([], [], max(noise_ms or 0.0, floor))
-    _, sigma, detrended = _first_guess(t, y, floor=floor, noise_ms=noise_ms)
+        floor = NOISE_FLOOR * float(np.median(np.abs(y))) if y.size else 0.0
+        return StepReport([], [], float(np.median(given)) if given is not None else floor)
+    sigma = _noise(t, y, given)
+    detrended = y - trend(t, y, float(np.median(sigma)))
     spike_idx = _find_spikes(detrended, sigma, k, window)
     keep = np.ones(len(t), dtype=bool)
     keep[spike_idx] = False
-    steps = _find_steps(t[keep], y[keep], sigma, k, window, spread) if keep.sum() >= 4 else []
-    return StepReport(steps, [int(t[j]) for j in spike_idx], sigma)
+    steps = _find_steps(t[keep], y[keep], sigma[keep], k, window, spread) if keep.sum() >= 4 else []
+    return StepReport(steps, [int(t[j]) for j in spike_idx], float(np.median(sigma)))
 
 
-def _prepare(tokens, latency_ms, iqr_ms, samples):
-    """Sorted float arrays with duplicate token counts averaged; validated."""
+def _prepare(tokens, latency_ms, noise_ms):
+    """Sorted float arrays with duplicate token counts averaged (their noise too); validated."""
     t = np.asarray(tokens, dtype=float)
     y = np.asarray(latency_ms, dtype=float)
     if t.shape != y.shape or t.ndim != 1:
         raise CurveError(f"token counts ({t.size}) and latencies ({y.size}) must be 1-D of equal length")
-    iqr = np.zeros_like(y) if iqr_ms is None else np.asarray(iqr_ms, dtype=float)
-    nsamp = np.ones_like(y) if samples is None else np.asarray(samples, dtype=float)
-    if iqr.shape != y.shape or nsamp.shape != y.shape:
-        raise CurveError("iqr_ms and samples must have one entry per latency point")
+    noise = None if noise_ms is None else np.broadcast_to(np.asarray(noise_ms, dtype=float), y.shape)
     if not (np.all(np.isfinite(t)) and np.all(np.isfinite(y))):
         raise CurveError("latency curve holds non-finite values")
     uniq, inverse = np.unique(t, return_inverse=True)
@@ -119,15 +124,17 @@ def _prepare(tokens, latency_ms, iqr_ms, samples):
     def mean(a: np.ndarray) -> np.ndarray:
         return np.bincount(inverse, weights=a) / counts
 
-    return uniq, mean(y), mean(np.nan_to_num(iqr)), np.maximum(mean(nsamp), 1.0)
+    return uniq, mean(y), None if noise is None else mean(np.nan_to_num(noise))
 
 
-def _noise_floor(y: np.ndarray, iqr: np.ndarray, samples: np.ndarray) -> float:
-    """Noise a step must beat regardless of the curve: the measured spread, and a resolution floor."""
-    if y.size == 0:
-        return 0.0
-    se = iqr / IQR_TO_SD * MEDIAN_SE / np.sqrt(samples)
-    return float(max(np.median(se), NOISE_FLOOR * np.median(np.abs(y))))
+def _noise(t: np.ndarray, y: np.ndarray, given: np.ndarray | None) -> np.ndarray:
+    """Per-point standard error: the caller's, else one robust figure from the curve itself; never
+    below the resolution floor."""
+    floor = NOISE_FLOOR * np.abs(y)
+    if given is None:
+        r = np.diff(y) - np.diff(trend(t, y, floor=float(np.median(floor))))
+        given = np.full_like(y, float(median_abs_deviation(r, scale="normal")) / math.sqrt(2.0))
+    return np.maximum(given, np.maximum(floor, 1e-12))
 
 
 def trend(t: np.ndarray, y: np.ndarray, sigma: float | None = None, floor: float = 0.0) -> np.ndarray:
@@ -196,58 +203,17 @@ def low_quartile_sd(x: np.ndarray) -> float:
     return float(np.percentile(np.abs(x - np.median(x)), 25)) / LOW_QUARTILE_ABS_NORMAL if x.size else 0.0
 
 
-def residual_differences(
-    t: np.ndarray, y: np.ndarray, *, floor: float = 0.0, noise_ms: float | None = None
-) -> tuple[np.ndarray, float]:
-    """Change between neighbouring points minus the trend's change, and the per-point noise (ms).
-
-    The trend is fitted with large single-interval jumps taken out, so steps do not tilt it.
-    """
-    r, sigma, _ = _first_guess(t, y, floor=floor, noise_ms=noise_ms)
-    return r, sigma
-
-
-def detrend(t: np.ndarray, y: np.ndarray, *, floor: float = 0.0) -> tuple[np.ndarray, float]:
-    """The curve minus its smooth trend (steps kept in) and the per-point noise (ms)."""
-    _, sigma, e = _first_guess(t, y, floor=floor)
-    return e, sigma
-
-
-def _first_guess(
-    t: np.ndarray, y: np.ndarray, *, floor: float = 0.0, noise_ms: float | None = None
-) -> tuple[np.ndarray, float, np.ndarray]:
-    """Residual differences, noise, and the curve minus its smooth trend (steps kept in)."""
-    t = np.asarray(t, dtype=float)
-    y = np.asarray(y, dtype=float)
-    smooth = trend(t, y, floor=floor)
-    r = np.diff(y) - np.diff(smooth)
-    if noise_ms is not None:
-        sigma = max(float(noise_ms), floor)
-    else:
-        sigma = max(float(median_abs_deviation(r, scale="normal")) / math.sqrt(2.0), floor)
-    return r, sigma, y - smooth
-
-
-def estimate_noise(
-    t: np.ndarray, y: np.ndarray, *, floor: float = 0.0, noise_ms: float | None = None
-) -> float:
-    """Per-point noise (ms) of a curve: robust spread of its residual differences, never below `floor`."""
-    if len(t) < 4:
-        return max(noise_ms or 0.0, floor)
-    return residual_differences(t, y, floor=floor, noise_ms=noise_ms)[1]
-
-
 def _median_var(m: int) -> float:
     """Variance of the median of m unit-normal samples (exact for 1-2, asymptotic above: conservative)."""
     return {1: 1.0, 2: 0.5}.get(m, math.pi / (2.0 * m))
 
 
-def _find_spikes(e: np.ndarray, sigma: float, k: float, window: int) -> list[int]:
+def _find_spikes(e: np.ndarray, sigma: np.ndarray, k: float, window: int) -> list[int]:
     spikes = []
     for j in range(1, len(e) - 1):
         left, right = e[max(0, j - window) : j], e[j + 1 : j + 1 + window]
         dl, dr = e[j] - np.median(left), e[j] - np.median(right)
-        limit = k * sigma * math.sqrt(1.0 + max(_median_var(left.size), _median_var(right.size)))
+        limit = k * sigma[j] * math.sqrt(1.0 + max(_median_var(left.size), _median_var(right.size)))
         if np.sign(dl) == np.sign(dr) and min(abs(dl), abs(dr)) >= limit:
             spikes.append(j)
     return spikes
@@ -257,7 +223,7 @@ Known = list[tuple[int, int, int, float, float]]  # (sign, first interval, last 
 
 
 def _find_steps(
-    t: np.ndarray, y: np.ndarray, sigma: float, k: float, window: int, spread: int
+    t: np.ndarray, y: np.ndarray, sigma: np.ndarray, k: float, window: int, spread: int
 ) -> list[Step]:
     """Candidates, re-scored with the other steps taken out of the curve, until the set settles."""
     found: Known = []
@@ -286,17 +252,17 @@ def _find_steps(
     return sorted(steps, key=lambda s: s.tokens)
 
 
-def _levels(t: np.ndarray, y: np.ndarray, known: Known, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+def _levels(t: np.ndarray, y: np.ndarray, known: Known, sigma: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Detrended levels with every known step taken out, and each known step's level function."""
     staircase = np.zeros((len(known), len(t)))
     for row, (_, _, b, shift, _) in enumerate(known):
         staircase[row, b + 1 :] = shift
     base = y - staircase.sum(axis=0)
-    return base - trend(t, base, sigma), staircase
+    return base - trend(t, base, float(np.median(sigma))), staircase
 
 
 def _shift(
-    e: np.ndarray, lo: int, hi: int, sigma: float, window: int, skip: np.ndarray
+    e: np.ndarray, lo: int, hi: int, sigma: np.ndarray, window: int, skip: np.ndarray
 ) -> tuple[float, float]:
     """Level shift across points lo..hi+1 (upper level minus lower) and its z-score; `skip` marks points
     inside other spread steps, which belong to neither level."""
@@ -305,12 +271,13 @@ def _shift(
     if not below or not above:
         return 0.0, 0.0
     h = float(e[above].mean() - e[below].mean())
-    se = sigma * math.sqrt(1.0 / len(below) + 1.0 / len(above))
+    se = math.hypot(math.sqrt(float(np.sum(sigma[below] ** 2))) / len(below),
+                    math.sqrt(float(np.sum(sigma[above] ** 2))) / len(above))
     return h, abs(h) / se if se > 0 else math.inf
 
 
 def _candidates(
-    t: np.ndarray, y: np.ndarray, sigma: float, k: float, window: int, spread: int, known: Known
+    t: np.ndarray, y: np.ndarray, sigma: np.ndarray, k: float, window: int, spread: int, known: Known
 ) -> Known:
     """(sign, first interval, last interval, shift, significance) of each step that passes k."""
     m = len(t) - 1
@@ -345,7 +312,7 @@ def _candidates(
             j = lo + int(np.argmax(sign * r[lo:hi]))
             if sign * r[j] <= 0:
                 continue
-            tau = max(0.25 * sign * r[j], 3.0 * sigma)
+            tau = max(0.25 * sign * r[j], 3.0 * float(np.median(sigma[lo:hi + 1])))
             a = b = j
             while a > 0 and j - a < spread and sign * r[a - 1] >= tau:
                 a -= 1
@@ -371,3 +338,47 @@ def _merge(candidates: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]
         else:
             merged.append((sign, a, b))
     return merged
+
+
+def steps_in_trace(
+    visits: Sequence[Visit], *, min_step: float = 0.05, alpha: float = 1e-3, widths: Sequence[int] = (1, 2)
+) -> list[Step]:
+    """Steps a dense trace confirms by paired measurement: for each pair of counts `width` apart, the
+    visits of both in the same pass are paired (each corrected for the drift at its time), and the
+    paired log-ratio less the trend's is tested (t-test at `alpha`, which is small because every
+    interval of the grid is tested). Accepted when significant and at least `min_step`; overlapping
+    findings keep the larger. This is the ground truth the search is scored against.
+    """
+    levels, drift_log = drift_profile(visits)
+    tokens = np.array(sorted(levels), dtype=float)
+    curve = np.exp([levels[int(n)] for n in tokens])
+    expected = dict(zip(tokens.astype(int).tolist(), trend(tokens, curve).tolist(), strict=True))
+    corrected: dict[tuple[int, int], float] = {}
+    for visit, g in zip(visits, drift_log, strict=True):
+        corrected.setdefault((visit.tokens, visit.pass_index), visit.median_ms / math.exp(g))
+    found: list[tuple[float, Step]] = []
+    ordered = tokens.astype(int).tolist()
+    for width in widths:
+        for low, high in zip(ordered, ordered[width:], strict=False):
+            passes = sorted({p for (n, p) in corrected if n == low} & {p for (n, p) in corrected if n == high})
+            if len(passes) < 3:
+                continue
+            effect = paired_effect([corrected[(high, p)] for p in passes], [corrected[(low, p)] for p in passes],
+                                   offset=math.log(expected[low] / expected[high]))
+            change = effect.excess - 1.0
+            if effect.p_value >= alpha or abs(change) < min_step:
+                continue
+            before, after = math.exp(levels[high]), math.exp(levels[low])
+            found.append((abs(change), Step(
+                tokens=low, upper_tokens=high, before_ms=before, after_ms=after, drop_ms=before - after,
+                drop_pct=100.0 * (before - after) / before, significance=math.inf, kind="drop" if change < 0 else "rise",
+                excess_ms=-before * change, paired_pct=-100.0 * change,
+                paired_ci_pct=(100.0 * (1.0 - effect.ci[1] / math.exp(effect.offset)),
+                               100.0 * (1.0 - effect.ci[0] / math.exp(effect.offset))),
+                p_value=effect.p_value, pairs=effect.pairs,
+            )))
+    kept: list[Step] = []
+    for _, step in sorted(found, key=lambda item: -item[0]):
+        if all(step.upper_tokens <= other.tokens or step.tokens >= other.upper_tokens for other in kept):
+            kept.append(step)
+    return sorted(kept, key=lambda s: s.tokens)

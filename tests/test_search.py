@@ -1,171 +1,143 @@
-"""Grid, point store, full and adaptive search on synthetic latency curves (no timing involved)."""
+"""The search on replayed traces (no timing): shuffled passes, refinement, paired confirmation, budget, resume.
 
-import json
+Synthetic traces have a known curve, known steps and a known drift; recorded traces (tests/data) have the
+noise, drift and kernel steps of the machine they were measured on, and a ground truth from their own
+paired analysis (`pomt.steps.steps_in_trace`).
+"""
 
-import numpy as np
 import pytest
 
-from pomt.errors import CurveError, GridError
-from pomt.measure import LatencyPoint
-from pomt.search import PointStore, adaptive_search, full_search, remeasure_spikes, token_grid
-from pomt.steps import detect_steps
+from pomt.errors import GridError
+from pomt.search import LatencySearch, SearchSettings, token_grid
+from pomt.sources import ReplaySource, Session
+from pomt.trace import TraceWriter, inject_steps
 
-SIGMA = 0.05  # ms of noise on every measured median
-SAMPLES = 5
-IQR = SIGMA * 1.349 * np.sqrt(SAMPLES) / 1.2533  # per-call IQR whose median error is SIGMA
+from trace_data import N, linear_levels, slow_drift, synthetic_trace
 
-
-class Curve:
-    """L(n) = 10 + 0.05 n (197/N) + 2e-5 (197 n / N)^2 ms with planted steps, noise and optional spikes;
-    counts its calls like a real measurement would cost them."""
-
-    def __init__(self, seed: int, num_tokens: int, n_steps: int, min_gap: int, spikes: dict | None = None):
-        rng = np.random.default_rng(seed)
-        while True:
-            pos = np.sort(rng.choice(np.arange(12, num_tokens - 12), n_steps, replace=False))
-            if np.all(np.diff(pos) >= min_gap):
-                break
-        self.steps = [int(p) for p in pos]  # the step lies between p and p + 1
-        self.heights = rng.uniform(6.0, 10.0, n_steps) * SIGMA
-        self.scale = 197 / num_tokens
-        self.noise = np.random.default_rng(seed + 1000)
-        self.spikes = dict(spikes or {})  # count -> extra ms, on the first call only
-        self.calls: list[int] = []
-
-    def __call__(self, n: int) -> LatencyPoint:
-        self.calls.append(n)
-        value = 10 + 0.05 * n * self.scale + 2e-5 * (n * self.scale) ** 2
-        value += sum(h for p, h in zip(self.steps, self.heights, strict=True) if n > p)
-        value += self.noise.normal(0, SIGMA) + self.spikes.pop(n, 0.0)
-        return LatencyPoint(
-            tokens=n, median_ms=float(value), iqr_ms=IQR, samples=SAMPLES, threads=1, device="cpu"
-        )
+GRID = list(range(2, N + 1))
+PLANTED = {40: 1.08, 97: 0.9, 104: 1.12, 160: 1.06}  # a drop, a non-monotone band 98..104, a drop
 
 
-def located(points: dict, step: int) -> bool:
-    """Both sides of the step measured on adjacent counts, within one token of it."""
-    return any(a in points and a + 1 in points for a in (step - 1, step, step + 1))
+def search(trace, **settings):
+    source = ReplaySource(trace)
+    found = LatencySearch(Session(source), trace.counts, N, SearchSettings(**settings), progress=False).run()
+    return found, source
 
 
-def found(points: dict, step: int) -> bool:
-    ordered = sorted(points)
-    report = detect_steps(
-        ordered,
-        [points[n].median_ms for n in ordered],
-        iqr_ms=[points[n].iqr_ms for n in ordered],
-        samples=[points[n].samples for n in ordered],
-    )
-    return any(abs(s.tokens - step) <= 1 and s.kind == "drop" for s in report.steps)
+def near(steps, low, tolerance=1):
+    return [s for s in steps if abs(s.tokens - low) <= tolerance]
 
 
-@pytest.mark.parametrize(
-    ("num_tokens", "n_steps", "min_gap", "seed"),
-    [(197, 3, 28, 0), (197, 4, 28, 1), (197, 5, 28, 6), (197, 6, 28, 3), (197, 6, 28, 4),
-     (785, 3, 56, 0), (785, 4, 56, 1), (785, 6, 56, 2), (785, 6, 56, 3)],
-)
-def test_adaptive_locates_every_step_with_a_quarter_of_the_evaluations(num_tokens, n_steps, min_gap, seed):
-    curve = Curve(seed, num_tokens, n_steps, min_gap)
-    grid = token_grid(num_tokens, 2, 1, min_tokens=2, max_tokens=num_tokens)
-    points = adaptive_search(curve, grid, progress=False)
-    assert len(curve.calls) <= len(grid) / 4, (len(curve.calls), len(grid))
-    for step in curve.steps:
-        assert located(points, step), (step, sorted(points))
-        assert found(points, step), step
-    assert {grid[0], grid[-1]} <= set(points)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_adaptive_confirms_every_planted_step_and_invents_none(seed):
+    trace = synthetic_trace(linear_levels(PLANTED), passes=16, drift=slow_drift(0.3, 240.0), noise=0.015, seed=seed)
+    found, _ = search(trace, seed=seed)
+    assert found.visits <= found.budget_visits == int(0.2 * 6 * len(GRID))
+    kinds = {40: "drop", 97: "rise", 104: "drop", 160: "drop"}
+    for low, kind in kinds.items():
+        hits = near(found.steps, low)
+        assert hits and hits[0].kind == kind, (low, [(s.tokens, s.kind) for s in found.steps])
+    assert len(found.steps) == len(PLANTED)
+    for step in found.steps:
+        assert step.paired_ci_pct[0] <= step.paired_pct <= step.paired_ci_pct[1]
+        assert step.p_value < 0.01 and step.pairs >= 3
 
 
-def test_adaptive_on_a_strided_grid():
-    curve = Curve(5, 197, 3, 30)
-    grid = token_grid(197, 2, 3, min_tokens=2, max_tokens=197)  # 197, 194, ..., 5, 2
-    points = adaptive_search(curve, grid, progress=False)
-    assert set(points) <= set(grid)
-    position = {n: i for i, n in enumerate(grid)}
-    for step in curve.steps:  # both sides on neighbouring grid points
-        pairs = [(a, b) for a, b in zip(grid, grid[1:], strict=False) if a <= step < b]
-        ((a, b),) = pairs
-        assert a in points and b in points and position[b] - position[a] == 1
+def test_the_full_grid_finds_them_too_at_five_times_the_cost():
+    trace = synthetic_trace(linear_levels(PLANTED), passes=12, drift=slow_drift(0.3, 240.0), noise=0.015)
+    full, _ = search(trace, adaptive=False, passes=4)
+    assert full.visits >= 4 * len(GRID)
+    assert sorted(s.tokens for s in full.steps) == pytest.approx(sorted(PLANTED), abs=1)
 
 
-def test_adaptive_remeasures_a_spike_once():
-    curve = Curve(6, 197, 3, 30, spikes={100: 20 * SIGMA})
-    grid = token_grid(197, 2, 1, min_tokens=2, max_tokens=197)
-    points = adaptive_search(curve, grid, progress=False)
-    assert curve.calls.count(100) == 2
-    assert abs(points[100].median_ms - (curve(100).median_ms)) < 6 * SIGMA  # the re-measured value kept
+@pytest.mark.parametrize("order", ["shuffled", "ascending"])
+def test_drift_alone_makes_no_step(order):
+    """A machine that slows by half and recovers, twice, during the run: no step is real."""
+    trace = synthetic_trace(linear_levels(), passes=16, drift=slow_drift(0.5, 20.0), noise=0.01, order=order)
+    found, _ = search(trace)
+    assert found.steps == []
+    assert found.drift.max_over_min > 1.3
+    assert all(not c.accepted for c in found.candidates)
 
 
-def test_adaptive_respects_max_evals():
-    curve = Curve(7, 197, 4, 28)
-    grid = list(range(2, 198))
-    adaptive_search(curve, grid, progress=False, max_evals=20)
-    assert len(curve.calls) <= 20
+def test_small_steps_are_rejected_by_the_minimum_size():
+    trace = synthetic_trace(linear_levels({100: 1.015}), passes=16, drift=lambda t: 1.0, noise=0.003)
+    assert search(trace, min_step=0.03)[0].steps == []
+    assert near(search(trace, min_step=0.005)[0].steps, 100)
 
 
-def test_full_search_measures_each_point_once():
-    curve = Curve(8, 197, 3, 20)
-    grid = token_grid(197, 2, 5, min_tokens=2, max_tokens=197)
-    points = full_search(curve, grid, progress=False)
-    assert sorted(curve.calls) == grid
-    assert list(points) == grid
+def test_the_budget_caps_the_visits():
+    trace = synthetic_trace(linear_levels(PLANTED), passes=16, noise=0.015)
+    found, _ = search(trace, budget=0.1)
+    assert found.visits <= found.budget_visits == int(0.1 * 6 * len(GRID))
+    assert found.budget_spent
+    assert any("budget" in c.reason for c in found.candidates)
 
 
-def test_remeasure_spikes_keeps_the_new_value():
-    curve = Curve(9, 197, 2, 40, spikes={70: 20 * SIGMA})
-    points = full_search(curve, list(range(2, 198)), progress=False)
-    assert points[70].median_ms > curve(70).median_ms + 10 * SIGMA
-    fixed = remeasure_spikes(points, curve, rounds=2)
-    assert abs(fixed[70].median_ms - points[69].median_ms) < 8 * SIGMA
-    assert curve.calls.count(70) == 3  # measured, checked above, re-measured once
+def test_the_same_seed_gives_the_same_answer_and_another_seed_a_consistent_one():
+    trace = synthetic_trace(linear_levels(PLANTED), passes=16, drift=slow_drift(0.3, 240.0), noise=0.015)
+    first, second, other = search(trace)[0], search(trace)[0], search(trace, seed=5)[0]
+    assert [s.to_dict() for s in first.steps] == [s.to_dict() for s in second.steps]
+    assert [s.tokens for s in other.steps] == pytest.approx([s.tokens for s in first.steps], abs=2)
 
 
-META = {"model": "deit_small_patch16_224", "batch_size": 4, "input_size": [224, 224], "device": "cpu"}
+class Killed(Exception):
+    pass
 
 
-def test_store_resume_measures_each_point_once(tmp_path):
-    path = tmp_path / "run.points.jsonl"
-    grid = list(range(2, 60))
-    first = Curve(10, 197, 2, 20)
-    full_search(first, grid[:20], store=PointStore(path, META), progress=False)
-    with path.open("a") as f:
-        f.write('{"tokens": 30, "median_ms": 1')  # a run killed in the middle of a line
-    second = Curve(10, 197, 2, 20)
-    store = PointStore(path, META)
-    assert sorted(store.load()) == grid[:20]
-    points = full_search(second, grid, store=store, progress=False)
-    assert sorted(second.calls) == grid[20:]
-    assert list(points) == grid
-    reloaded = PointStore(path, META).load()
-    assert sorted(reloaded) == grid
-    lines = path.read_text().splitlines()
-    assert json.loads(lines[0])["meta"] == META
-    assert len(lines) == 1 + len(grid)
+class DiesAfter:
+    """A replayed device that dies after `limit` visits (as a killed run would)."""
+
+    def __init__(self, trace, limit):
+        self.inner, self.limit, self.calls = ReplaySource(trace), limit, 0
+
+    def visit(self, tokens, reps, pass_index):
+        if self.calls >= self.limit:
+            raise Killed
+        self.calls += 1
+        return self.inner.visit(tokens, reps, pass_index)
 
 
-def test_adaptive_resume_from_store(tmp_path):
-    path = tmp_path / "adaptive.jsonl"
-    grid = list(range(2, 198))
-    done = adaptive_search(Curve(11, 197, 3, 30), grid, store=PointStore(path, META), progress=False)
-    again = Curve(11, 197, 3, 30)
-    resumed = adaptive_search(again, grid, store=PointStore(path, META), progress=False)
-    assert set(resumed) == set(done)
-    assert again.calls == []
+def test_a_killed_search_resumes_into_the_same_answer(tmp_path):
+    trace = synthetic_trace(linear_levels(PLANTED), passes=16, drift=slow_drift(0.3, 240.0), noise=0.015)
+    meta = {"model": "deit_tiny", "batch_size": 1, "input_size": [224, 224], "num_tokens": N, "prefix_tokens": 1}
+    path = tmp_path / "run.trace.csv"
+    settings = SearchSettings()
+    with pytest.raises(Killed):
+        LatencySearch(Session(DiesAfter(trace, 120), TraceWriter(path, meta, {"seed": 0})), GRID, N, settings,
+                      progress=False).run()
+    # the resumed run reads the same device state: the replay is re-created from the same trace
+    source = DiesAfter(trace, 10**6)
+    resumed = LatencySearch(Session(source, TraceWriter(path, meta, {"seed": 0}, resume=True)), GRID, N, settings,
+                            progress=False).run()
+    straight, _ = search(trace)
+    assert [s.to_dict() for s in resumed.steps] == [s.to_dict() for s in straight.steps]
+    assert source.calls == straight.visits - 120  # nothing measured twice
+    assert resumed.measured == straight.visits - 120 and resumed.visits == straight.visits
 
 
-def test_store_keeps_the_last_of_a_remeasured_point(tmp_path):
-    store = PointStore(tmp_path / "p.jsonl", META)
-    for value in (5.0, 4.0):
-        store.add(LatencyPoint(tokens=50, median_ms=value, iqr_ms=0.1, samples=5, threads=2, device="cpu"))
-    assert store.load()[50].median_ms == 4.0
+def test_a_run_that_drifted_more_than_its_effects_says_so():
+    trace = synthetic_trace(linear_levels({100: 1.06}), passes=16, drift=slow_drift(0.4, 240.0), noise=0.01)
+    found, _ = search(trace)
+    assert near(found.steps, 100)
+    sentence = found.drift_exceeds([s.paired_pct for s in found.steps])
+    assert sentence and "drifted" in sentence
+    assert found.drift_exceeds([99.0]) is None
 
 
-def test_store_meta_mismatch_raises(tmp_path):
-    path = tmp_path / "p.jsonl"
-    PointStore(path, META)
-    with pytest.raises(CurveError, match="batch_size=4"):
-        PointStore(path, {**META, "batch_size": 8})
-    path.write_text("not json\n")
-    with pytest.raises(CurveError):
-        PointStore(path, META)
+def test_settings_that_cannot_work_are_refused():
+    with pytest.raises(GridError, match="passes"):
+        SearchSettings(passes=1).check()
+    with pytest.raises(GridError, match="budget"):
+        SearchSettings(budget=0).check()
+    with pytest.raises(GridError, match="reference"):
+        LatencySearch(Session(ReplaySource(synthetic_trace(linear_levels(), passes=2))), [2, 3], N, SearchSettings())
+
+
+def test_injected_steps_into_a_synthetic_trace_read_as_steps():
+    trace = inject_steps(synthetic_trace(linear_levels(), passes=16, noise=0.01), {120: 1.07})
+    found, _ = search(trace)
+    assert [(s.tokens, s.kind) for s in found.steps] == [(120, "drop")]
 
 
 def test_token_grid():
@@ -180,31 +152,3 @@ def test_token_grid():
 def test_token_grid_errors(start, stop, stride):
     with pytest.raises(GridError, match=r"\[2, 197\]|stride"):
         token_grid(start, stop, stride, min_tokens=2, max_tokens=197)
-
-
-class Valley(Curve):
-    """A linear curve with a dip narrower than the coarse stride: counts in [lo, hi] are faster."""
-
-    def __init__(self, lo: int, hi: int, depth: float):
-        super().__init__(seed=11, num_tokens=197, n_steps=0, min_gap=1)
-        self.lo, self.hi, self.depth = lo, hi, depth
-
-    def __call__(self, n: int) -> LatencyPoint:
-        point = super().__call__(n)
-        dip = self.depth if self.lo <= n <= self.hi else 0.0
-        return LatencyPoint(tokens=n, median_ms=point.median_ms - dip, iqr_ms=IQR, samples=SAMPLES,
-                            threads=1, device="cpu")
-
-
-def test_adaptive_resolves_a_valley_narrower_than_the_coarse_stride():
-    curve = Valley(lo=179, hi=191, depth=12 * SIGMA)  # coarse stride 14: one coarse count falls inside
-    grid = token_grid(197, 2, 1, min_tokens=2, max_tokens=197)
-    points = adaptive_search(curve, grid, progress=False)
-    assert len(curve.calls) <= len(grid) / 3  # two edges close together cost more than two steps apart
-    assert located(points, 178) and located(points, 191)  # both edges on adjacent measured counts
-    ordered = sorted(points)
-    report = detect_steps(ordered, [points[n].median_ms for n in ordered],
-                          iqr_ms=[points[n].iqr_ms for n in ordered], samples=[points[n].samples for n in ordered])
-    kinds = {(s.tokens, s.kind) for s in report.steps}
-    assert any(abs(t - 191) <= 1 and kind == "drop" for t, kind in kinds), kinds
-    assert any(abs(t - 178) <= 1 and kind == "rise" for t, kind in kinds), kinds

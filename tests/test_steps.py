@@ -105,12 +105,20 @@ def test_irregular_unsorted_grid():
     assert [(s.tokens, s.upper_tokens) for s in steps] == [(70, 71), (141, 142)]
 
 
-def test_measured_iqr_raises_the_noise():
+def test_given_noise_raises_the_bar():
     n, y, _ = staircase(0)
-    # a per-call IQR of 2 ms over 5 samples: median noise ~ 2 / 1.349 * 1.2533 / sqrt(5) = 0.83 ms
-    report = detect_steps(n, y, iqr_ms=np.full(n.size, 2.0), samples=np.full(n.size, 5))
-    assert report.noise_ms == pytest.approx(2 / 1.349 * 1.2533 / np.sqrt(5))
+    report = detect_steps(n, y, noise_ms=0.8)
+    assert report.noise_ms == pytest.approx(0.8)
     assert report.steps == []
+
+
+def test_per_point_noise_hides_only_the_steps_where_it_is_large():
+    n, y, pos = staircase(2)
+    noisy = np.abs(n - pos[0]) <= 8  # the points around the first step were measured badly
+    report = detect_steps(n, y, noise_ms=np.where(noisy, 20 * SIGMA, SIGMA))
+    found = [s.tokens for s in report.steps]
+    assert not any(abs(t - pos[0]) <= 1 for t in found), found
+    assert all(any(abs(t - p) <= 1 for t in found) for p in pos[1:]), (found, pos)
 
 
 def test_explicit_noise_and_k():

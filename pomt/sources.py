@@ -1,0 +1,171 @@
+"""Where latency samples come from: the model on this machine (live) or a recorded trace (replay).
+
+Both answer the same question, `visit(tokens, reps, pass_index) -> Visit`: one untimed forward at the
+new token count, then `reps` timed forwards. Search, confirmation and verification are written against
+that one call, so they run unchanged on a live device, on a trace in a test, or on a trace a user
+recorded elsewhere (`--replay`). A `Session` adds the journal: every visit is appended to a trace file,
+and a resumed run is served the visits it already made, in order, before it measures anything new.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from pomt.measure import fixed_threads, synchronize, time_calls
+from pomt.tokens import keep_tokens
+from pomt.trace import Trace, TraceWriter, Visit
+
+Forward = Callable[[], object]
+ForwardAt = Callable[[int], AbstractContextManager[Forward]]
+
+
+class Source(Protocol):
+    """Anything that can time forwards at a kept-token count."""
+
+    def visit(self, tokens: int, reps: int, pass_index: int) -> Visit: ...
+
+
+def eager_forward_at(model: nn.Module, x: torch.Tensor) -> ForwardAt:
+    """`forward_at(n)`: a context in which the returned callable runs `model(x)` with n tokens kept."""
+
+    @contextlib.contextmanager
+    def forward_at(tokens: int) -> Iterator[Forward]:
+        with keep_tokens(model, tokens):
+            yield lambda: model(x)
+
+    return forward_at
+
+
+class LiveSource:
+    """Times forwards on this machine with `pomt.measure.time_calls` (CUDA events on CUDA)."""
+
+    def __init__(self, forward_at: ForwardAt, device: str = "cpu", threads: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter, start_s: float = 0.0):
+        self.forward_at, self.device, self.threads = forward_at, device, threads
+        self._clock = clock
+        self._origin = clock() - start_s
+
+    def now(self) -> float:
+        """Seconds since the source started (continuing a resumed trace's time line)."""
+        return self._clock() - self._origin
+
+    def visit(self, tokens: int, reps: int, pass_index: int) -> Visit:
+        with fixed_threads(self.threads) as threads, torch.inference_mode(), self.forward_at(tokens) as forward:
+            forward()  # untimed: the first forward at a new shape pays for kernel and memory set-up
+            synchronize(self.device)
+            start = self.now()
+            samples = time_calls(forward, self.device, reps, threads)
+        return Visit(tokens, pass_index, start, tuple(samples))
+
+
+class TraceExhausted(Exception):
+    """A replay was asked for more visits of a count than its trace holds."""
+
+
+class ReplaySource:
+    """Serves a recorded trace as if it were the device.
+
+    A virtual clock starts at the trace's first timestamp and advances by what each served visit cost
+    (its samples plus one untimed forward). A visit to count n gets the recorded visit of n nearest in
+    time to that clock that has not been served yet, its samples grouped as they were measured, and its
+    recorded time, so drift behaves as it did live (`pomt.stats.drift_profile` sees the recording's own
+    time line). A recorded visit is never served twice: when a count's visits are used up the replay
+    raises `TraceExhausted` (a replay cannot invent measurements). A visit keeps its recorded length
+    whatever `reps` asks; `preferred_reps` tells a search the trace's own.
+    """
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self._visits: dict[int, list[Visit]] = defaultdict(list)
+        for visit in trace.visits:
+            self._visits[visit.tokens].append(visit)
+        self._times = {n: np.array([v.t_s for v in visits]) for n, visits in self._visits.items()}
+        self._free = {n: np.ones(len(visits), dtype=bool) for n, visits in self._visits.items()}
+        self.preferred_reps = int(np.median([len(v.samples_ms) for v in trace.visits]))
+        self.clock_s = min(v.t_s for v in trace.visits)
+        self.served = 0
+
+    @property
+    def counts(self) -> list[int]:
+        return sorted(self._visits)
+
+    def visit(self, tokens: int, reps: int, pass_index: int) -> Visit:
+        if tokens not in self._visits:
+            raise KeyError(f"the trace has no samples at {tokens} tokens")
+        free = np.flatnonzero(self._free[tokens])
+        if free.size == 0:
+            raise TraceExhausted(f"the trace holds no more visits of {tokens} tokens")
+        pick = int(free[np.argmin(np.abs(self._times[tokens][free] - self.clock_s))])
+        self._free[tokens][pick] = False
+        self.served += 1
+        recorded = self._visits[tokens][pick]
+        self.clock_s += (float(np.median(recorded.samples_ms)) + sum(recorded.samples_ms)) / 1e3
+        return Visit(tokens, pass_index, recorded.t_s, recorded.samples_ms)
+
+
+class Session:
+    """A source plus the run's journal and visit count: what search and verification measure through.
+
+    With a journal that already holds visits (a resumed run), the first visits asked for are served from
+    it in order, as long as they match what is asked (count, pass, reps); at the first mismatch the rest
+    of the journal is dropped and measuring continues live. A deterministic search therefore resumes
+    into exactly the state it was killed in.
+    """
+
+    def __init__(self, source: Source, journal: TraceWriter | None = None,
+                 on_visit: Callable[[Visit], None] | None = None):
+        self.source = source
+        self.journal = journal
+        self.on_visit = on_visit
+        self.visits = 0  # visits asked for in this run, served from the journal or measured
+        self.measured = 0  # visits measured in this run
+        self._replayed = 0
+        self._resumable = len(journal.visits) if journal is not None else 0  # what the journal held at start
+
+    def visit(self, tokens: int, reps: int, pass_index: int) -> Visit:
+        visit = self._from_journal(tokens, reps, pass_index)
+        if visit is None:
+            visit = self.source.visit(tokens, reps, pass_index)
+            if self.journal is not None:
+                visit = self.journal.add(visit)
+            self.measured += 1
+        self.visits += 1
+        if self.on_visit is not None:
+            self.on_visit(visit)
+        return visit
+
+    def _from_journal(self, tokens: int, reps: int, pass_index: int) -> Visit | None:
+        if self.journal is None or self._replayed >= self._resumable:
+            return None
+        stored = self.journal.visits[self._replayed]
+        if (stored.tokens, stored.pass_index, len(stored.samples_ms)) != (tokens, pass_index, reps):
+            self.journal.truncate(self._replayed)
+            self._resumable = self._replayed
+            return None
+        self._replayed += 1
+        return stored
+
+
+def journal_end_s(journal: TraceWriter | None) -> float:
+    """Where a resumed run's clock continues: just after the journal's last forward."""
+    if journal is None or not journal.visits:
+        return 0.0
+    last = journal.visits[-1]
+    return last.t_s + sum(last.samples_ms) / 1e3 + 1.0
+
+
+def calibrate_reps(seconds_per_forward: float, visit_s: float, most: int = 8) -> int:
+    """Timed forwards per visit so that a visit lasts about `visit_s` (at least 1, at most `most`)."""
+    if not math.isfinite(seconds_per_forward) or seconds_per_forward <= 0:
+        return most
+    return max(1, min(most, round(visit_s / seconds_per_forward)))

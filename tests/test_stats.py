@@ -1,0 +1,91 @@
+"""Pooling on a drifting machine and paired effects, on traces with a known curve and known drift."""
+
+import math
+
+import numpy as np
+import pytest
+
+from pomt.stats import corrected_values, drift, drift_profile, paired_effect, pool_visits, relative_noise
+
+from trace_data import N, linear_levels, slow_drift, synthetic_trace
+
+
+def test_the_drift_profile_recovers_a_known_drift():
+    trace = synthetic_trace(linear_levels(), passes=6, drift=slow_drift(0.25, 40.0), noise=0.01)
+    levels, g = drift_profile(trace.visits)
+    truth = np.log([slow_drift(0.25, 40.0)(v.t_s) for v in trace.visits])
+    estimated = g - np.median(g)
+    assert np.corrcoef(estimated, truth)[0, 1] > 0.95
+    offset = np.median([levels[n] - math.log(linear_levels()(n)) for n in levels])
+    assert all(abs(levels[n] - offset - math.log(linear_levels()(n))) < 0.02 for n in levels)
+
+
+def test_pooling_cancels_drift_that_raw_medians_keep():
+    levels = linear_levels()
+    trace = synthetic_trace(levels, passes=4, drift=slow_drift(0.3, 25.0), noise=0.01)
+    points = pool_visits(trace.visits, N)
+    scale = points[-1].latency_ms / levels(N)
+    corrected = [abs(p.latency_ms / (scale * levels(p.tokens)) - 1) for p in points]
+    raw = [abs(p.median_ms / (scale * levels(p.tokens)) - 1) for p in points]
+    assert max(corrected) < 0.03 < max(raw)
+    assert points[-1].relative == pytest.approx(1.0)
+    assert all(p.se_ms > 0 and p.visits == 4 for p in points)
+
+
+def test_relative_noise_matches_the_simulated_noise():
+    trace = synthetic_trace(linear_levels(), passes=6, reps=1, drift=lambda t: 1.0, noise=0.02)
+    assert relative_noise(corrected_values(trace.visits)) == pytest.approx(0.02, rel=0.25)
+
+
+def test_drift_reports_the_reference_per_pass_in_time_order():
+    trace = synthetic_trace(linear_levels(), counts=[2, N], passes=4, drift=lambda t: 1.0 + t, noise=0.0)
+    seen = drift(trace.visits, N)
+    assert seen.reference_tokens == N
+    assert list(seen.reference_ms) == sorted(seen.reference_ms)  # the machine slowed down steadily
+    assert seen.max_over_min == pytest.approx(seen.reference_ms[-1] / seen.reference_ms[0])
+    assert drift(trace.visits[:2], N) is None
+
+
+def test_a_paired_effect_finds_a_known_ratio_and_its_interval_covers_it():
+    rng = np.random.default_rng(0)
+    covered = 0
+    for _ in range(400):
+        a = 10 * np.exp(rng.normal(0, 0.01, 8))
+        b = 1.1 * a * np.exp(rng.normal(0, 0.01, 8))
+        effect = paired_effect(a, b)
+        covered += effect.ci[0] < 1.1 < effect.ci[1]
+        assert effect.p_value < 1e-5 and effect.pairs + effect.dropped == 8
+    assert 0.92 <= covered / 400 <= 0.98  # a 95% interval, honestly
+
+
+def test_pairing_cancels_drift_shared_by_both_sides():
+    drift_factor = np.linspace(1.0, 1.6, 8)  # the machine slows by 60% during the comparison
+    a = 10 * drift_factor
+    b = 10.3 * drift_factor * np.exp(np.random.default_rng(1).normal(0, 0.002, 8))
+    effect = paired_effect(a, b)
+    assert effect.ratio == pytest.approx(1.03, abs=0.003) and effect.p_value < 1e-6
+
+
+def test_the_trend_offset_is_what_the_test_judges():
+    a = np.array([10.0, 10.1, 9.9, 10.0, 10.05, 9.95])
+    b = a * 1.02 * np.array([1.001, 0.999, 1.0, 1.002, 0.998, 1.0])
+    assert paired_effect(a, b).p_value < 1e-4
+    expected = paired_effect(a, b, offset=math.log(1.02))
+    assert expected.p_value > 0.5 and expected.excess == pytest.approx(1.0, abs=2e-3)
+
+
+def test_a_pair_hit_by_interference_is_dropped():
+    a = np.full(7, 10.0) * np.exp(np.random.default_rng(2).normal(0, 0.005, 7))
+    b = 1.05 * a
+    b[3] *= 3.0  # a burst hit one side of one pair
+    effect = paired_effect(a, b)
+    assert effect.dropped == 1 and effect.pairs == 6
+    assert effect.ratio == pytest.approx(1.05, rel=1e-6)
+
+
+def test_too_few_or_identical_pairs():
+    assert paired_effect([1.0], [2.0]).p_value == 1.0
+    same = paired_effect([1.0, 1.0, 1.0], [1.1, 1.1, 1.1])
+    assert same.p_value == 0.0 and same.ci == pytest.approx((1.1, 1.1))
+    with pytest.raises(ValueError):
+        paired_effect([1.0, 2.0], [1.0])
