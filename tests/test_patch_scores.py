@@ -1,4 +1,4 @@
-"""Scoring, selection and ToMe matching on plain tensors."""
+"""Scoring and selection on plain tensors (ToMe matching: tests/test_tome.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from pomt.patching.scores import (
     pomt_scores,
     split_best,
 )
-from pomt.patching.tome import bipartite_matching, merge_weighted
 
 
 def test_split_best_keeps_highest_in_original_order_and_drops_the_rest():
@@ -62,25 +61,6 @@ def test_class_attention_scores_mean_over_heads_of_row_zero():
     probs = torch.rand(1, 2, 5, 5)
     got = class_attention_scores(probs[:, :, :1], 1)
     assert torch.allclose(got, probs[:, :, 0, 1:].mean(1))
-
-
-def test_bipartite_matching_merges_the_most_similar_pair_weighted_by_size():
-    # A = tokens 0, 2, 4; B = tokens 1, 3. Token 2 equals token 3 up to scale; others are orthogonal-ish.
-    x = torch.tensor([[[1.0, 0, 0], [0, 1, 0], [0, 0, 1], [0, 0, 2], [1, 1, -1]]])
-    size = torch.tensor([[[1.0], [1], [3], [1], [1]]])
-    matching = bipartite_matching(x, 1)
-    merged, new_size = merge_weighted(x, size, matching)
-    assert merged.shape == (1, 4, 3)
-    assert new_size.squeeze(-1).tolist() == [[1, 1, 1, 4]]
-    assert torch.allclose(merged[0, :2], x[0, [0, 4]])  # unmerged A tokens, original order
-    assert torch.allclose(merged[0, 2], x[0, 1])
-    assert torch.allclose(merged[0, 3], (3 * x[0, 2] + x[0, 3]) / 4)
-    assert torch.allclose((merged * new_size).sum(1), (x * size).sum(1))
-
-
-def test_bipartite_matching_refuses_more_than_half():
-    with pytest.raises(ValueError):
-        bipartite_matching(torch.randn(1, 5, 3), 3)
 
 
 def test_token_counts_clamp_tome_to_half_and_refuse_empty_patch_sets():

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils import flop_counter
 
 from pomt.geometry import model_geometry, transformer_blocks
-from pomt.patching.plan import token_counts
+from pomt.patching.plan import removed_at, token_counts
 
 _ATEN = torch.ops.aten
 
@@ -121,12 +121,12 @@ def vit_flops(
 def _scoring_flops(
     spec: VitSpec, method: str | None, n_attn: int, block: int, removal: Mapping[int, int]
 ) -> int:
-    """Matmuls a reducer adds: top-k's explicit class-token row; ToMe's bipartite similarity."""
+    """Matmuls a reducer adds: top-k's explicit class-token row; ToMe's similarity between its
+    alternating sets of all tokens (A: even positions, B: odd) on head-sized keys, where a block merges."""
     if method == "topk" and removal.get(block):
         return 2 * n_attn * spec.embed_dim
-    if method == "tome" and block >= min(removal, default=spec.patch_tokens + 1) and removal.get(block):
-        patches = n_attn - spec.prefix_tokens
-        return 2 * ((patches + 1) // 2) * (patches // 2) * (spec.embed_dim // spec.num_heads)
+    if method == "tome" and removed_at(method, n_attn - spec.prefix_tokens, removal.get(block, 0)):
+        return 2 * ((n_attn + 1) // 2) * (n_attn // 2) * (spec.embed_dim // spec.num_heads)
     return 0
 
 

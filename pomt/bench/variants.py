@@ -205,7 +205,7 @@ def match_flops(
             def removal_of(steps: int) -> dict[int, int]:
                 return tome_removal(steps, geometry.depth)
 
-            high = geometry.depth * max_merge(geometry.patch_tokens)
+            high = geometry.depth * max_merge(geometry.num_tokens, geometry.prefix_tokens)
         else:
 
             def removal_of(steps: int) -> dict[int, int]:

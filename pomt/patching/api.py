@@ -1,7 +1,8 @@
 """patch / unpatch / apply_schedule: put pruning blocks into a timm or DINOv2 ViT and take them out.
 
 Only the blocks that remove tokens are patched (plus, for ToMe, the blocks after the first merge, which
-need proportional attention); every other block keeps its class and timm's fused attention. A block
+need proportional attention, and the pooling of timm models that average their tokens, which ToMe
+weights by token size); every other block keeps its class and timm's fused attention. A block
 asked to remove 0 tokens is left alone, so the outputs equal the unpatched model's exactly.
 Patching a model that is already patched first unpatches it (the new plan replaces the old one).
 """
@@ -16,11 +17,11 @@ from torch import nn
 
 from pomt.errors import PatchError, ScheduleError
 from pomt.geometry import model_geometry, transformer_blocks
-from pomt.patching import blocks
+from pomt.patching import blocks, pooling
 from pomt.patching.plan import check_method, resolve_removal, token_counts
 from pomt.schedule import Schedule, load_schedule
 
-STATE_ATTR = "_pomt_patch"
+STATE_ATTR = blocks.STATE_ATTR
 
 
 def patch_state(model: nn.Module) -> blocks.PatchState | None:
@@ -40,7 +41,7 @@ def patch(
     """Patch `model` in place so that block b removes prune[b] tokens with `method`; returns it.
 
     `prune` maps block index -> tokens to remove there; an int removes that many at every block
-    (ToMe style; ToMe merges at most half of the patch tokens per block, clamped as ToMe does).
+    (ToMe style; ToMe merges at most (tokens - prefix tokens) // 2 pairs per block, clamped as ToMe does).
     `seed` seeds the `random` method. With `batch_size`, a forward at another batch size warns once
     (raises PatchError when `strict`).
     """
@@ -60,24 +61,29 @@ def patch(
     try:
         for index, plan in plans.items():
             state.originals[index] = blocks.install(model_blocks[index], plan)
+        if method == "tome" and plans:
+            state.model_class = pooling.install(model)
     except BaseException:
-        _restore(model_blocks, state)
+        _restore(model, model_blocks, state)
         raise
     model.__dict__[STATE_ATTR] = state
     return model
 
 
-def _restore(model_blocks: list[nn.Module], state: blocks.PatchState) -> None:
+def _restore(model: nn.Module, model_blocks: list[nn.Module], state: blocks.PatchState) -> None:
     for index, original in state.originals.items():
         blocks.uninstall(model_blocks[index], original)
     state.originals.clear()
+    if state.model_class is not None:
+        pooling.uninstall(model, state.model_class)
+        state.model_class = None
 
 
 def unpatch(model: nn.Module) -> nn.Module:
-    """Restore the original block classes and remove every attribute pomt added; returns the model."""
+    """Restore the original block and model classes and remove every attribute pomt added; returns it."""
     state = model.__dict__.pop(STATE_ATTR, None)
     if state is not None:
-        _restore(transformer_blocks(model), state)
+        _restore(model, transformer_blocks(model), state)
     return model
 
 

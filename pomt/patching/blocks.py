@@ -4,7 +4,9 @@ A patched block becomes an instance of a subclass of its own class (timm `Block`
 `Block`/`NestedTensorBlock`) whose forward runs the block's own modules (norm1, attn, ls1, drop_path1,
 norm2, mlp, ls2, drop_path2) and removes tokens after the attention residual, before the MLP.
 Token order after a pruning block: prefix tokens, then the kept patch tokens in their original order,
-then (pomt only) the fused token. ToMe: prefix, unmerged set-A tokens, then set-B tokens (see tome.py).
+then (pomt only) the fused token. ToMe (the published algorithm, see tome.py): prefix tokens, the
+unmerged set-A tokens, then the set-B tokens, sets alternating over all tokens; every block after the
+first merge runs proportional attention (log token size added to its attention logits).
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from pomt.patching import attention, scores
 from pomt.patching.plan import removed_at
 from pomt.patching.tome import bipartite_matching, merge_weighted
 
+STATE_ATTR = "_pomt_patch"
+
 
 @dataclass(eq=False)
 class PatchState:
-    """Everything the patches of one model share; hung on the model as `_pomt_patch`."""
+    """Everything the patches of one model share; hung on the model as `STATE_ATTR`."""
 
     method: str
     removal: dict[int, int]
@@ -33,8 +37,9 @@ class PatchState:
     batch_size: int | None = None
     strict: bool = False
     originals: dict[int, type] = field(default_factory=dict)
-    size: torch.Tensor | None = None
-    bias: torch.Tensor | None = None
+    model_class: type | None = None  # ToMe: the model's class before its pooling was weighted by size
+    size: torch.Tensor | None = None  # ToMe: tokens merged into each token (B, T, 1), prefix included
+    bias: torch.Tensor | None = None  # ToMe: log(size) as an attention bias (B, 1, 1, T)
     _generators: dict[str, torch.Generator] = field(default_factory=dict, repr=False)
     _batch_warned: bool = False
 
@@ -136,20 +141,17 @@ def _tome_attention(
 
 
 def run_tome(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
-    """Merge up to `remove` patch-token pairs (bipartite soft matching on keys, mean over heads)."""
+    """Merge up to `remove` token pairs after the attention residual (bipartite soft matching on the
+    keys, mean over heads; prefix tokens protected; size-weighted average)."""
     state, prefix = plan.state, plan.state.prefix_tokens
     if plan.resets:
         state.size = state.bias = None
     x, k = _tome_attention(block, x, state)
-    patch_tokens = x.shape[1] - prefix
-    r = removed_at("tome", patch_tokens, plan.remove)
+    r = removed_at("tome", x.shape[1] - prefix, plan.remove)
     if r:
-        size = state.size if state.size is not None else x.new_ones(x.shape[0], patch_tokens, 1)
-        matching = bipartite_matching(k.mean(dim=1)[:, prefix:], r)
-        merged, size = merge_weighted(x[:, prefix:], size, matching)
-        x = torch.cat([x[:, :prefix], merged], dim=1)
-        log_size = torch.cat([size.new_zeros(size.shape[0], prefix), size.squeeze(-1).log()], dim=1)
-        state.size, state.bias = size, log_size[:, None, None, :]
+        size = state.size if state.size is not None else torch.ones_like(x[..., :1])
+        x, size = merge_weighted(x, size, bipartite_matching(k.mean(dim=1), r, prefix))
+        state.size, state.bias = size, size.log().transpose(1, 2).unsqueeze(1)
     return _mlp_residual(block, x)
 
 

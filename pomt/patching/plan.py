@@ -35,8 +35,8 @@ def resolve_removal(prune: Mapping[int, int] | int, depth: int) -> dict[int, int
 def removed_at(method: str, patch_tokens: int, remove: int) -> int:
     """Tokens actually removed by one block that sees `patch_tokens` patch tokens.
 
-    ToMe merges at most half of them (clamped, as ToMe does); every other method raises PatchError
-    when no patch token would be left.
+    ToMe clamps to the published cap, (tokens - protected) // 2 with every prefix token protected,
+    i.e. half the patch tokens; every other method raises PatchError when no patch token would be left.
     """
     if method == "tome":
         return min(remove, max_merge(patch_tokens))

@@ -1,9 +1,16 @@
-"""Bipartite soft matching (Bolya et al., "Token Merging: Your ViT but Faster", ICLR 2023).
+"""Bipartite soft matching, as published (Bolya et al., "Token Merging: Your ViT but Faster", ICLR 2023).
 
-Pure functions on patch tokens only (the caller keeps prefix tokens out). Tokens alternate between
-set A (even positions) and set B (odd positions); each A token proposes its most similar B token
-(cosine similarity of the metric) and the r most similar pairs merge into their B token.
-Output order: the unmerged A tokens in their original order, then all B tokens in their original order.
+Pure functions on all T tokens of a block, the P prefix tokens (class, distillation, registers) at
+positions 0..P-1 included. Set A = even positions, set B = odd positions. Every A token proposes its
+most similar B token (cosine similarity of the metric) and the r best proposals merge into their B
+token. Prefix tokens are protected: a prefix token in A never proposes, one in B is never proposed to,
+and at most (T - P) // 2 pairs merge (the published cap).
+
+Output order, as the authors' code gives it: the prefix tokens in their original order, then the
+unmerged A tokens (in their original order when there is a prefix token, else in the order of their
+decreasing best similarity, which the authors leave unsorted), then the B tokens in their original order.
+Only static-shape ops (gather, scatter_add, masked_fill, argsort), so the merge exports to ONNX (both
+torch exporters; scatter_reduce "sum" trips the TorchScript one).
 """
 
 from __future__ import annotations
@@ -14,41 +21,56 @@ import torch
 
 
 class Matching(NamedTuple):
-    """Which A tokens stay (unmerged) and which merge (src) into which B token (dst); (B, k, 1) each."""
+    """Unmerged A tokens, and which A tokens (src) merge into which B tokens (dst); (B, k, 1) each.
+
+    Indices count within set A (unmerged, src) or set B (dst); `prefix` is P.
+    """
 
     unmerged: torch.Tensor
     src: torch.Tensor
     dst: torch.Tensor
+    prefix: int
 
 
-def max_merge(tokens: int) -> int:
-    """At most half the tokens merge in one step (the size of set B)."""
-    return tokens // 2
+def max_merge(tokens: int, protected: int = 0) -> int:
+    """The published cap on merges in one block: (tokens - protected) // 2."""
+    return (tokens - protected) // 2
 
 
-def bipartite_matching(metric: torch.Tensor, r: int) -> Matching:
-    """Match r pairs between alternating sets of `metric` (B, T, C); requires 0 <= r <= T // 2."""
-    if not 0 <= r <= max_merge(metric.shape[1]):
-        raise ValueError(f"cannot merge {r} pairs among {metric.shape[1]} tokens")
+def _protected(a_tokens: int, b_tokens: int, prefix: int, device: torch.device) -> torch.Tensor:
+    """(A, B) mask of the similarities that may not be used: rows of prefix A tokens, columns of prefix B."""
+    rows = torch.arange(a_tokens, device=device) < (prefix + 1) // 2
+    cols = torch.arange(b_tokens, device=device) < prefix // 2
+    return rows[:, None] | cols[None, :]
+
+
+def bipartite_matching(metric: torch.Tensor, r: int, prefix: int = 0) -> Matching:
+    """Match r pairs between the alternating sets of `metric` (B, T, C) whose first `prefix` tokens are
+    protected; requires 0 <= r <= (T - prefix) // 2."""
+    tokens = metric.shape[1]
+    if not 0 <= prefix <= tokens or not 0 <= r <= max_merge(tokens, prefix):
+        raise ValueError(f"cannot merge {r} pairs among {tokens} tokens with {prefix} protected")
     metric = metric / torch.linalg.vector_norm(metric, dim=-1, keepdim=True)
     a, b = metric[:, ::2], metric[:, 1::2]
     similarity = a @ b.transpose(-1, -2)
+    similarity = similarity.masked_fill(_protected(a.shape[1], b.shape[1], prefix, metric.device), -torch.inf)
     best, best_dst = similarity.max(dim=-1)
     order = best.argsort(dim=-1, descending=True)
-    src = order[:, :r]
-    unmerged = order[:, r:].sort(dim=-1).values
+    src, unmerged = order[:, :r], order[:, r:]
+    if prefix:
+        unmerged = unmerged.sort(dim=-1).values
     dst = best_dst.gather(1, src)
-    return Matching(unmerged.unsqueeze(-1), src.unsqueeze(-1), dst.unsqueeze(-1))
+    return Matching(unmerged.unsqueeze(-1), src.unsqueeze(-1), dst.unsqueeze(-1), prefix)
 
 
 def merge_sum(x: torch.Tensor, matching: Matching) -> torch.Tensor:
-    """Apply the matching to x (B, T, C) by summing merged tokens: (B, T - r, C)."""
-    channels = x.shape[-1]
+    """Apply the matching to x (B, T, C) by summing merged tokens: (B, T - r, C) in the output order."""
+    channels, prefix = x.shape[-1], matching.prefix
     a, b = x[:, ::2], x[:, 1::2]
-    kept = a.gather(1, matching.unmerged.expand(-1, -1, channels))
+    unmerged = a.gather(1, matching.unmerged.expand(-1, -1, channels))
     moved = a.gather(1, matching.src.expand(-1, -1, channels))
     b = b.scatter_add(1, matching.dst.expand(-1, -1, channels), moved)
-    return torch.cat([kept, b], dim=1)
+    return torch.cat([x[:, :prefix], unmerged[:, (prefix + 1) // 2 :], b[:, prefix // 2 :]], dim=1)
 
 
 def merge_weighted(
