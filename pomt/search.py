@@ -41,10 +41,11 @@ from pomt.stats import (
     pool_visits,
     relative_noise,
 )
-from pomt.steps import Step, detect_steps, trend
+from pomt.steps import Step, detect_steps, paired_step, trend
 from pomt.trace import Visit
 
 CALIBRATION_REPS = 3
+FIRST_LOOK = 0.2  # share of alpha spent on the early look of a confirmation
 
 
 def token_grid(start: int, stop: int, stride: int, *, min_tokens: int, max_tokens: int) -> list[int]:
@@ -118,7 +119,7 @@ class Confirmation:
     @property
     def paired_pct(self) -> float | None:
         """Change from `high` to `low` tokens over the trend's, in % (positive: `low` is faster)."""
-        return None if self.effect is None else 100.0 * (1.0 - self.effect.excess)
+        return None if self.effect is None else self.effect.saving_pct[0]
 
     def to_dict(self) -> dict:
         return {
@@ -161,9 +162,9 @@ class SearchResult:
         smallest = min(abs(e) for e in effects_pct)
         if self.drift.pct <= smallest:
             return None
-        return (f"the machine drifted {self.drift.pct:.1f}% during measurement (reference {self.drift.reference_tokens} "
-                f"tokens), more than the smallest effect reported ({smallest:.1f}%): steps and gains rest on paired "
-                "measurements, absolute latencies do not")
+        return (f"the machine drifted {self.drift.pct:.1f}% during measurement (reference "
+                f"{self.drift.reference_tokens} tokens), more than the smallest effect reported ({smallest:.1f}%): "
+                "steps and gains rest on paired measurements, absolute latencies do not")
 
 
 class _BudgetSpent(Exception):
@@ -295,24 +296,28 @@ class LatencySearch:
     def examine(self) -> list[Confirmation]:
         """Refine and confirm candidates, most significant first, as far as the budget goes.
 
-        Each round re-runs the detector. The most significant candidate not yet judged is confirmed when
-        nothing inside it is left to measure; otherwise the candidates the remaining budget can carry to
-        a verdict (bisection to neighbouring grid counts, then confirmation) are refined together.
+        Each round re-runs the detector on every visit so far. A candidate is ready when no grid count
+        inside it is unmeasured and its counts are settled (`_unsettled`); the most significant ready
+        one is judged: rejected at once when the design's own estimate is clearly below `min_step`,
+        else confirmed by paired measurement. When none is ready, one shuffled pass measures what the
+        candidates need next (a midpoint, or counts to settle), for as many of them, in order, as the
+        remaining budget can carry to a verdict.
         """
         confirm_cost = 2 * self.settings.confirm_rounds
         judged = self.judged
         while True:
             todo = [c for c in self.candidates() if c[:2] not in judged]
+            for low, high, z in todo:
+                same = [c for c in judged.values() if c.accepted and low < c.high and c.low < high]
+                if same:
+                    reason = f"the step confirmed between {same[0].low} and {same[0].high} tokens"
+                    judged[(low, high)] = Confirmation(low, high, None, False, "none", reason, z)
+            todo = [c for c in todo if c[:2] not in judged]
             if not todo:
                 break
-            low, high, z = todo[0]
-            if not self._unmeasured_inside(low, high):
-                unsettled = self._unsettled(low, high)
-                if unsettled:
-                    if self._left() < len(unsettled) + 1 + confirm_cost:
-                        break
-                    self.measure_passes(unsettled, 1)
-                    continue
+            ready = [c for c in todo if not self._next_counts(c[0], c[1])]
+            if ready:
+                low, high, z = ready[0]
                 change, se = self._design_change(low, high)
                 if abs(change) + 2.0 * se < self.settings.min_step:
                     reason = (f"smaller than the minimum step by the design's estimate "
@@ -326,39 +331,47 @@ class LatencySearch:
                 except TraceExhausted as exc:
                     judged[(low, high)] = Confirmation(low, high, None, False, "none", f"not examined: {exc}", z)
                 continue
-            mids, cost = [], self.settings.refine_passes  # the reference visits of one round
-            for c_low, c_high, _ in todo:
-                inside = self._unmeasured_inside(c_low, c_high)
+            batch: set[int] = set()
+            cost = 1  # the reference
+            for low, high, _ in todo:
+                wanted = set(self._next_counts(low, high)) - batch
+                inside = self._unmeasured_inside(low, high)
                 levels = math.ceil(math.log2(len(inside) + 1)) if inside else 0
-                need = levels * self.settings.refine_passes * 2 + confirm_cost
+                need = len(wanted) + levels + 3 + confirm_cost  # what is left to reach its verdict
                 if cost + need > self._left():
                     break
-                cost += need
-                if inside:
-                    mids.append(inside[len(inside) // 2])
-            if not mids:
+                batch |= wanted
+                cost += len(wanted)
+            if not batch:
                 break
-            self.measure_passes(sorted(set(mids)), self.settings.refine_passes)
+            self.measure_passes(sorted(batch), 1)
         unjudged = [c for c in self.candidates() if c[:2] not in judged]
         skipped = [Confirmation(lo, hi, None, False, "none", "not examined: the visit budget is spent", z)
                    for lo, hi, z in unjudged]
         return list(judged.values()) + skipped
 
+    def _next_counts(self, low: int, high: int) -> list[int]:
+        """What a candidate needs measured next: the middle unmeasured grid count inside it, or, once
+        there is none, the counts that are not yet settled."""
+        inside = self._unmeasured_inside(low, high)
+        return [inside[len(inside) // 2]] if inside else self._unsettled(low, high)
+
     def confirm(self, low: int, high: int, z: float) -> Confirmation:
         """Measure `low` and `high` alternately and judge the step between them (see the module doc).
 
-        Two looks: after half the rounds, and after all of them, each tested at alpha / 2 (so the two
-        together keep the false-step rate at alpha); a clear step stops at the first look. Each visit is
+        Two looks: after half the rounds at FIRST_LOOK x alpha, and after all of them at the rest of
+        alpha (so the two together keep the false-step rate at alpha); a clear step stops at the first. Each visit is
         taken with the drift at its time divided out (the profile of every visit so far): live, the two
         visits of a round are adjacent and the correction barely moves their ratio; in a replay, where
         they may come from different moments of the recording, it restores the pairing.
         """
         s = self.settings
-        looks = sorted({max(2, s.confirm_rounds // 2), s.confirm_rounds})
+        looks = sorted({max(3, s.confirm_rounds // 2), s.confirm_rounds})
+        alphas = [s.alpha] if len(looks) == 1 else [FIRST_LOOK * s.alpha, (1.0 - FIRST_LOOK) * s.alpha]
         rounds: list[tuple[Visit, Visit]] = []
         expected = self._trend(self.curve())
         offset = math.log(expected[low] / expected[high]) if expected[low] > 0 < expected[high] else 0.0
-        for look in looks:
+        for look, alpha in zip(looks, alphas, strict=True):
             while len(rounds) < look:
                 self._new_pass()
                 order = (high, low) if len(rounds) % 2 == 0 else (low, high)
@@ -367,12 +380,13 @@ class LatencySearch:
                 self.paired.extend(taken.values())
             effect = self._paired(rounds, offset)
             change = effect.excess - 1.0
-            if effect.p_value < s.alpha / len(looks) and abs(change) >= s.min_step:
+            if effect.p_value < alpha and abs(change) >= s.min_step:
                 kind = "drop" if change < 0 else "rise"
-                reason = f"confirmed: {kind} of {100 * abs(change):.1f}% (p = {effect.p_value:.2g}, {len(rounds)} rounds)"
+                reason = (f"confirmed: {kind} of {100 * abs(change):.1f}% "
+                          f"(p = {effect.p_value:.2g}, {len(rounds)} rounds)")
                 return Confirmation(low, high, effect, True, kind, reason, z)
-        if effect.p_value >= s.alpha / len(looks):
-            reason = f"not significant (p = {effect.p_value:.2g} >= {s.alpha / len(looks):.2g})"
+        if effect.p_value >= alphas[-1]:
+            reason = f"not significant (p = {effect.p_value:.2g} >= {alphas[-1]:.2g})"
         else:
             reason = f"smaller than the minimum step ({100 * abs(change):.1f}% < {100 * s.min_step:.1f}%)"
         return Confirmation(low, high, effect, False, "none", reason, z)
@@ -425,7 +439,7 @@ class LatencySearch:
             measured=self.session.measured,
             full_grid_visits=self.full_grid_visits,
             budget_visits=self.budget,
-            budget_spent=any(c.effect is None for c in confirmations),
+            budget_spent=any(c.reason.startswith("not examined") for c in confirmations),
             design=self.visits(),
         )
 
@@ -433,31 +447,11 @@ class LatencySearch:
 def confirmed_steps(points: list[CurvePoint], confirmations: list[Confirmation]) -> list[Step]:
     """A `Step` for every accepted confirmation, its levels from the pooled curve."""
     level = {p.tokens: p.latency_ms for p in points}
-    steps = []
-    for c in confirmations:
-        if not c.accepted or c.effect is None:
-            continue
-        before, after = level[c.high], level[c.low]
-        low_ci, high_ci = c.effect.ci
-        excess_ci = (100.0 * (1.0 - high_ci / math.exp(c.effect.offset)), 100.0 * (1.0 - low_ci / math.exp(c.effect.offset)))
-        steps.append(
-            Step(
-                tokens=c.low,
-                upper_tokens=c.high,
-                before_ms=before,
-                after_ms=after,
-                drop_ms=before - after,
-                drop_pct=100.0 * (before - after) / before if before else 0.0,
-                significance=c.candidate_z,
-                kind=c.kind,
-                excess_ms=before * (1.0 - c.effect.excess),
-                paired_pct=c.paired_pct,
-                paired_ci_pct=excess_ci,
-                p_value=c.effect.p_value,
-                pairs=c.effect.pairs,
-            )
-        )
-    return sorted(steps, key=lambda step: step.tokens)
+    return sorted(
+        (paired_step(c.low, c.high, level[c.high], level[c.low], c.effect, c.candidate_z)
+         for c in confirmations if c.accepted and c.effect is not None),
+        key=lambda step: step.tokens,
+    )
 
 
 __all__ = [

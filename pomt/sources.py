@@ -23,7 +23,7 @@ from torch import nn
 
 from pomt.measure import fixed_threads, synchronize, time_calls
 from pomt.tokens import keep_tokens
-from pomt.trace import Trace, TraceWriter, Visit
+from pomt.trace import Trace, TraceWriter, Visit, rounded
 
 Forward = Callable[[], object]
 ForwardAt = Callable[[int], AbstractContextManager[Forward]]
@@ -76,12 +76,14 @@ class ReplaySource:
     """Serves a recorded trace as if it were the device.
 
     A virtual clock starts at the trace's first timestamp and advances by what each served visit cost
-    (its samples plus one untimed forward). A visit to count n gets the recorded visit of n nearest in
-    time to that clock that has not been served yet, its samples grouped as they were measured, and its
-    recorded time, so drift behaves as it did live (`pomt.stats.drift_profile` sees the recording's own
-    time line). A recorded visit is never served twice: when a count's visits are used up the replay
-    raises `TraceExhausted` (a replay cannot invent measurements). A visit keeps its recorded length
-    whatever `reps` asks; `preferred_reps` tells a search the trace's own.
+    (its samples plus one untimed forward). The first visit of a pass gets the recorded visit of its
+    count nearest in time to that clock that has not been served yet; the pass's later visits (the
+    other counts of a pass, the other side of a paired round) the unused recorded visit nearest to the
+    first one's time, so a pass stays together in time as it did live. Served visits keep their
+    recorded time: `pomt.stats.drift_profile` sees the recording's own drift. A recorded visit is never
+    served twice: when a count's visits are used up the replay raises `TraceExhausted` (a replay cannot
+    invent measurements). A visit keeps its recorded length whatever `reps` asks; `preferred_reps`
+    tells a search the trace's own.
     """
 
     def __init__(self, trace: Trace):
@@ -91,6 +93,7 @@ class ReplaySource:
             self._visits[visit.tokens].append(visit)
         self._times = {n: np.array([v.t_s for v in visits]) for n, visits in self._visits.items()}
         self._free = {n: np.ones(len(visits), dtype=bool) for n, visits in self._visits.items()}
+        self._anchor: tuple[int, float] | None = None  # (pass, recorded time of its first visit)
         self.preferred_reps = int(np.median([len(v.samples_ms) for v in trace.visits]))
         self.clock_s = min(v.t_s for v in trace.visits)
         self.served = 0
@@ -105,10 +108,14 @@ class ReplaySource:
         free = np.flatnonzero(self._free[tokens])
         if free.size == 0:
             raise TraceExhausted(f"the trace holds no more visits of {tokens} tokens")
-        pick = int(free[np.argmin(np.abs(self._times[tokens][free] - self.clock_s))])
+        same_pass = self._anchor is not None and self._anchor[0] == pass_index
+        target = self._anchor[1] if same_pass else self.clock_s
+        pick = int(free[np.argmin(np.abs(self._times[tokens][free] - target))])
         self._free[tokens][pick] = False
-        self.served += 1
         recorded = self._visits[tokens][pick]
+        if not same_pass:
+            self._anchor = (pass_index, recorded.t_s)
+        self.served += 1
         self.clock_s += (float(np.median(recorded.samples_ms)) + sum(recorded.samples_ms)) / 1e3
         return Visit(tokens, pass_index, recorded.t_s, recorded.samples_ms)
 
@@ -136,8 +143,7 @@ class Session:
         visit = self._from_journal(tokens, reps, pass_index)
         if visit is None:
             visit = self.source.visit(tokens, reps, pass_index)
-            if self.journal is not None:
-                visit = self.journal.add(visit)
+            visit = self.journal.add(visit) if self.journal is not None else rounded(visit)
             self.measured += 1
         self.visits += 1
         if self.on_visit is not None:

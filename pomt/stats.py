@@ -28,6 +28,7 @@ MEDIAN_SE = 1.2533  # standard error of a median relative to that of a mean, for
 MAD_TO_SD = 1.4826  # median absolute deviation of a normal distribution in standard deviations
 DRIFT_WINDOW = 8  # visits on each side that estimate the drift at a visit
 OUTLIER_SD = 5.0  # paired log-ratios this many robust SDs from their median are interference, not signal
+SCREEN_MIN_PAIRS = 6  # fewer pairs cannot tell an interfered pair from an unlucky one
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,12 @@ class PairedEffect:
         """The ratio with the trend's expected ratio divided out."""
         return self.ratio / math.exp(self.offset)
 
+    @property
+    def saving_pct(self) -> tuple[float, tuple[float, float]]:
+        """How much faster b is than a beyond the trend, in % (negative: slower), with its interval."""
+        scale = math.exp(self.offset)
+        return 100.0 * (1.0 - self.excess), (100.0 * (1.0 - self.ci[1] / scale), 100.0 * (1.0 - self.ci[0] / scale))
+
     def to_dict(self) -> dict:
         return {
             "ratio": round(self.ratio, 5),
@@ -230,15 +237,16 @@ def paired_effect(
 ) -> PairedEffect:
     """Compare b with a measured in pairs (a_i and b_i taken together); see `PairedEffect`.
 
-    Pairs whose log-ratio lies more than OUTLIER_SD robust standard deviations from the median pair were
-    hit by interference on one side only; they are left out and counted.
+    With SCREEN_MIN_PAIRS or more pairs, those whose log-ratio lies more than OUTLIER_SD robust standard
+    deviations from the median pair were hit by interference on one side only; they are left out and
+    counted.
     """
     a = np.asarray(a_ms, dtype=float)
     b = np.asarray(b_ms, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError("paired samples must be two 1-D sequences of equal length")
     d = np.log(b) - np.log(a)
-    mad = MAD_TO_SD * float(np.median(np.abs(d - np.median(d)))) if d.size else 0.0
+    mad = MAD_TO_SD * float(np.median(np.abs(d - np.median(d)))) if d.size >= SCREEN_MIN_PAIRS else 0.0
     keep = np.abs(d - np.median(d)) <= OUTLIER_SD * mad if mad > 0 else np.ones(d.size, dtype=bool)
     kept = d[keep]
     if kept.size < 2:

@@ -38,7 +38,7 @@ from scipy.signal import find_peaks
 from scipy.stats import median_abs_deviation
 
 from pomt.errors import CurveError
-from pomt.stats import drift_profile, paired_effect
+from pomt.stats import PairedEffect, drift_profile, paired_effect
 from pomt.trace import Visit
 
 NOISE_FLOOR = 1e-4  # relative: no timer resolves a curve to better than 0.01 %
@@ -340,6 +340,28 @@ def _merge(candidates: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]
     return merged
 
 
+def paired_step(low: int, high: int, before_ms: float, after_ms: float, effect: PairedEffect,
+                significance: float) -> Step:
+    """The `Step` between `low` and `high` tokens that a paired measurement confirmed (latency at
+    `low` over latency at `high`), its levels from the pooled curve."""
+    saving, interval = effect.saving_pct
+    return Step(
+        tokens=low,
+        upper_tokens=high,
+        before_ms=before_ms,
+        after_ms=after_ms,
+        drop_ms=before_ms - after_ms,
+        drop_pct=100.0 * (before_ms - after_ms) / before_ms if before_ms else 0.0,
+        significance=significance,
+        kind="drop" if saving > 0 else "rise",
+        excess_ms=before_ms * saving / 100.0,
+        paired_pct=saving,
+        paired_ci_pct=interval,
+        p_value=effect.p_value,
+        pairs=effect.pairs,
+    )
+
+
 def steps_in_trace(
     visits: Sequence[Visit], *, min_step: float = 0.05, alpha: float = 1e-3, widths: Sequence[int] = (1, 2)
 ) -> list[Step]:
@@ -356,7 +378,7 @@ def steps_in_trace(
     corrected: dict[tuple[int, int], float] = {}
     for visit, g in zip(visits, drift_log, strict=True):
         corrected.setdefault((visit.tokens, visit.pass_index), visit.median_ms / math.exp(g))
-    found: list[tuple[float, Step]] = []
+    found: list[Step] = []
     ordered = tokens.astype(int).tolist()
     for width in widths:
         for low, high in zip(ordered, ordered[width:], strict=False):
@@ -365,20 +387,10 @@ def steps_in_trace(
                 continue
             effect = paired_effect([corrected[(high, p)] for p in passes], [corrected[(low, p)] for p in passes],
                                    offset=math.log(expected[low] / expected[high]))
-            change = effect.excess - 1.0
-            if effect.p_value >= alpha or abs(change) < min_step:
-                continue
-            before, after = math.exp(levels[high]), math.exp(levels[low])
-            found.append((abs(change), Step(
-                tokens=low, upper_tokens=high, before_ms=before, after_ms=after, drop_ms=before - after,
-                drop_pct=100.0 * (before - after) / before, significance=math.inf, kind="drop" if change < 0 else "rise",
-                excess_ms=-before * change, paired_pct=-100.0 * change,
-                paired_ci_pct=(100.0 * (1.0 - effect.ci[1] / math.exp(effect.offset)),
-                               100.0 * (1.0 - effect.ci[0] / math.exp(effect.offset))),
-                p_value=effect.p_value, pairs=effect.pairs,
-            )))
+            if effect.p_value < alpha and abs(effect.excess - 1.0) >= min_step:
+                found.append(paired_step(low, high, math.exp(levels[high]), math.exp(levels[low]), effect, math.inf))
     kept: list[Step] = []
-    for _, step in sorted(found, key=lambda item: -item[0]):
+    for step in sorted(found, key=lambda s: -abs(s.paired_pct)):
         if all(step.upper_tokens <= other.tokens or step.tokens >= other.upper_tokens for other in kept):
             kept.append(step)
     return sorted(kept, key=lambda s: s.tokens)
