@@ -10,6 +10,9 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Write UTF-8 text atomically (see `atomic_write_bytes`)."""
@@ -22,6 +25,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual permissions
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

@@ -121,7 +121,8 @@ def _import(package: str, backend: Backend):
         raise BackendError(f"the {backend.value} backend needs {hint}") from None
 
 
-def _version(package: str) -> str | None:
+def package_version(package: str) -> str | None:
+    """Installed version of a package (TensorRT under any of its CUDA-specific names), or None."""
     for distribution in DISTRIBUTIONS.get(package, (package,)):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             return importlib.metadata.version(distribution)
@@ -157,13 +158,13 @@ def backend_info(backend: Backend | str) -> dict:
     if backend in (Backend.EAGER, Backend.COMPILE):
         info["version"] = torch.__version__
         if backend == Backend.COMPILE:
-            info["triton"] = _version("triton")
+            info["triton"] = package_version("triton")
         return info
     runtime, *exporters = PACKAGES[backend]
-    info["version"] = _version(runtime)
+    info["version"] = package_version(runtime)
     info["torch"] = torch.__version__
     for package in exporters:
-        info[package] = _version(package)
+        info[package] = package_version(package)
     if backend == Backend.ONNXRUNTIME:
         import onnxruntime
 
@@ -321,7 +322,7 @@ def program_key(model: nn.Module, example: torch.Tensor, tokens: int | None, wei
     return {
         "model": geometry.model, "input_shape": list(example.shape), "dtype": dtype_name(example.dtype),
         "device": example.device.type, "tokens": tokens, "patch": patch, "pomt_source": _source_digest(),
-        "exporter": {name: _version(name) for name in ("torch", "onnx", "onnxscript")},
+        "exporter": {name: package_version(name) for name in ("torch", "onnx", "onnxscript")},
         "weights": weights_fingerprint(model) if weights is None else weights,
     }
 
@@ -465,10 +466,9 @@ def cached_onnx(
     return path, False
 
 
-def _onnxruntime_run(path: Path, example: torch.Tensor, device: str, threads: int) -> Callable[[], object]:
-    """An ORT session at full graph optimisation, `threads` intra-op threads, sequential execution.
-    On CUDA the input and outputs are torch tensors bound in place, on torch's current stream."""
-    import numpy as np
+def onnxruntime_session(path: Path, device: str, threads: int):
+    """An ORT session at full graph optimisation, `threads` intra-op threads, sequential execution; on CUDA
+    through the CUDA execution provider on torch's current stream."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -477,16 +477,28 @@ def _onnxruntime_run(path: Path, example: torch.Tensor, device: str, threads: in
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
+    providers: list = ["CPUExecutionProvider"]
+    if device.startswith("cuda"):
+        index = torch.device(device).index or 0
+        stream = torch.cuda.current_stream(index).cuda_stream
+        providers = [("CUDAExecutionProvider", {"device_id": index, "user_compute_stream": str(stream)})]
+    try:
+        return ort.InferenceSession(str(path), sess_options=options, providers=providers)
+    except Exception as exc:
+        raise BackendError(f"onnxruntime cannot load {path.name}: {_first_line(exc)}") from exc
+
+
+def _onnxruntime_run(path: Path, example: torch.Tensor, device: str, threads: int) -> Callable[[], object]:
+    """session.run on the example; on CUDA its input and outputs are torch tensors bound in place."""
+    import numpy as np
+
+    if not device.startswith("cuda") and example.dtype == torch.bfloat16:
+        raise BackendError("onnxruntime on the CPU takes numpy inputs and numpy has no bfloat16; use openvino")
+    session = onnxruntime_session(path, device, threads)
     if not device.startswith("cuda"):
-        if example.dtype == torch.bfloat16:
-            raise BackendError("onnxruntime on the CPU takes numpy inputs and numpy has no bfloat16; use openvino")
-        session = _ort_session(ort, path, options, ["CPUExecutionProvider"])
         feed = {session.get_inputs()[0].name: np.ascontiguousarray(example.numpy())}
         return lambda: session.run(None, feed)
     index = torch.device(device).index or 0
-    stream = torch.cuda.current_stream(index).cuda_stream
-    provider = ("CUDAExecutionProvider", {"device_id": index, "user_compute_stream": str(stream)})
-    session = _ort_session(ort, path, options, [provider])
     binding = session.io_binding()
     source = example.contiguous()
     _bind(binding.bind_input, session.get_inputs()[0].name, source, index)
@@ -512,13 +524,6 @@ def _bind(bind: Callable, name: str, tensor: torch.Tensor, index: int) -> None:
     bind(name, "cuda", index, dtype, list(tensor.shape), tensor.data_ptr())
 
 
-def _ort_session(ort, path: Path, options, providers: list):
-    try:
-        return ort.InferenceSession(str(path), sess_options=options, providers=providers)
-    except Exception as exc:
-        raise BackendError(f"onnxruntime cannot load {path.name}: {_first_line(exc)}") from exc
-
-
 _ONNX_TO_TORCH = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(bfloat16)": torch.bfloat16}
 
 
@@ -532,29 +537,40 @@ def _openvino_core():
 OPENVINO_PRECISION = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
-def _openvino_run(path: Path, example: torch.Tensor, device: str, threads: int) -> Callable[[], object]:
-    """Compile for the CPU at the example's precision (OpenVINO would otherwise pick bf16 on CPUs that
-    have it), latency hint, `threads` inference threads; `infer()` is synchronous."""
-    import openvino
-
+def openvino_compiled(path: Path, dtype: torch.dtype, threads: int):
+    """An OpenVINO CPU model (ONNX or IR) compiled at `dtype` (OpenVINO would otherwise pick bf16 on CPUs
+    that have it), latency hint, `threads` inference threads."""
     core = _openvino_core()
     config = {
-        "INFERENCE_PRECISION_HINT": OPENVINO_PRECISION[example.dtype],
+        "INFERENCE_PRECISION_HINT": OPENVINO_PRECISION[dtype],
         "PERFORMANCE_HINT": "LATENCY",
         "INFERENCE_NUM_THREADS": threads,
     }
     try:
-        compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
+        return core.compile_model(core.read_model(str(path)), "CPU", config)
     except Exception as exc:
         raise BackendError(f"openvino cannot compile {path.name}: {_first_line(exc)}") from exc
-    request = compiled.create_infer_request()
+
+
+def openvino_tensor(x: torch.Tensor):
+    """An OpenVINO tensor on the memory of a contiguous CPU tensor (bfloat16 passed through as bits)."""
+    import openvino
+
+    if x.dtype == torch.bfloat16:
+        return openvino.Tensor(x.view(torch.int16).numpy(), list(x.shape), openvino.Type.bf16)
+    return openvino.Tensor(x.numpy(), shared_memory=True)
+
+
+def _openvino_run(path: Path, example: torch.Tensor, device: str, threads: int) -> Callable[[], object]:
+    """A synchronous `infer()` of one request bound to the example."""
+    request = openvino_compiled(path, example.dtype, threads).create_infer_request()
     source = example.contiguous()
-    if example.dtype == torch.bfloat16:
-        tensor = openvino.Tensor(source.view(torch.int16).numpy(), list(source.shape), openvino.Type.bf16)
-    else:
-        tensor = openvino.Tensor(source.numpy(), shared_memory=True)
-    request.set_input_tensor(tensor)
-    return request.infer
+    request.set_input_tensor(openvino_tensor(source))
+
+    def run() -> object:
+        return request.infer()
+
+    return run
 
 
 def _tensorrt_run(
