@@ -237,6 +237,8 @@ def build_forward(
     """
     backend = check_backend(backend, device)
     _check_inputs(model, example, device)
+    if backend == Backend.ONNXRUNTIME and example.dtype == torch.bfloat16 and not device.startswith("cuda"):
+        raise BackendError("onnxruntime on the CPU takes numpy inputs and numpy has no bfloat16; use openvino")
     if tokens is not None:
         model_geometry(model).check_tokens(tokens)
     threads = threads or torch.get_num_threads()
@@ -300,7 +302,7 @@ def _scratch(cache: Path | None) -> Iterator[Path]:
 
 def _source_digest() -> str:
     """Hash of the code that shapes the traced program (patches and token dropping)."""
-    import pomt.patching
+    import pomt.patching  # not at the top: pomt.patching -> pomt.schedule -> pomt.runtime
 
     files = sorted(Path(pomt.patching.__file__).parent.glob("*.py")) + [Path(__file__).with_name("tokens.py")]
     digest = hashlib.sha256()
@@ -312,7 +314,7 @@ def _source_digest() -> str:
 def program_key(model: nn.Module, example: torch.Tensor, tokens: int | None, weights: str | None = None) -> dict:
     """Everything that changes the exported program: model, input, dtype, tokens, patches, exporter, and
     the weights (their fingerprint, or the caller's `weights` string in its place)."""
-    from pomt.patching.api import patch_state
+    from pomt.patching.api import patch_state  # not at the top: see _source_digest
 
     geometry, state = model_geometry(model), patch_state(model)
     patch = None if state is None else {
@@ -492,8 +494,6 @@ def _onnxruntime_run(path: Path, example: torch.Tensor, device: str, threads: in
     """session.run on the example; on CUDA its input and outputs are torch tensors bound in place."""
     import numpy as np
 
-    if not device.startswith("cuda") and example.dtype == torch.bfloat16:
-        raise BackendError("onnxruntime on the CPU takes numpy inputs and numpy has no bfloat16; use openvino")
     session = onnxruntime_session(path, device, threads)
     if not device.startswith("cuda"):
         feed = {session.get_inputs()[0].name: np.ascontiguousarray(example.numpy())}
