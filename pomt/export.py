@@ -103,7 +103,7 @@ def export_schedule(
     path = Path(output) if output is not None else default_output(schedule_path, fmt)
     if path.suffix != suffix:
         raise ExportError(f"--output for format {fmt} must end in {suffix}, got {path.name}")
-    batch = batch_size or schedule.batch_size
+    batch = schedule.batch_size if batch_size is None else batch_size
     if batch < 1:
         raise ExportError(f"batch size must be >= 1, got {batch}")
     dtype = resolve_dtype(schedule.dtype, "cpu")

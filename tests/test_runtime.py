@@ -79,6 +79,7 @@ def test_missing_package_is_a_backend_error(monkeypatch):
         check_backend(Backend.OPENVINO, "cpu")
 
 
+@pytest.mark.slow
 def test_cli_backend_errors_are_one_line_exit_2():
     assert_one_line_error(run_cli("backend", "tflite"), "unknown backend 'tflite'")
     preamble = "import sys; sys.modules['onnxruntime'] = None; from pomt.cli import main; main(sys.argv[1:])"
