@@ -672,17 +672,28 @@ def _inductor_cache(cache: Path | None) -> Iterator[None]:
     if cache is None:
         yield
         return
-    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
-
     folder = cache / "inductor"
     folder.mkdir(parents=True, exist_ok=True)
-    previous = os.environ.get("TRITON_CACHE_DIR")
-    os.environ["TRITON_CACHE_DIR"] = str(folder / "triton")
-    try:
-        with temporary_cache_dir(str(folder)):
-            yield
-    finally:
-        if previous is None:
-            os.environ.pop("TRITON_CACHE_DIR", None)
+    with _environ(TRITON_CACHE_DIR=str(folder / "triton")):
+        try:  # torch's own switch, which also clears its in-memory lookups of the old folder
+            from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+        except ImportError:
+            with _environ(TORCHINDUCTOR_CACHE_DIR=str(folder)):
+                yield
         else:
-            os.environ["TRITON_CACHE_DIR"] = previous
+            with temporary_cache_dir(str(folder)):
+                yield
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
