@@ -3,10 +3,15 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.pomt-installed
+# What each stamp stands for: STAMP the core with [dev] (make run, lint); DEPLOY_STAMP also [deploy]
+# (ONNX Runtime, OpenVINO), which make test needs. A change to pyproject.toml redoes both.
+DEPLOY_STAMP := $(VENV)/.pomt-installed-deploy
 
-.PHONY: install run test test-fast lint clean
+.PHONY: install install-deploy run test test-fast lint clean
 
 install: $(STAMP)
+
+install-deploy: $(DEPLOY_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,13 +21,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --no-deps "dinov2==0.0.1.dev2"
 	touch $(STAMP)
 
+$(DEPLOY_STAMP): $(STAMP)
+	$(BIN)/pip install -e ".[dev,deploy]"
+	touch $(DEPLOY_STAMP)
+
 run: install
 	$(BIN)/python offline_computation.py --model deit_base --batch-size 4
 
-test: install
+test: install-deploy
 	$(BIN)/pytest -q
 
-test-fast: install
+test-fast: install-deploy
 	$(BIN)/pytest -q -m "not slow"
 
 lint: install

@@ -51,3 +51,11 @@ class TraceError(PomtError):
 
 class PolicyError(PomtError):
     """A scheduling policy cannot be applied as asked (missing accuracy, unreachable budget)."""
+
+
+class BackendError(PomtError):
+    """A runtime backend or dtype cannot be used here (package missing, wrong device, unsupported dtype)."""
+
+
+class ExportError(PomtError):
+    """A model cannot be exported (an operation without a translation), or the export does not match PyTorch."""

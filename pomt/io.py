@@ -10,15 +10,24 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write text to a temporary file in the same folder, fsync it, then rename over `path`."""
+    """Write UTF-8 text atomically (see `atomic_write_bytes`)."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write bytes to a temporary file in the same folder, fsync it, then rename over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual permissions
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

@@ -11,6 +11,7 @@ from pathlib import Path
 from pomt.errors import ScheduleError
 from pomt.geometry import Geometry
 from pomt.io import atomic_write_json
+from pomt.runtime import DTYPES, Backend
 
 FORMAT = "pomt.schedule"
 VERSION = 1
@@ -48,6 +49,12 @@ class Schedule:
     curve: str | None = None
     created: str = ""
     dtype: str = "float32"
+    backend: dict | None = None
+
+    @property
+    def backend_name(self) -> str:
+        """The runtime the curve was measured on; schedules without a `backend` object are eager."""
+        return (self.backend or {}).get("name", "eager")
 
     @property
     def kept_tokens(self) -> int:
@@ -78,6 +85,7 @@ class Schedule:
             "device": self.device,
             "curve": self.curve,
             "created": self.created or utc_now(),
+            **({"backend": self.backend} if self.backend is not None else {}),
         }
 
     def check_geometry(self, geometry: Geometry) -> None:
@@ -173,8 +181,31 @@ def schedule_from_dict(data: Mapping) -> Schedule:
         device=dict(data["device"]),
         curve=data["curve"],
         created=str(data["created"]),
-        dtype=str(data.get("dtype", "float32")),
+        dtype=_dtype(data),
+        backend=_backend(data),
     )
+
+
+def _dtype(data: Mapping) -> str:
+    value = data.get("dtype", "float32")
+    if value not in DTYPES:
+        raise ScheduleError(f"schedule field 'dtype' must be one of {', '.join(DTYPES)}, got {value!r}")
+    return value
+
+
+def _backend(data: Mapping) -> dict | None:
+    """The optional `backend` object ({"name", "version", ...}); absent means eager."""
+    if "backend" not in data or data["backend"] is None:
+        return None
+    value = _mapping(data, "backend")
+    names = [b.value for b in Backend]
+    if value.get("name") not in names:
+        raise ScheduleError(f"schedule field 'backend.name' must be one of {', '.join(names)}, got "
+                            f"{value.get('name')!r}")
+    version = value.get("version")
+    if version is not None and not isinstance(version, str):
+        raise ScheduleError(f"schedule field 'backend.version' must be a string, got {version!r}")
+    return dict(value)
 
 
 def load_schedule(source: str | Path | Mapping | Schedule) -> Schedule:

@@ -1,10 +1,13 @@
 import json
+import warnings
 
 import pytest
+import torch
 
 from pomt.errors import ScheduleError
 from pomt.geometry import model_geometry
 from pomt.models import create_model
+from pomt.patching import apply_schedule, unpatch
 from pomt.schedule import PruneStep, Schedule, load_schedule, save_schedule
 
 
@@ -85,3 +88,41 @@ def test_geometry_check():
     schedule.check_geometry(model_geometry(create_model("deit_small", input_size=224)))
     with pytest.raises(ScheduleError, match="does not match"):
         schedule.check_geometry(model_geometry(create_model("dinov2_small", input_size=224)))
+
+
+def test_backend_field_is_optional_and_round_trips(tmp_path):
+    plain = _schedule()
+    assert "backend" not in plain.to_dict() and load_schedule(plain.to_dict()).backend_name == "eager"
+    backend = {"name": "openvino", "version": "2026.4.1", "torch": "2.14.1"}
+    path = save_schedule(_schedule(backend=backend, dtype="bfloat16"), tmp_path / "s.schedule.json")
+    loaded = load_schedule(path)
+    assert loaded.backend == backend and loaded.backend_name == "openvino" and loaded.dtype == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"backend": {"name": "tflite"}}, "backend.name"),
+        ({"backend": {"version": "1"}}, "backend.name"),
+        ({"backend": {"name": "compile", "version": 2}}, "backend.version"),
+        ({"backend": "onnxruntime"}, "'backend' must be an object"),
+        ({"dtype": "float8"}, "'dtype' must be one of float32, float16, bfloat16"),
+    ],
+)
+def test_bad_backend_or_dtype_is_one_schedule_error(changes, message):
+    with pytest.raises(ScheduleError, match=message):
+        load_schedule(_mutated(**changes))
+
+
+def test_apply_schedule_checks_the_parameter_dtype():
+    model = create_model("deit_small").to(torch.bfloat16)
+    schedule = _schedule(device={"kind": "cpu"}).to_dict()
+    with pytest.raises(ScheduleError, match="measured in float32, the model's parameters are bfloat16"):
+        apply_schedule(model, schedule, strict=True)
+    with pytest.warns(UserWarning, match="measured in float32"):
+        apply_schedule(model, schedule)
+    unpatch(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        apply_schedule(model, _schedule(device={"kind": "cpu"}, dtype="bfloat16").to_dict())
+    unpatch(model)

@@ -2,6 +2,7 @@
 
 from pomt.cli import (  # noqa: F401  (importing a command module registers its commands)
     bench,
+    export,
     info,
     offline,
 )

@@ -1,4 +1,4 @@
-"""`pomt model` and `pomt device`: what pomt knows about a model and the machine."""
+"""`pomt model`, `pomt device` and `pomt backend`: what pomt knows about a model, the machine and its runtimes."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import typer
 
 from pomt.cli.app import app
 from pomt.device import device_fingerprint, resolve_device
+from pomt.errors import BackendError
 from pomt.geometry import model_geometry
 from pomt.models import create_model, resolve_model_name
+from pomt.runtime import Backend, backend_info, check_backend
 
 
 @app.command("model")
@@ -44,3 +46,28 @@ def device_command(
         return
     for key, value in info.items():
         typer.echo(f"{key:18s} {value}")
+
+
+@app.command("backend")
+def backend_command(
+    name: str = typer.Argument(None, help="eager, compile, onnxruntime, openvino or tensorrt (default: all)."),
+    device: str = typer.Option("cpu", "--device", help="Device the backend would run on."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Print a runtime backend's package versions, or whether each backend can run here."""
+    device = resolve_device(device)
+    if name is not None:
+        info = backend_info(check_backend(name, device))
+        typer.echo(json.dumps(info, indent=2) if as_json else "  ".join(f"{k}={v}" for k, v in info.items()))
+        return
+    table = {}
+    for backend in Backend:
+        try:
+            table[backend.value] = backend_info(check_backend(backend, device))
+        except BackendError as exc:
+            table[backend.value] = {"name": backend.value, "unavailable": str(exc)}
+    if as_json:
+        typer.echo(json.dumps(table, indent=2))
+        return
+    for key, info in table.items():
+        typer.echo(f"{key:12s} {info.get('unavailable') or info.get('version')}")

@@ -108,6 +108,11 @@ def _device_kind(model: nn.Module) -> str | None:
     return None if parameter is None else parameter.device.type
 
 
+def _dtype_name(model: nn.Module) -> str | None:
+    parameter = next(model.parameters(), None)
+    return None if parameter is None else str(parameter.dtype).removeprefix("torch.")
+
+
 def _mismatch(message: str, strict: bool) -> None:
     if strict:
         raise ScheduleError(message + " (strict)")
@@ -124,14 +129,17 @@ def apply_schedule(
     """Patch `model` in place as the schedule says (path, decoded dict or Schedule); returns it.
 
     Raises ScheduleError when the model's token count, prefix or depth differ from the schedule's.
-    A different device kind, or a different `batch_size` (given here or seen at the first forward),
-    warns; with `strict` it raises.
+    A different device kind, parameter dtype, or `batch_size` (given here or seen at the first forward)
+    warns once; with `strict` it raises.
     """
     schedule = load_schedule(schedule)
     schedule.check_geometry(model_geometry(model))
     kind, wanted = _device_kind(model), schedule.device.get("kind")
     if wanted and kind and wanted != kind:
         _mismatch(f"schedule was made on {wanted}, the model is on {kind}", strict)
+    dtype = _dtype_name(model)
+    if dtype and dtype != schedule.dtype:
+        _mismatch(f"schedule was measured in {schedule.dtype}, the model's parameters are {dtype}", strict)
     if batch_size is not None and batch_size != schedule.batch_size:
         _mismatch(f"schedule was made for batch size {schedule.batch_size}, not {batch_size}", strict)
     try:
