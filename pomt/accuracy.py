@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from pomt.errors import CurveError, DatasetError
 from pomt.io import atomic_write_csv
-from pomt.tokens import keep_tokens
+from pomt.tokens import truncate_tokens
 
 TOP1 = "top1"
 AGREEMENT = "agreement"
@@ -132,7 +132,7 @@ def measure_accuracy(
             else:
                 reference = model(images).argmax(dim=-1)
             for n in counts:
-                with keep_tokens(model, n, selection="random", seed=seed + 7919 * batch_index + n):
+                with truncate_tokens(model, n, selection="random", seed=seed + 7919 * batch_index + n):
                     predicted = model(images).argmax(dim=-1)
                 correct[n] += int((predicted == reference).sum())
             total += len(images)

@@ -22,10 +22,10 @@ from pomt.measure import LatencyPoint, measure_point
 from pomt.models import architecture, create_model, normalise_input_size
 from pomt.plots import plot_offline
 from pomt.policy import Decision, choose_budget, choose_step, choose_utility, utility_values
-from pomt.schedule import METHODS, PruneStep, Schedule, save_schedule, utc_now
+from pomt.schedule import METHODS, BlockRemoval, Schedule, save_schedule, utc_now
 from pomt.search import PointStore, adaptive_search, full_search, remeasure_spikes, steps_of_points, token_grid
 from pomt.steps import StepReport
-from pomt.tokens import keep_tokens
+from pomt.tokens import truncate_tokens
 
 CURVE_COLUMNS = (
     "tokens", "median_ms", "iqr_ms", "samples", "accuracy", "accuracy_interpolated",
@@ -148,7 +148,7 @@ def latency_measure(
     """A function n → LatencyPoint of one full forward with n tokens through every block."""
 
     def measure(n: int) -> LatencyPoint:
-        with keep_tokens(model, n):
+        with truncate_tokens(model, n):
             return measure_point(
                 lambda: model(x), n, device=device, threads=threads, min_run_s=min_run_s, warmup=1,
                 snapshot=lambda: clock_snapshot(device),
@@ -187,7 +187,6 @@ def search_latency(
             progress=config.progress,
         )
     return [points[n] for n in sorted(points)]
-
 
 
 def estimate_accuracy(
@@ -241,7 +240,7 @@ def build_schedule(
     fingerprint: dict,
     curve_name: str,
 ) -> Schedule:
-    prune = (PruneStep(decision.block, decision.remove),) if decision.remove > 0 else ()
+    prune = (BlockRemoval(decision.block, decision.remove),) if decision.remove > 0 else ()
     return Schedule(
         model=geometry.model,
         input_size=geometry.input_size,

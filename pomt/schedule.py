@@ -22,7 +22,7 @@ REQUIRED = (
 
 
 @dataclass(frozen=True)
-class PruneStep:
+class BlockRemoval:
     """Remove `remove` tokens at block `block` (0-based)."""
 
     block: int
@@ -31,7 +31,7 @@ class PruneStep:
 
 @dataclass(frozen=True)
 class Schedule:
-    """A validated pruning schedule (DESIGN.md, version 1)."""
+    """A validated pruning schedule (format version 1)."""
 
     model: str
     input_size: tuple[int, int]
@@ -40,7 +40,7 @@ class Schedule:
     prefix_tokens: int
     depth: int
     method: str
-    prune: tuple[PruneStep, ...]
+    prune: tuple[BlockRemoval, ...]
     policy: dict = field(default_factory=dict)
     predicted: dict = field(default_factory=dict)
     steps: list = field(default_factory=list)
@@ -51,12 +51,12 @@ class Schedule:
 
     @property
     def kept_tokens(self) -> int:
-        return self.num_tokens - sum(step.remove for step in self.prune)
+        return self.num_tokens - sum(item.remove for item in self.prune)
 
     @property
     def removal(self) -> dict[int, int]:
         """{block: tokens removed there}, the form `pomt.patching` takes."""
-        return {step.block: step.remove for step in self.prune if step.remove > 0}
+        return {item.block: item.remove for item in self.prune if item.remove > 0}
 
     def to_dict(self) -> dict:
         return {
@@ -70,7 +70,7 @@ class Schedule:
             "prefix_tokens": self.prefix_tokens,
             "depth": self.depth,
             "method": self.method,
-            "prune": [asdict(step) for step in self.prune],
+            "prune": [asdict(item) for item in self.prune],
             "kept_tokens": self.kept_tokens,
             "policy": self.policy,
             "predicted": self.predicted,
@@ -134,18 +134,18 @@ def schedule_from_dict(data: Mapping) -> Schedule:
         raise ScheduleError(f"schedule method {data['method']!r} is not one of {', '.join(METHODS)}")
     if not isinstance(data["prune"], list):
         raise ScheduleError("schedule field 'prune' must be a list of {block, remove}")
-    steps = []
+    prune = []
     for item in data["prune"]:
         if not isinstance(item, Mapping):
             raise ScheduleError("schedule field 'prune' must be a list of {block, remove}")
         block, remove = _int(item, "block"), _int(item, "remove")
         if block >= depth:
             raise ScheduleError(f"schedule prunes at block {block} but the model has {depth} blocks")
-        steps.append(PruneStep(block, remove))
-    blocks = [step.block for step in steps]
+        prune.append(BlockRemoval(block, remove))
+    blocks = [item.block for item in prune]
     if blocks != sorted(set(blocks)):
         raise ScheduleError("schedule 'prune' blocks must be strictly increasing")
-    removed = sum(step.remove for step in steps)
+    removed = sum(item.remove for item in prune)
     if removed >= num_tokens - prefix:
         raise ScheduleError(
             f"schedule removes {removed} tokens but only {num_tokens - prefix - 1} can go "
@@ -166,7 +166,7 @@ def schedule_from_dict(data: Mapping) -> Schedule:
         prefix_tokens=prefix,
         depth=depth,
         method=data["method"],
-        prune=tuple(steps),
+        prune=tuple(prune),
         policy=dict(data["policy"]),
         predicted=dict(data["predicted"]),
         steps=list(data["steps"]),

@@ -19,7 +19,7 @@ from pomt.errors import PatchError
 from pomt.geometry import model_geometry
 from pomt.models import create_model
 from pomt.patching import patch
-from pomt.schedule import PruneStep, Schedule, save_schedule
+from pomt.schedule import BlockRemoval, Schedule, save_schedule
 
 from conftest import assert_one_line_error, run_script
 
@@ -62,7 +62,7 @@ def write_schedule(
         prefix_tokens=1,
         depth=DEPTH,
         method="pomt",
-        prune=tuple(PruneStep(b, r) for b, r in removal.items()),
+        prune=tuple(BlockRemoval(b, r) for b, r in removal.items()),
         predicted=predicted or {"baseline_ms": 5.0, "pruned_ms": 4.0},
         device={"kind": "cpu"},
     )
@@ -92,8 +92,8 @@ def test_match_amount_finds_the_closest_amount():
     assert match_amount(flops.__getitem__, -5.0, 0, 10) == 10
 
 
-def test_tome_removal_adds_one_merge_per_step():
-    totals = [sum(tome_removal(step, 4).values()) for step in range(10)]
+def test_tome_removal_spreads_the_merge_count_over_the_last_blocks():
+    totals = [sum(tome_removal(merges, 4).values()) for merges in range(10)]
     assert totals == list(range(10))
     assert tome_removal(6, 4) == {0: 1, 1: 1, 2: 2, 3: 2}
 

@@ -220,7 +220,7 @@ def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) 
 def _bar(progress: bool | None, total: int, geometry) -> Iterator[tqdm]:
     desc = f"{geometry.model} {geometry.input_size[0]}px"
     with tqdm(
-        total=total, desc=desc, unit="step", leave=False, disable=None if progress is None else not progress
+        total=total, desc=desc, unit="stage", leave=False, disable=None if progress is None else not progress
     ) as bar:
         yield bar
 

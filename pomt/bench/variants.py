@@ -75,11 +75,11 @@ def check_methods(methods: Sequence[str]) -> list[str]:
     return ordered
 
 
-def tome_removal(steps: int, depth: int) -> dict[int, int]:
-    """ToMe merges for a fine-grained amount: r = steps // depth per block, one more in the last
-    steps % depth blocks. FLOPs fall with every step, and a late merge saves little, so FLOP matching
+def tome_removal(merges: int, depth: int) -> dict[int, int]:
+    """ToMe merges for a fine-grained amount: r = merges // depth per block, one more in the last
+    merges % depth blocks. FLOPs fall with every merge, and a late merge saves little, so FLOP matching
     can land much closer than uniform r alone."""
-    r, extra = divmod(steps, depth)
+    r, extra = divmod(merges, depth)
     merges = {block: r + (1 if block >= depth - extra else 0) for block in range(depth)}
     return {block: count for block, count in merges.items() if count}
 
@@ -202,22 +202,22 @@ def match_flops(
         method = reduction.method
         if method == "tome":
 
-            def removal_of(steps: int) -> dict[int, int]:
-                return tome_removal(steps, geometry.depth)
+            def removal_of(amount: int) -> dict[int, int]:
+                return tome_removal(amount, geometry.depth)
 
             high = geometry.depth * max_merge(geometry.patch_tokens)
         else:
 
-            def removal_of(steps: int) -> dict[int, int]:
-                return {prune_block: steps} if steps else {}
+            def removal_of(amount: int) -> dict[int, int]:
+                return {prune_block: amount} if amount else {}
 
             high = geometry.patch_tokens - 1
         memo: dict[int, float] = {}
 
-        def at(steps: int, removal_of=removal_of, method=method, memo=memo) -> float:
-            if steps not in memo:
-                memo[steps] = flops_at(method, removal_of(steps))
-            return memo[steps]
+        def at(amount: int, removal_of=removal_of, method=method, memo=memo) -> float:
+            if amount not in memo:
+                memo[amount] = flops_at(method, removal_of(amount))
+            return memo[amount]
 
         best = match_amount(at, target, 0, high)
         error = abs(at(best) - target) / target
