@@ -14,15 +14,16 @@ import torch
 from torch import nn
 
 from pomt import accuracy as acc
+from pomt.checks import check_batch_size, check_method, check_prune_block
 from pomt.device import clock_snapshot, device_fingerprint, require_locked_clocks, resolve_device
-from pomt.errors import BatchSizeError, DatasetError, GridError, PolicyError
+from pomt.errors import DatasetError, GridError, PolicyError
 from pomt.geometry import Geometry, model_geometry
 from pomt.io import atomic_write_csv
 from pomt.measure import LatencyPoint, measure_point
 from pomt.models import architecture, create_model, normalise_input_size
 from pomt.plots import plot_offline
 from pomt.policy import Decision, choose_budget, choose_step, choose_utility, utility_values
-from pomt.schedule import METHODS, BlockRemoval, Schedule, save_schedule, utc_now
+from pomt.schedule import BlockRemoval, Schedule, save_schedule, utc_now
 from pomt.search import PointStore, adaptive_search, full_search, remeasure_spikes, steps_of_points, token_grid
 from pomt.steps import StepReport
 from pomt.tokens import truncate_tokens
@@ -97,10 +98,8 @@ def output_stem(model: str, device: str, batch_size: int, input_size: tuple[int,
 
 def validate(config: OfflineConfig) -> None:
     """Reject bad settings before any model is built."""
-    if config.batch_size < 1:
-        raise BatchSizeError(f"batch size must be at least 1, got {config.batch_size}")
-    if config.method not in METHODS:
-        raise PolicyError(f"unknown method '{config.method}'; choose one of {', '.join(METHODS)}")
+    check_batch_size(config.batch_size)
+    check_method(config.method)
     if config.search not in ("adaptive", "full"):
         raise GridError(f"unknown search '{config.search}'; choose adaptive or full")
     if config.latency_only and config.accuracy_only:
@@ -159,8 +158,7 @@ def latency_measure(
 
 def latency_grid(config: OfflineConfig, geometry: Geometry) -> list[int]:
     """The token counts to search, checked against the model (prune block and range too)."""
-    if not 0 <= config.prune_block < geometry.depth:
-        raise GridError(f"--prune-block {config.prune_block} is outside the model's blocks [0, {geometry.depth - 1}]")
+    check_prune_block(config.prune_block, geometry.depth, "--prune-block")
     if config.max_remove is not None and not 0 <= config.max_remove <= geometry.patch_tokens - 1:
         raise GridError(f"--max-remove {config.max_remove} is outside [0, {geometry.patch_tokens - 1}]")
     return token_grid(

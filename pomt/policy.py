@@ -6,8 +6,9 @@ Pruning R tokens at block l leaves blocks 0..l-1 at N tokens and blocks l..D-1 a
 predicted = C + l * b(N) + (D - l) * b(N - R); several (block, remove) pairs remove cumulatively.
 (The pruning block's own attention still runs at N; charging the whole block at N - R is a small
 optimism that `benchmark.py` measures.) Counts that were not measured are interpolated linearly
-(`numpy.interp`), never extrapolated. Settings outside the model raise `GridError`; a policy that
-cannot be met (budget, accuracy) raises `PolicyError`.
+(`numpy.interp`), never extrapolated. A pruning block outside the model raises `PatchError`
+(`pomt.checks`), other settings outside it `GridError`; a policy that cannot be met (budget, accuracy)
+raises `PolicyError`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from pomt.checks import check_prune_block
 from pomt.errors import CurveError, GridError, PolicyError
 from pomt.steps import Step
 
@@ -68,8 +70,7 @@ def predict_latency(
         raise GridError(f"depth must be at least 1, got {depth}")
     counts = [num_tokens] * depth
     for block, remove in prune:
-        if not 0 <= block < depth:
-            raise GridError(f"prune block {block} is outside the model's blocks [0, {depth - 1}]")
+        check_prune_block(block, depth)
         if remove < 0:
             raise GridError(f"cannot remove a negative number of tokens ({remove})")
         for i in range(block, depth):
@@ -81,8 +82,7 @@ def predict_latency(
 
 def _limit(num_tokens: int, prefix_tokens: int, depth: int, block: int, max_remove: int) -> int:
     """Validate the setting; the largest removal allowed (at least one patch token is always kept)."""
-    if not 0 <= block < depth:
-        raise GridError(f"prune block {block} is outside the model's blocks [0, {depth - 1}]")
+    check_prune_block(block, depth)
     if num_tokens <= prefix_tokens:
         raise GridError(f"{num_tokens} tokens leave no patch token after {prefix_tokens} prefix tokens")
     if max_remove < 0:

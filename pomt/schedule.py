@@ -8,13 +8,13 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pomt.errors import ScheduleError
+from pomt.checks import check_method, check_prune_block
+from pomt.errors import PatchError, ScheduleError
 from pomt.geometry import Geometry
 from pomt.io import atomic_write_json
 
 FORMAT = "pomt.schedule"
 VERSION = 1
-METHODS = ("pomt", "topk", "tome", "l2norm", "random")
 REQUIRED = (
     "format", "version", "model", "input_size", "batch_size", "num_tokens", "prefix_tokens", "depth",
     "method", "prune", "kept_tokens", "policy", "predicted", "steps", "device", "curve", "created",
@@ -109,6 +109,14 @@ def _mapping(data: Mapping, key: str) -> dict:
     return value
 
 
+def _shared(check, *args):
+    """One of `pomt.checks` on a schedule's field: a schedule's every problem is a ScheduleError."""
+    try:
+        return check(*args)
+    except PatchError as exc:
+        raise ScheduleError(f"schedule: {exc}") from None
+
+
 def schedule_from_dict(data: Mapping) -> Schedule:
     """Validate a decoded schedule and build it; every problem is one ScheduleError line."""
     if not isinstance(data, Mapping) or data.get("format") != FORMAT:
@@ -130,18 +138,15 @@ def schedule_from_dict(data: Mapping) -> Schedule:
         size = [size, size]
     if not (isinstance(size, list) and len(size) == 2 and all(isinstance(s, int) and s > 0 for s in size)):
         raise ScheduleError(f"schedule field 'input_size' must be [height, width], got {size!r}")
-    if data["method"] not in METHODS:
-        raise ScheduleError(f"schedule method {data['method']!r} is not one of {', '.join(METHODS)}")
+    _shared(check_method, data["method"])
     if not isinstance(data["prune"], list):
         raise ScheduleError("schedule field 'prune' must be a list of {block, remove}")
     prune = []
     for item in data["prune"]:
         if not isinstance(item, Mapping):
             raise ScheduleError("schedule field 'prune' must be a list of {block, remove}")
-        block, remove = _int(item, "block"), _int(item, "remove")
-        if block >= depth:
-            raise ScheduleError(f"schedule prunes at block {block} but the model has {depth} blocks")
-        prune.append(BlockRemoval(block, remove))
+        block = _shared(check_prune_block, _int(item, "block"), depth, "block")
+        prune.append(BlockRemoval(block, _int(item, "remove")))
     blocks = [item.block for item in prune]
     if blocks != sorted(set(blocks)):
         raise ScheduleError("schedule 'prune' blocks must be strictly increasing")

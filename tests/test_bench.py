@@ -106,7 +106,7 @@ def test_plan_reductions_puts_the_baseline_and_schedule_first(tiny64):
         ("topk", {3: 4}, "-4@3"),
         ("tome", dict.fromkeys(range(DEPTH), 2), "r=2"),
     ]
-    with pytest.raises(PatchError, match="choose from none, pomt, topk, tome, l2norm, random"):
+    with pytest.raises(PatchError, match="choose one of none, pomt, topk, tome, l2norm, random"):
         plan_reductions(["none", "fastest"], geometry)
     with pytest.raises(PatchError, match="--r"):
         plan_reductions(["tome"], geometry)
@@ -189,7 +189,7 @@ def test_missing_schedule_file_is_one_line(tmp_path):
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["--model", "deit_tiny", "--methods", "none,fastest"], "choose from none, pomt, topk"),
+        (["--model", "deit_tiny", "--methods", "none,fastest"], "choose one of none, pomt, topk"),
         (["--model", "deit_tiny", "--batch-size", "0"], "batch size must be"),
         (["--model", "deit_tiny", "--input-size", "100"], "not divisible by the patch size"),
         (["--model", "deit_tiny", "--methods", "topk"], "needs --remove"),

@@ -25,13 +25,14 @@ from pomt.bench.variants import (
     SCHEDULE,
     Variant,
     build_variant,
-    check_methods,
     flops_function,
     match_flops,
     plan_reductions,
+    variant_methods,
 )
+from pomt.checks import check_batch_size
 from pomt.device import clock_snapshot, device_fingerprint, require_locked_clocks, resolve_device
-from pomt.errors import BatchSizeError, InputSizeError, ScheduleError
+from pomt.errors import InputSizeError, ScheduleError
 from pomt.geometry import model_geometry
 from pomt.measure import fixed_threads, interleaved
 from pomt.models import architecture, create_model, normalise_input_size, resolve_model_name
@@ -90,12 +91,6 @@ def _size_label(size: tuple[int, int]) -> str:
     return str(size[0]) if size[0] == size[1] else f"{size[0]}x{size[1]}"
 
 
-def check_batch_size(batch: int) -> int:
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise BatchSizeError(f"batch size must be an integer >= 1, got {batch!r}")
-    return batch
-
-
 def check_input_size(size: int | tuple[int, int] | None) -> tuple[int, int] | None:
     try:
         return normalise_input_size(size)
@@ -116,7 +111,7 @@ class _Setup:
 
 def prepare(config: BenchConfig) -> _Setup:
     """Validate the configuration before any model is built: methods, sizes, schedule, device, clocks."""
-    check_methods(config.methods)
+    variant_methods(config.methods)
     if config.batch_size is not None:
         check_batch_size(config.batch_size)
     check_input_size(config.input_size)

@@ -16,16 +16,16 @@ import torch
 from torch import nn
 
 from pomt.bench.flops import analytic_flops, count_flops, match_amount
+from pomt.checks import METHODS, check_method, check_prune_block
 from pomt.errors import PatchError
 from pomt.geometry import Geometry, model_geometry
-from pomt.patching import METHODS, apply_schedule, patch, token_counts, unpatch
+from pomt.patching import apply_schedule, patch, token_counts, unpatch
 from pomt.patching.tome import max_merge
 from pomt.schedule import Schedule
 
 BASELINE = "none"
 SCHEDULE = "schedule"
 VALID_METHODS = (BASELINE, *METHODS)
-TOKEN_METHODS = tuple(m for m in METHODS if m != "tome")  # amount = tokens removed at one block
 MATCH_TOLERANCE = 0.02
 
 
@@ -66,13 +66,10 @@ class Variant:
         return self.reduction.name
 
 
-def check_methods(methods: Sequence[str]) -> list[str]:
-    """Deduplicated methods with the unpruned baseline first; PatchError names the valid ones."""
-    unknown = [m for m in methods if m not in VALID_METHODS]
-    if unknown:
-        raise PatchError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(VALID_METHODS)}")
-    ordered = [BASELINE] + [m for m in dict.fromkeys(methods) if m != BASELINE]
-    return ordered
+def variant_methods(methods: Sequence[str]) -> list[str]:
+    """The methods to compare, each checked, deduplicated, with the unpruned baseline first."""
+    checked = [check_method(method, VALID_METHODS) for method in dict.fromkeys(methods)]
+    return [BASELINE] + [method for method in checked if method != BASELINE]
 
 
 def tome_removal(merges: int, depth: int) -> dict[int, int]:
@@ -101,7 +98,7 @@ def plan_reductions(
     `amounts_later` (FLOP matching fills them in), reducers get no amount here.
     """
     reductions = []
-    for method in check_methods(methods):
+    for method in variant_methods(methods):
         if method == BASELINE:
             reductions.append(Reduction(BASELINE, None))
         elif amounts_later:
@@ -130,13 +127,6 @@ def plan_reductions(
     return reductions
 
 
-def check_prune_block(block: int, geometry: Geometry) -> int:
-    """Raise PatchError unless the pruning block exists."""
-    if not 0 <= block < geometry.depth:
-        raise PatchError(f"--prune-block {block} is outside the model's blocks 0..{geometry.depth - 1}")
-    return block
-
-
 def _token_removal(
     method: str,
     geometry: Geometry,
@@ -145,7 +135,7 @@ def _token_removal(
     keep_rate: float | None,
     schedule: Schedule | None,
 ) -> dict[int, int]:
-    check_prune_block(block, geometry)
+    check_prune_block(block, geometry.depth, "--prune-block")
     if keep_rate is not None:
         if not 0 < keep_rate <= 1:
             raise PatchError(f"--keep-rate must lie in (0, 1], got {keep_rate}")
@@ -192,7 +182,7 @@ def match_flops(
     target_reduction = next((red for red in reductions if red.name == SCHEDULE), None)
     if target_reduction is None:
         raise PatchError("--match-flops needs a --schedule to match")
-    check_prune_block(prune_block, geometry)
+    check_prune_block(prune_block, geometry.depth, "--prune-block")
     target = flops_at(target_reduction.method, target_reduction.removal)
     matched = []
     for reduction in reductions:

@@ -28,7 +28,7 @@ def _ints(text: str | None, what: str, error: type[Exception]) -> list[int] | No
 def _methods(text: str) -> tuple[str, ...]:
     methods = tuple(part.strip() for part in text.split(",") if part.strip())
     if not methods:
-        raise PatchError(f"--methods is empty; choose from {', '.join(VALID_METHODS)}")
+        raise PatchError(f"--methods is empty; choose one of {', '.join(VALID_METHODS)}")
     return methods
 
 
