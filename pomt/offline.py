@@ -14,15 +14,16 @@ import torch
 from torch import nn
 
 from pomt import accuracy as acc
-from pomt.checks import check_batch_size, check_method, check_prune_block
-from pomt.device import clock_snapshot, device_fingerprint, require_locked_clocks, resolve_device
+from pomt.checks import check_method, check_prune_block
+from pomt.device import clock_snapshot
 from pomt.errors import DatasetError, GridError, PolicyError
 from pomt.geometry import Geometry, model_geometry
 from pomt.io import atomic_write_csv
 from pomt.measure import LatencyPoint, measure_point
-from pomt.models import architecture, create_model, normalise_input_size
+from pomt.models import create_model
 from pomt.plots import plot_offline
 from pomt.policy import Decision, choose_budget, choose_step, choose_utility, utility_values
+from pomt.run_setup import RunSetup, prepare_run
 from pomt.schedule import BlockRemoval, Schedule, save_schedule, utc_now
 from pomt.search import PointStore, adaptive_search, full_search, remeasure_spikes, steps_of_points, token_grid
 from pomt.steps import StepReport
@@ -90,15 +91,8 @@ class OfflineResult:
     measured_points: int = 0
 
 
-def output_stem(model: str, device: str, batch_size: int, input_size: tuple[int, int]) -> str:
-    """`<model>_<device>_bs<B>_is<S>`: the name every output of one tuple shares."""
-    size = str(input_size[0]) if input_size[0] == input_size[1] else f"{input_size[0]}x{input_size[1]}"
-    return f"{architecture(model)}_{device.split(':')[0]}_bs{batch_size}_is{size}"
-
-
 def validate(config: OfflineConfig) -> None:
-    """Reject bad settings before any model is built."""
-    check_batch_size(config.batch_size)
+    """Reject bad settings before anything is resolved or built (`prepare_run` checks the rest)."""
     check_method(config.method)
     if config.search not in ("adaptive", "full"):
         raise GridError(f"unknown search '{config.search}'; choose adaptive or full")
@@ -112,7 +106,6 @@ def validate(config: OfflineConfig) -> None:
         raise PolicyError(f"--alpha must lie in [0, 1], got {config.alpha}")
     if config.accuracy_samples < 1:
         raise PolicyError(f"--accuracy-samples must be at least 1, got {config.accuracy_samples}")
-    normalise_input_size(config.input_size)
     if config.dataset_root is not None and not Path(config.dataset_root).is_dir():
         raise DatasetError(f"dataset folder not found: {config.dataset_root}")
 
@@ -121,12 +114,13 @@ def needs_accuracy_model(config: OfflineConfig) -> bool:
     return config.dataset_root is not None and not config.latency_only and config.accuracy_curve is None
 
 
-def build_model(config: OfflineConfig) -> nn.Module:
-    """The model at the run's input size; weights only when accuracy is measured here."""
+def build_model(config: OfflineConfig, setup: RunSetup) -> nn.Module:
+    """The model at the run's input size on its device; weights only when accuracy is measured here."""
     pretrained = config.pretrained
     if pretrained is None:
         pretrained = needs_accuracy_model(config) and config.checkpoint is None
-    return create_model(config.model, config.input_size, pretrained=pretrained, checkpoint=config.checkpoint)
+    model = create_model(setup.model, setup.input_size, pretrained=pretrained, checkpoint=config.checkpoint)
+    return model.to(setup.device)
 
 
 def overhead_latency(
@@ -291,14 +285,12 @@ def curve_rows(points: list[LatencyPoint], accuracy: acc.AccuracyCurve | None) -
 def run_offline(config: OfflineConfig) -> OfflineResult:
     """Run every stage the configuration asks for and write the outputs; see the module docstring."""
     validate(config)
-    device = resolve_device(config.device)
-    model = build_model(config).to(device)
+    setup = prepare_run(config.model, config.device, config.threads, config.batch_size, config.input_size,
+                        config.require_locked_clocks)
+    device, fingerprint, stem = setup.device, setup.fingerprint, setup.stem
+    model = build_model(config, setup)
     geometry = model_geometry(model)
     grid = latency_grid(config, geometry)
-    fingerprint = device_fingerprint(device, config.threads)
-    if config.require_locked_clocks:
-        require_locked_clocks(fingerprint)
-    stem = output_stem(config.model, device, config.batch_size, geometry.input_size)
     out = Path(config.output_dir)
     result = OfflineResult(geometry=geometry, device=fingerprint)
 

@@ -14,7 +14,6 @@ from pomt.bench.flops import analytic_flops, count_flops, match_amount
 from pomt.bench.report import COLUMNS
 from pomt.bench.variants import plan_reductions, tome_removal
 from pomt.cli import main
-from pomt.device import device_fingerprint
 from pomt.errors import PatchError
 from pomt.geometry import model_geometry
 from pomt.models import create_model
@@ -201,16 +200,6 @@ def test_bad_input_is_one_line(args, fragment, tmp_path, capsys):
     assert exit_info.value.code == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and fragment in lines[0], lines
-
-
-def test_require_locked_clocks_refuses_unlocked_clocks(tmp_path, capsys):
-    if device_fingerprint("cpu")["clocks_locked"] is True:
-        pytest.skip("this machine's CPU clocks are locked")
-    with pytest.raises(SystemExit) as exit_info:
-        main(["bench", "--model", "deit_tiny", "--device", "cpu", "--require-locked-clocks"])
-    assert exit_info.value.code == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "clocks" in lines[0], lines
 
 
 def test_schedule_for_another_model_is_one_line(tmp_path, capsys):

@@ -93,8 +93,8 @@ def format_table(result: BenchResult) -> str:
     kind = meta.get("accuracy_kind") or "none"
     fp = meta.get("fingerprint", {})
     title = (
-        f"{meta.get('model')} on {result.device} ({fp.get('name', '?')}), batch {result.batch_size}, "
-        f"input {result.input_size[0]}, {meta.get('threads')} threads, {meta.get('rounds')} rounds, "
+        f"{meta.get('model')} on {result.run.device} ({fp.get('name', '?')}), batch {result.run.batch_size}, "
+        f"input {result.run.input_size[0]}, {meta.get('threads')} threads, {meta.get('rounds')} rounds, "
         f"clocks locked: {fp.get('clocks_locked')}"
     )
     notes = [
@@ -146,7 +146,8 @@ def plot_benchmark(result: BenchResult):
     for axis in (left, right):
         axis.tick_params(axis="x", rotation=30)
     figure.suptitle(
-        f"{result.model}, {result.device}, batch {result.batch_size}, input {result.input_size[0]}"
+        f"{result.run.architecture}, {result.run.device}, batch {result.run.batch_size}, "
+        f"input {result.run.input_size[0]}"
     )
     figure.tight_layout()
     plt.close(figure)
@@ -215,7 +216,7 @@ def plot_sweep(sweep: SweepResult):
     ticks = [math.exp(-spread), math.exp(-spread / 2), 1.0, math.exp(spread / 2), math.exp(spread)]
     bar.set_ticks(ticks, labels=[f"{t:.2f}x" for t in ticks])
     bar.ax.minorticks_off()
-    figure.suptitle(f"{sweep.model} on {sweep.device}: speedup (< 1: pruning loses)", y=1.04)
+    figure.suptitle(f"{sweep.run.architecture} on {sweep.run.device}: speedup (< 1: pruning loses)", y=1.04)
     plt.close(figure)
     return figure
 
