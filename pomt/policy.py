@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from pomt.accuracy import interpolate
 from pomt.checks import check_prune_block
 from pomt.errors import CurveError, GridError, PolicyError
 from pomt.steps import Step
@@ -51,11 +52,7 @@ def _latency(curve: Mapping[int, float], n: float) -> float:
 
 
 def _accuracy(accuracy: Mapping[int, float] | None, n: int) -> float | None:
-    """A(n) interpolated onto n (held at the end values outside the measured counts)."""
-    if not accuracy:
-        return None
-    xs = sorted(accuracy)
-    return float(np.interp(n, xs, [accuracy[x] for x in xs]))
+    return interpolate(accuracy, [n])[n] if accuracy else None
 
 
 def predict_latency(

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from pomt.bench import accuracy as acc
+from pomt import accuracy as acc
 from pomt.bench.flops import count_flops
 from pomt.bench.profile import profile_forward
 from pomt.bench.resources import peak_memory, power_and_energy
@@ -234,16 +234,17 @@ def _add_accuracy(
         for row in rows.values():
             row["accuracy"] = None
         return "", 0
+    samples = -(-config.accuracy_samples // batch) * batch
     if config.dataset_root is not None:
-        evalset = acc.imagefolder_set(
-            config.dataset_root, variants[0].model, config.accuracy_samples, batch, size, config.seed
-        )
+        dataset, kind = acc.open_image_folder(config.dataset_root, acc.eval_transform(variants[0].model, size))
     else:
-        evalset = acc.synthetic_set(config.accuracy_samples, batch, size, config.seed)
-    scores = acc.evaluate([(v.name, v.model) for v in variants], evalset, device)
+        dataset, kind = acc.random_images(samples, size, config.seed), acc.AGREEMENT
+    loader = acc.whole_batches(dataset, samples, batch, config.seed)
+    forwards = {v.name: lambda images, _, model=v.model: model(images) for v in variants}
+    scores, samples = acc.evaluate(forwards, loader, kind, forwards[BASELINE], device, progress=False)
     for name, score in scores.items():
         rows[name]["accuracy"] = score
-    return evalset.kind, evalset.samples
+    return kind, samples
 
 
 def _add_timing(rows: dict[str, dict], stats: dict, batch: int) -> None:
