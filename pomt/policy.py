@@ -23,6 +23,7 @@ from pomt.checks import check_prune_block
 from pomt.errors import CurveError, GridError, PolicyError
 from pomt.steps import Step
 
+POLICIES = ("utility", "step", "budget")
 
 @dataclass(frozen=True)
 class Decision:

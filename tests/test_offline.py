@@ -33,7 +33,7 @@ def _offline(*args, out):
         (("--model", "deit_smal",), ("unknown model", "deit_small")),
         (("--model", "deit_tiny", "--input-size", "230"), ("not divisible",)),
         (("--model", "deit_tiny", "--dataset-root", "/nonexistent/folder"), ("dataset folder not found",)),
-        (("--model", "deit_tiny", "--method", "magic"), ("unknown method",)),
+        (("--model", "deit_tiny", "--method", "magic"), ("--method", "'magic' is not one of 'pomt'")),
         (("--model", "deit_tiny", "--prune-block", "12", "--grid-token-start", "197", "--grid-token-stop", "190"),
          ("--prune-block 12",)),
     ],

@@ -23,6 +23,7 @@ from pomt.bench.resources import peak_memory, power_and_energy
 from pomt.bench.variants import (
     BASELINE,
     SCHEDULE,
+    VALID_METHODS,
     Variant,
     build_variant,
     flops_function,
@@ -35,37 +36,40 @@ from pomt.errors import ScheduleError
 from pomt.geometry import model_geometry
 from pomt.measure import fixed_threads, interleaved
 from pomt.models import architecture, create_model
+from pomt.options import option
 from pomt.run_setup import RunSetup, output_stem, prepare_run
 from pomt.schedule import Schedule, load_schedule
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What to benchmark and how; the CLI fills it from its options."""
+    """What to benchmark and how; each field is also the CLI option of its name (`pomt.options`)."""
 
-    model: str | None = None
-    schedule: str | Path | Schedule | None = None
-    methods: tuple[str, ...] = (BASELINE,)
-    remove: int | None = None
-    r: int | None = None
-    prune_block: int = 3
-    keep_rate: float | None = None
-    match_flops: bool = False
-    batch_size: int | None = None
-    input_size: int | tuple[int, int] | None = None
-    device: str = "auto"
-    threads: int | None = None
-    rounds: int = 30
-    calls_per_round: int = 1
-    warmup: int = 3
-    dataset_root: str | Path | None = None
-    accuracy_samples: int = 32
-    checkpoint: str | Path | None = None
-    pretrained: bool = False
-    require_locked_clocks: bool = False
-    profile: bool = True
-    power_seconds: float = 2.0
-    seed: int = 0
+    model: str | None = option(None, "timm name or alias (default: the schedule's model).")
+    schedule: Path | str | Schedule | None = option(None, "Schedule JSON to compare with the unpruned model.")
+    methods: str | tuple[str, ...] = option(
+        BASELINE, f"Comma-separated variants: {', '.join(VALID_METHODS)} (none is always run)."
+    )
+    remove: int | None = option(None, "Tokens removed at --prune-block (pomt/topk/l2norm/random).")
+    r: int | None = option(None, "ToMe: tokens merged per block.")
+    prune_block: int = option(3, "Block that prunes (0-based).")
+    keep_rate: float | None = option(None, "Instead of --remove: patch tokens kept, in (0, 1].")
+    match_flops: bool = option(False, "Choose each reducer's amount to match the schedule's FLOPs.")
+    batch_size: int | None = option(None, "Batch size (default: the schedule's, else 1).")
+    input_size: int | tuple[int, int] | None = option(None, "Input size in pixels (default: schedule's/model's).")
+    device: str = option("auto", "auto, cpu, cuda, cuda:N or mps.")
+    threads: int | None = option(None, "CPU threads (default: torch's).")
+    rounds: int = option(30, "Interleaved timing rounds (one sample per variant each).", min=1)
+    calls_per_round: int = option(1, "Back-to-back forwards per sample.", min=1)
+    warmup: int = option(3, "Warm-up forwards per variant.", min=0)
+    dataset_root: Path | str | None = option(None, "ImageFolder for top-1 accuracy.")
+    accuracy_samples: int = option(32, "Images for accuracy (top-1 or agreement on random inputs); 0: skip.")
+    checkpoint: Path | str | None = option(None, "Local weights (state dict or timm checkpoint).")
+    pretrained: bool = option(False, "Fetch timm's pretrained weights.", negatable=True)
+    require_locked_clocks: bool = option(False, "Refuse to measure unless clocks are locked.")
+    profile: bool = option(True, "Count ops/kernels with torch.profiler.", negatable=True)
+    power_seconds: float = option(2.0, "Seconds per variant of power sampling (GPU).")
+    seed: int = option(0, "Seed for inputs and random pruning.")
 
 
 @dataclass

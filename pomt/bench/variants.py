@@ -66,8 +66,11 @@ class Variant:
         return self.reduction.name
 
 
-def variant_methods(methods: Sequence[str]) -> list[str]:
-    """The methods to compare, each checked, deduplicated, with the unpruned baseline first."""
+def variant_methods(methods: str | Sequence[str]) -> list[str]:
+    """The methods to compare (a sequence, or comma-separated), each checked, deduplicated, with the
+    unpruned baseline first."""
+    if isinstance(methods, str):
+        methods = [method.strip() for method in methods.split(",") if method.strip()]
     checked = [check_method(method, VALID_METHODS) for method in dict.fromkeys(methods)]
     return [BASELINE] + [method for method in checked if method != BASELINE]
 
