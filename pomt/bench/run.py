@@ -7,9 +7,8 @@ A sweep repeats this for every (batch size, input size) cell.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -126,20 +125,14 @@ def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) 
             warnings.warn(f"schedule was made for {schedule.model}, benchmarking {run.model}", stacklevel=2)
     x = torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(config.seed)).to(device)
 
-    reductions = plan_reductions(
-        config.methods,
-        geometry,
-        config.remove,
-        config.r,
-        config.prune_block,
-        config.keep_rate,
-        schedule,
-        amounts_later=config.match_flops,
-    )
+    reductions = plan_reductions(config.methods, geometry, config.remove, config.r, config.prune_block,
+                                 config.keep_rate, schedule, amounts_later=config.match_flops)
     if config.match_flops:
         reductions = match_flops(reductions, geometry, flops_function(base, x[:1]), config.prune_block)
 
-    with fixed_threads(config.threads) as threads, _bar(progress, 2 * len(reductions) + 2, geometry) as bar:
+    bar = tqdm(total=2 * len(reductions) + 2, desc=f"{geometry.model} {size[0]}px", unit="stage", leave=False,
+               disable=None if progress is None else not progress)
+    with fixed_threads(config.threads) as threads, bar:
         variants = []
         for reduction in reductions:
             variants.append(build_variant(base, reduction, schedule, batch, config.seed))
@@ -149,14 +142,8 @@ def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) 
         accuracy_kind, samples = _add_accuracy(rows, variants, config, device, batch, size)
         bar.update()
         before = clock_snapshot(device)
-        timing = interleaved(
-            {v.name: _forward(v, x) for v in variants},
-            device,
-            threads,
-            config.rounds,
-            config.calls_per_round,
-            config.warmup,
-        )
+        forwards = {v.name: _forward(v, x) for v in variants}
+        timing = interleaved(forwards, device, threads, config.rounds, config.calls_per_round, config.warmup)
         after = clock_snapshot(device)
         bar.update()
         notes: list[str] = []
@@ -185,15 +172,6 @@ def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) 
         "notes": sorted(set(notes)),
     }
     return BenchResult(run, list(rows.values()), meta)
-
-
-@contextlib.contextmanager
-def _bar(progress: bool | None, total: int, geometry) -> Iterator[tqdm]:
-    desc = f"{geometry.model} {geometry.input_size[0]}px"
-    with tqdm(
-        total=total, desc=desc, unit="stage", leave=False, disable=None if progress is None else not progress
-    ) as bar:
-        yield bar
 
 
 def _forward(variant: Variant, x: torch.Tensor):
@@ -274,7 +252,7 @@ def _add_resources(
 ) -> None:
     forward = _forward(variant, x)
     memory = peak_memory(forward, variant.model, device)
-    row.update(peak_mem_mb=memory.peak_mb, peak_mem_kind=memory.kind, rss_delta_mb=memory.rss_delta_mb)
+    row.update(peak_mem_mb=memory.peak_mb, peak_mem_kind=memory.kind)
     power = power_and_energy(forward, device, x.shape[0], config.power_seconds)
     row.update(power_w=power.power_w, energy_j_per_img=power.energy_j_per_img)
     if power.power_w is None:

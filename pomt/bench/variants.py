@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from pomt.bench.flops import analytic_flops, count_flops, match_amount
+from pomt.bench.flops import count_flops, match_amount, meta_copy
 from pomt.checks import METHODS, check_method, check_prune_block
 from pomt.errors import PatchError
 from pomt.geometry import Geometry, model_geometry
@@ -80,8 +80,8 @@ def tome_removal(merges: int, depth: int) -> dict[int, int]:
     merges % depth blocks. FLOPs fall with every merge, and a late merge saves little, so FLOP matching
     can land much closer than uniform r alone."""
     r, extra = divmod(merges, depth)
-    merges = {block: r + (1 if block >= depth - extra else 0) for block in range(depth)}
-    return {block: count for block, count in merges.items() if count}
+    per_block = {block: r + (1 if block >= depth - extra else 0) for block in range(depth)}
+    return {block: count for block, count in per_block.items() if count}
 
 
 def plan_reductions(
@@ -111,22 +111,12 @@ def plan_reductions(
                 raise PatchError("method tome needs --r (tokens merged per block) or --match-flops")
             reductions.append(Reduction(method, method, {b: r for b in range(geometry.depth)} if r else {}))
         else:
-            reductions.append(
-                Reduction(
-                    method, method, _token_removal(method, geometry, remove, prune_block, keep_rate, schedule)
-                )
-            )
+            removal = _token_removal(method, geometry, remove, prune_block, keep_rate, schedule)
+            reductions.append(Reduction(method, method, removal))
     if schedule is not None:
         reductions.insert(1, Reduction(SCHEDULE, schedule.method, dict(schedule.removal)))
     for reduction in reductions:
-        if reduction.method:
-            token_counts(
-                geometry.num_tokens,
-                geometry.prefix_tokens,
-                geometry.depth,
-                reduction.method,
-                reduction.removal,
-            )
+        _token_counts(geometry, reduction)  # raises PatchError for a removal the model cannot take
     return reductions
 
 
@@ -156,25 +146,26 @@ FlopsFn = Callable[[str | None, Mapping[int, int]], float]
 
 
 def flops_function(base: nn.Module, example: torch.Tensor) -> FlopsFn:
-    """FLOPs of the base model under (method, removal): the analytic ViT count where it applies to this
-    model (checked against the FLOP counter once), else the FLOP counter on a scratch copy."""
-    scratch: list[nn.Module] = []
+    """FLOPs of the base model on `example` under (method, removal), counted on a weightless copy
+    (`meta_copy`); a method whose forward needs real data (`random`'s seeded generator) on a real copy."""
+    copies: dict[str, tuple[nn.Module, torch.Tensor]] = {}
 
-    def counted(method: str | None, removal: Mapping[int, int]) -> float:
-        if not scratch:
-            scratch.append(copy.deepcopy(base))
-        model = unpatch(scratch[0])
+    def count_on(kind: str, method: str | None, removal: Mapping[int, int]) -> float:
+        if kind not in copies:
+            meta = kind == "meta"
+            copies[kind] = (meta_copy(base), example.to("meta")) if meta else (copy.deepcopy(base), example)
+        model, x = copies[kind]
+        unpatch(model)
         if method and removal:
             patch(model, method, dict(removal))
-        return float(count_flops(model, example))
+        return float(count_flops(model, x))
 
-    batch = example.shape[0]
-    try:
-        exact = analytic_flops(base, batch) == counted(None, {})
-    except (AttributeError, TypeError):
-        exact = False
-    if exact:
-        return lambda method, removal: float(analytic_flops(base, batch, method, dict(removal)))
+    def counted(method: str | None, removal: Mapping[int, int]) -> float:
+        try:
+            return count_on("meta", method, removal)
+        except (RuntimeError, NotImplementedError):  # an op the meta device cannot run
+            return count_on("real", method, removal)
+
     return counted
 
 
@@ -237,13 +228,13 @@ def build_variant(
         apply_schedule(model, schedule, batch_size=batch_size)
     elif reduction.method and reduction.removal:
         patch(model, reduction.method, reduction.removal, seed=seed)
-    return Variant(reduction, model.eval(), _tokens_kept(model, reduction))
+    return Variant(reduction, model.eval(), _token_counts(model_geometry(model), reduction)[-1])
 
 
-def _tokens_kept(model: nn.Module, reduction: Reduction) -> int:
-    geometry = model_geometry(model)
+def _token_counts(geometry: Geometry, reduction: Reduction) -> list[int]:
+    """Tokens entering each block under the reduction, then the count leaving the last one."""
     if not reduction.method or not reduction.removal:
-        return geometry.num_tokens
+        return [geometry.num_tokens] * (geometry.depth + 1)
     return token_counts(
         geometry.num_tokens, geometry.prefix_tokens, geometry.depth, reduction.method, reduction.removal
-    )[-1]
+    )
