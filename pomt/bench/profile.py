@@ -75,7 +75,8 @@ def profile_forward(
     cuda = device.startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")
-    _per_call_ms(fn, device, warmup)
+    if warmup:
+        _per_call_ms(fn, device, warmup)
     with _quiet_kineto(), profile(activities=activities) as prof:
         wall_ms = _per_call_ms(fn, device, forwards)
     events = prof.events()
