@@ -65,7 +65,7 @@ class OfflineConfig:
     )
     accuracy_samples: int = option(500, "Images in the seeded accuracy sample.")
     accuracy_points: int = option(12, "Token counts at which A(n) is measured.")
-    accuracy_batch_size: int = option(32, "Images per forward while measuring accuracy.")
+    accuracy_batch_size: int = option(32, "Images per forward while measuring accuracy.", min=1)
     alpha: float = option(0.5, "Utility weight of latency against accuracy.")
     policy: str | None = option(
         None, "Default: budget with a budget, utility with accuracy, else step.", choices=POLICIES
