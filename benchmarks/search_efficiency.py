@@ -17,13 +17,11 @@ from pomt.geometry import model_geometry
 from pomt.measure import LatencyPoint, measure_point
 from pomt.models import create_model
 from pomt.search import adaptive_search, full_search, steps_of_points, token_grid
-from pomt.tokens import keep_tokens
+from pomt.tokens import truncate_tokens
 
 GOAL_RATIO = 0.2
 BIG_PCT = 5.0
 TOLERANCE = 2
-
-
 
 
 def main() -> None:
@@ -44,7 +42,7 @@ def main() -> None:
                       min_tokens=geometry.min_tokens, max_tokens=geometry.num_tokens)
 
     def measure(n: int) -> LatencyPoint:
-        with keep_tokens(model, n):
+        with truncate_tokens(model, n):
             return measure_point(lambda: model(x), n, threads=args.threads, min_run_s=args.min_run_s)
 
     start = time.perf_counter()

@@ -1,14 +1,15 @@
-"""Accuracy degradation A(n): random pruning right after embedding, on a labelled or unlabelled image folder.
+"""Accuracy on an image folder, and the degradation curve A(n) under random pruning right after embedding.
 
 Labelled (ImageFolder with class sub-folders): top-1 against the folder labels, where the i-th folder in
 sorted order is the model's class i (as with ImageNet's synset folders). Unlabelled (images directly in
-the folder): agreement of the pruned model's top-1 with the unpruned model's on the same images.
+the folder, or seeded random images): agreement of a variant's top-1 with the unpruned model's on the
+same images. `evaluate` is the one evaluator: the offline curve and the benchmark's variants both use it.
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,18 +18,19 @@ import timm.data
 import torch
 from PIL import Image
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from tqdm.auto import tqdm
 
 from pomt.errors import CurveError, DatasetError
 from pomt.io import atomic_write_csv
-from pomt.tokens import keep_tokens
+from pomt.tokens import truncate_tokens
 
 TOP1 = "top1"
 AGREEMENT = "agreement"
 CURVE_COLUMNS = ("tokens", "accuracy", "kind", "samples")
+Forward = Callable[[torch.Tensor, int], torch.Tensor]  # (images, batch index) -> logits
 
 
 @dataclass(frozen=True)
@@ -40,16 +42,20 @@ class AccuracyCurve:
     samples: int
 
     def at(self, tokens: Iterable[int]) -> dict[int, float]:
-        """Accuracy interpolated onto other token counts (linear between measured counts)."""
-        known = sorted(self.values)
-        levels = [self.values[n] for n in known]
-        return {n: float(np.interp(n, known, levels)) for n in tokens}
+        return interpolate(self.values, tokens)
 
     def rows(self) -> list[dict]:
         return [
             {"tokens": n, "accuracy": round(self.values[n], 6), "kind": self.kind, "samples": self.samples}
             for n in sorted(self.values)
         ]
+
+
+def interpolate(values: Mapping[int, float], tokens: Iterable[int]) -> dict[int, float]:
+    """Accuracy at other token counts: linear between measured counts, held at the end values outside."""
+    known = sorted(values)
+    levels = [values[n] for n in known]
+    return {n: float(np.interp(n, known, levels)) for n in tokens}
 
 
 class _FlatFolder(Dataset):
@@ -98,10 +104,74 @@ def seeded_subset(dataset: Dataset, samples: int, seed: int) -> Dataset:
     return Subset(dataset, sorted(order.tolist()))
 
 
+def random_images(samples: int, input_size: tuple[int, int], seed: int = 0) -> Dataset:
+    """Seeded standard-normal images without labels: agreement with the unpruned model when no folder is
+    given (meaningful for trained weights)."""
+    images = torch.randn(samples, 3, *input_size, generator=torch.Generator().manual_seed(seed))
+    return TensorDataset(images, torch.full((samples,), -1))
+
+
+def whole_batches(dataset: Dataset, samples: int, batch: int, seed: int = 0) -> DataLoader:
+    """A seeded subset of about `samples` images in full batches only, so every forward runs at `batch`."""
+    total = min(-(-samples // batch) * batch, len(dataset)) // batch * batch
+    if total == 0:
+        raise DatasetError(f"the dataset holds {len(dataset)} images, fewer than one batch of {batch}")
+    return image_loader(seeded_subset(dataset, total, seed), batch)
+
+
 def accuracy_token_counts(min_tokens: int, num_tokens: int, points: int, extra: Iterable[int] = ()) -> list[int]:
     """Evenly spread counts over [min_tokens, num_tokens] (both ends included) plus `extra` counts."""
     even = np.linspace(min_tokens, num_tokens, num=max(2, points)).round().astype(int).tolist()
     return sorted({*even, *(n for n in extra if min_tokens <= n <= num_tokens)})
+
+
+def evaluate(
+    forwards: Mapping[Hashable, Forward],
+    loader: Iterable,
+    kind: str,
+    reference: Forward,
+    device: str = "cpu",
+    progress: bool = True,
+) -> tuple[dict, int]:
+    """({key: fraction of images whose top-1 under forwards[key] equals the label (TOP1) or the reference
+    forward's top-1 (AGREEMENT)}, images seen); every image is loaded once for all forwards."""
+    correct = dict.fromkeys(forwards, 0)
+    total = 0
+    with torch.inference_mode():
+        for index, (images, labels) in enumerate(_batches(loader, progress)):
+            images = images.to(device)
+            target = labels.to(device) if kind == TOP1 else _top1(reference(images, index), labels)
+            for key, forward in forwards.items():
+                same = kind == AGREEMENT and forward is reference
+                predicted = target if same else _top1(forward(images, index), labels, kind)
+                correct[key] += int((predicted == target).sum())
+            total += len(images)
+    if total == 0:
+        raise DatasetError("the dataset sample is empty")
+    return {key: count / total for key, count in correct.items()}, total
+
+
+def _batches(loader: Iterable, progress: bool) -> Iterator:
+    """The loader's batches with a progress bar; an unreadable image is a DatasetError."""
+    batches = iter(tqdm(loader, desc="accuracy", unit="batch", disable=not progress, leave=False))
+    while True:
+        try:
+            yield next(batches)
+        except StopIteration:
+            return
+        except OSError as exc:
+            raise DatasetError(f"cannot read an image of the dataset: {exc}") from None
+
+
+def _top1(out, labels: torch.Tensor, kind: str = AGREEMENT) -> torch.Tensor:
+    """Top-1 classes of a timm forward's output; top-1 against labels needs a class per label."""
+    logits = out[0] if isinstance(out, (tuple, list)) else out
+    if kind == TOP1 and int(labels.max()) >= logits.shape[-1]:
+        raise DatasetError(
+            f"dataset has more classes than the model's {logits.shape[-1]} outputs; use a matching "
+            "checkpoint or an unlabelled folder for agreement"
+        )
+    return logits.argmax(dim=-1)
 
 
 def measure_accuracy(
@@ -113,32 +183,19 @@ def measure_accuracy(
     seed: int = 0,
     progress: bool = True,
 ) -> AccuracyCurve:
-    """A(n) for every count: random pruning after embedding (seeded), each image loaded once."""
+    """A(n) for every count: random pruning after embedding (seeded per batch and count)."""
+
+    def pruned_to(n: int) -> Forward:
+        def forward(images: torch.Tensor, index: int) -> torch.Tensor:
+            with truncate_tokens(model, n, selection="random", seed=seed + 7919 * index + n):
+                return model(images)
+
+        return forward
+
     counts = sorted(set(token_counts))
-    correct = dict.fromkeys(counts, 0)
-    total = 0
-    classes = getattr(model, "num_classes", None)
-    batches = tqdm(loader, desc="accuracy", unit="batch", disable=not progress)
-    with torch.inference_mode():
-        for batch_index, (images, labels) in enumerate(batches):
-            images = images.to(device)
-            if kind == TOP1:
-                if classes is not None and int(labels.max()) >= classes:
-                    raise DatasetError(
-                        f"dataset has more classes than the model's {classes} outputs; use a matching "
-                        "checkpoint or an unlabelled folder for agreement"
-                    )
-                reference = labels.to(device)
-            else:
-                reference = model(images).argmax(dim=-1)
-            for n in counts:
-                with keep_tokens(model, n, selection="random", seed=seed + 7919 * batch_index + n):
-                    predicted = model(images).argmax(dim=-1)
-                correct[n] += int((predicted == reference).sum())
-            total += len(images)
-    if total == 0:
-        raise DatasetError("the dataset sample is empty")
-    return AccuracyCurve({n: correct[n] / total for n in counts}, kind, total)
+    values, total = evaluate({n: pruned_to(n) for n in counts}, loader, kind, lambda images, _: model(images),
+                             device, progress)
+    return AccuracyCurve(values, kind, total)
 
 
 def image_loader(dataset: Dataset, batch_size: int, workers: int = 0) -> DataLoader:

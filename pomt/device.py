@@ -72,8 +72,6 @@ def _cuda_index(device: str) -> int:
     return int(index) if index else 0
 
 
-
-
 def sysfs_root() -> Path:
     """The root every sysfs/procfs path is read under: ``$POMT_SYSFS_ROOT`` or ``/``."""
     return Path(os.environ.get("POMT_SYSFS_ROOT") or "/")
@@ -173,8 +171,6 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-
-
 def lock_state_path() -> Path:
     """Where scripts/lock_clocks.sh keeps its state by default."""
     return Path(os.environ.get("POMT_STATE_DIR") or "/var/lib/pomt") / STATE_FILE_NAME
@@ -202,7 +198,6 @@ def read_lock_state(path: Path | None = None) -> dict[str, Any]:
     except OSError:
         stale = True
     return {"active": not stale, "state_file": str(path), "targets": parse_lock_state(text), "stale": stale}
-
 
 
 _NVML: Any = None  # the pynvml module once initialised, False once it failed
@@ -337,8 +332,6 @@ def clocks_locked_gpu(gpu: Mapping[str, Any] | None, lock_targets: Iterable[str]
     if sm is None:
         return None
     return bool(persistence and app is not None and sm == app)
-
-
 
 
 def _version(package: str) -> str | None:

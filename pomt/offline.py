@@ -14,18 +14,21 @@ import torch
 from torch import nn
 
 from pomt import accuracy as acc
-from pomt.device import clock_snapshot, device_fingerprint, require_locked_clocks, resolve_device
-from pomt.errors import BatchSizeError, DatasetError, GridError, PolicyError
+from pomt.checks import METHODS, check_method, check_prune_block
+from pomt.device import clock_snapshot
+from pomt.errors import DatasetError, GridError, PolicyError
 from pomt.geometry import Geometry, model_geometry
 from pomt.io import atomic_write_csv
 from pomt.measure import LatencyPoint, measure_point
-from pomt.models import architecture, create_model, normalise_input_size
+from pomt.models import create_model
+from pomt.options import option
 from pomt.plots import plot_offline
-from pomt.policy import Decision, choose_budget, choose_step, choose_utility, utility_values
-from pomt.schedule import METHODS, PruneStep, Schedule, save_schedule, utc_now
+from pomt.policy import POLICIES, Decision, choose_budget, choose_step, choose_utility, utility_values
+from pomt.run_setup import RunSetup, prepare_run
+from pomt.schedule import BlockRemoval, Schedule, save_schedule, utc_now
 from pomt.search import PointStore, adaptive_search, full_search, remeasure_spikes, steps_of_points, token_grid
 from pomt.steps import StepReport
-from pomt.tokens import keep_tokens
+from pomt.tokens import truncate_tokens
 
 CURVE_COLUMNS = (
     "tokens", "median_ms", "iqr_ms", "samples", "accuracy", "accuracy_interpolated",
@@ -33,44 +36,54 @@ CURVE_COLUMNS = (
 )
 
 
+SEARCHES = ("adaptive", "full")
+
+
 @dataclass(frozen=True)
 class OfflineConfig:
-    """Everything one offline run needs; defaults are the CLI's."""
+    """Everything one offline run needs; each field is also the CLI option of its name (`pomt.options`)."""
 
-    model: str = "deit_base"
-    batch_size: int = 4
-    input_size: int | tuple[int, int] | None = None
-    device: str = "auto"
-    threads: int | None = None
-    grid_start: int | None = None
-    grid_stop: int | None = None
-    grid_stride: int = 1
-    search: str = "adaptive"
-    coarse_stride: int | None = None
-    significance: float = 5.0
-    min_run_s: float = 0.2
-    dataset_root: Path | None = None
-    checkpoint: Path | None = None
-    pretrained: bool | None = None
-    accuracy_samples: int = 500
-    accuracy_points: int = 12
-    accuracy_batch_size: int = 32
-    alpha: float = 0.5
-    policy: str | None = None
-    latency_budget_ms: float | None = None
-    min_accuracy: float | None = None
-    max_remove: int | None = None
-    min_gain: float = 0.03
-    prune_block: int = 3
-    method: str = "pomt"
-    output_dir: Path = Path("bin")
-    resume: bool = False
-    require_locked_clocks: bool = False
-    latency_only: bool = False
-    accuracy_only: bool = False
-    accuracy_curve: Path | None = None
-    seed: int = 0
-    progress: bool = True
+    model: str = option("deit_base", "timm model name or alias.")
+    batch_size: int = option(4, "Batch size the schedule is for.")
+    input_size: int | tuple[int, int] | None = option(None, "Input size in pixels (default: the model's).")
+    device: str = option("auto", "auto (cuda if present, else cpu), cpu, cuda[:N], mps.")
+    threads: int | None = option(None, "CPU threads, fixed and recorded (default: torch's).")
+    grid_token_start: int | None = option(None, "First kept-token count (default N).")
+    grid_token_stop: int | None = option(None, "Last kept-token count (default P+1).")
+    grid_token_stride: int = option(1, "Grid step in tokens.")
+    search: str = option("adaptive", "Coarse grid refined at steps (adaptive), or every count.", choices=SEARCHES)
+    coarse_stride: int | None = option(None, "Adaptive search's first-pass stride.")
+    significance: float = option(5.0, "Steps must exceed this many noise units.")
+    min_run_s: float = option(0.2, "Seconds of timing per latency point (at least).")
+    dataset_root: Path | None = option(
+        None, "ImageFolder for accuracy (top-1), or a folder of images (agreement with the unpruned model)."
+    )
+    checkpoint: Path | None = option(None, "Local checkpoint (state dict or timm file).")
+    pretrained: bool | None = option(
+        None, "Pretrained weights (default: only when accuracy is measured and no checkpoint is given).",
+        negatable=True,
+    )
+    accuracy_samples: int = option(500, "Images in the seeded accuracy sample.")
+    accuracy_points: int = option(12, "Token counts at which A(n) is measured.")
+    accuracy_batch_size: int = option(32, "Images per forward while measuring accuracy.", min=1)
+    alpha: float = option(0.5, "Utility weight of latency against accuracy.")
+    policy: str | None = option(
+        None, "Default: budget with a budget, utility with accuracy, else step.", choices=POLICIES
+    )
+    latency_budget_ms: float | None = option(None, "Latency the schedule must meet.")
+    min_accuracy: float | None = option(None, "Lowest acceptable A(n), in [0, 1].")
+    max_remove: int | None = option(None, "Most tokens the schedule may remove.")
+    min_gain: float = option(0.03, "Least predicted gain (fraction) worth pruning for.")
+    prune_block: int = option(3, "Block (0-based) where tokens are removed.")
+    method: str = option("pomt", "Reducer the schedule is applied with.", choices=METHODS)
+    output_dir: Path = option(Path("bin"), "Where outputs are written.")
+    resume: bool = option(False, "Continue a killed search; measure only what is missing.")
+    require_locked_clocks: bool = option(False, "Refuse to measure unless clocks are locked.")
+    latency_only: bool = option(False, "Measure latency only (no accuracy).")
+    accuracy_only: bool = option(False, "Estimate accuracy only; write its CSV.")
+    accuracy_curve: Path | None = option(None, "Accuracy CSV from an --accuracy-only run.")
+    seed: int = option(0, "Seed for the accuracy sample and random pruning.")
+    progress: bool = option(True, "Show progress bars.", negatable=True)
 
 
 @dataclass
@@ -89,31 +102,21 @@ class OfflineResult:
     measured_points: int = 0
 
 
-def output_stem(model: str, device: str, batch_size: int, input_size: tuple[int, int]) -> str:
-    """`<model>_<device>_bs<B>_is<S>`: the name every output of one tuple shares."""
-    size = str(input_size[0]) if input_size[0] == input_size[1] else f"{input_size[0]}x{input_size[1]}"
-    return f"{architecture(model)}_{device.split(':')[0]}_bs{batch_size}_is{size}"
-
-
 def validate(config: OfflineConfig) -> None:
-    """Reject bad settings before any model is built."""
-    if config.batch_size < 1:
-        raise BatchSizeError(f"batch size must be at least 1, got {config.batch_size}")
-    if config.method not in METHODS:
-        raise PolicyError(f"unknown method '{config.method}'; choose one of {', '.join(METHODS)}")
-    if config.search not in ("adaptive", "full"):
-        raise GridError(f"unknown search '{config.search}'; choose adaptive or full")
+    """Reject bad settings before anything is resolved or built (`prepare_run` checks the rest)."""
+    check_method(config.method)
+    if config.search not in SEARCHES:
+        raise GridError(f"unknown search {config.search!r}; choose one of {', '.join(SEARCHES)}")
     if config.latency_only and config.accuracy_only:
         raise PolicyError("--latency-only and --accuracy-only exclude each other")
-    if config.policy not in (None, "utility", "step", "budget"):
-        raise PolicyError(f"unknown policy '{config.policy}'; choose utility, step or budget")
+    if config.policy is not None and config.policy not in POLICIES:
+        raise PolicyError(f"unknown policy {config.policy!r}; choose one of {', '.join(POLICIES)}")
     if config.policy == "budget" and config.latency_budget_ms is None:
         raise PolicyError("the budget policy needs --latency-budget-ms")
     if not 0.0 <= config.alpha <= 1.0:
         raise PolicyError(f"--alpha must lie in [0, 1], got {config.alpha}")
     if config.accuracy_samples < 1:
         raise PolicyError(f"--accuracy-samples must be at least 1, got {config.accuracy_samples}")
-    normalise_input_size(config.input_size)
     if config.dataset_root is not None and not Path(config.dataset_root).is_dir():
         raise DatasetError(f"dataset folder not found: {config.dataset_root}")
 
@@ -122,12 +125,13 @@ def needs_accuracy_model(config: OfflineConfig) -> bool:
     return config.dataset_root is not None and not config.latency_only and config.accuracy_curve is None
 
 
-def build_model(config: OfflineConfig) -> nn.Module:
-    """The model at the run's input size; weights only when accuracy is measured here."""
+def build_model(config: OfflineConfig, setup: RunSetup) -> nn.Module:
+    """The model at the run's input size on its device; weights only when accuracy is measured here."""
     pretrained = config.pretrained
     if pretrained is None:
         pretrained = needs_accuracy_model(config) and config.checkpoint is None
-    return create_model(config.model, config.input_size, pretrained=pretrained, checkpoint=config.checkpoint)
+    model = create_model(setup.model, setup.input_size, pretrained=pretrained, checkpoint=config.checkpoint)
+    return model.to(setup.device)
 
 
 def overhead_latency(
@@ -148,7 +152,7 @@ def latency_measure(
     """A function n → LatencyPoint of one full forward with n tokens through every block."""
 
     def measure(n: int) -> LatencyPoint:
-        with keep_tokens(model, n):
+        with truncate_tokens(model, n):
             return measure_point(
                 lambda: model(x), n, device=device, threads=threads, min_run_s=min_run_s, warmup=1,
                 snapshot=lambda: clock_snapshot(device),
@@ -159,14 +163,13 @@ def latency_measure(
 
 def latency_grid(config: OfflineConfig, geometry: Geometry) -> list[int]:
     """The token counts to search, checked against the model (prune block and range too)."""
-    if not 0 <= config.prune_block < geometry.depth:
-        raise GridError(f"--prune-block {config.prune_block} is outside the model's blocks [0, {geometry.depth - 1}]")
+    check_prune_block(config.prune_block, geometry.depth, "--prune-block")
     if config.max_remove is not None and not 0 <= config.max_remove <= geometry.patch_tokens - 1:
         raise GridError(f"--max-remove {config.max_remove} is outside [0, {geometry.patch_tokens - 1}]")
     return token_grid(
-        config.grid_start if config.grid_start is not None else geometry.num_tokens,
-        config.grid_stop if config.grid_stop is not None else geometry.min_tokens,
-        config.grid_stride,
+        config.grid_token_start if config.grid_token_start is not None else geometry.num_tokens,
+        config.grid_token_stop if config.grid_token_stop is not None else geometry.min_tokens,
+        config.grid_token_stride,
         min_tokens=geometry.min_tokens,
         max_tokens=geometry.num_tokens,
     )
@@ -187,7 +190,6 @@ def search_latency(
             progress=config.progress,
         )
     return [points[n] for n in sorted(points)]
-
 
 
 def estimate_accuracy(
@@ -241,7 +243,7 @@ def build_schedule(
     fingerprint: dict,
     curve_name: str,
 ) -> Schedule:
-    prune = (PruneStep(decision.block, decision.remove),) if decision.remove > 0 else ()
+    prune = (BlockRemoval(decision.block, decision.remove),) if decision.remove > 0 else ()
     return Schedule(
         model=geometry.model,
         input_size=geometry.input_size,
@@ -294,14 +296,12 @@ def curve_rows(points: list[LatencyPoint], accuracy: acc.AccuracyCurve | None) -
 def run_offline(config: OfflineConfig) -> OfflineResult:
     """Run every stage the configuration asks for and write the outputs; see the module docstring."""
     validate(config)
-    device = resolve_device(config.device)
-    model = build_model(config).to(device)
+    setup = prepare_run(config.model, config.device, config.threads, config.batch_size, config.input_size,
+                        config.require_locked_clocks)
+    device, fingerprint, stem = setup.device, setup.fingerprint, setup.stem
+    model = build_model(config, setup)
     geometry = model_geometry(model)
     grid = latency_grid(config, geometry)
-    fingerprint = device_fingerprint(device, config.threads)
-    if config.require_locked_clocks:
-        require_locked_clocks(fingerprint)
-    stem = output_stem(config.model, device, config.batch_size, geometry.input_size)
     out = Path(config.output_dir)
     result = OfflineResult(geometry=geometry, device=fingerprint)
 

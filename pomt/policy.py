@@ -6,8 +6,9 @@ Pruning R tokens at block l leaves blocks 0..l-1 at N tokens and blocks l..D-1 a
 predicted = C + l * b(N) + (D - l) * b(N - R); several (block, remove) pairs remove cumulatively.
 (The pruning block's own attention still runs at N; charging the whole block at N - R is a small
 optimism that `benchmark.py` measures.) Counts that were not measured are interpolated linearly
-(`numpy.interp`), never extrapolated. Settings outside the model raise `GridError`; a policy that
-cannot be met (budget, accuracy) raises `PolicyError`.
+(`numpy.interp`), never extrapolated. A pruning block outside the model raises `PatchError`
+(`pomt.checks`), other settings outside it `GridError`; a policy that cannot be met (budget, accuracy)
+raises `PolicyError`.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from pomt.accuracy import interpolate
+from pomt.checks import check_prune_block
 from pomt.errors import CurveError, GridError, PolicyError
 from pomt.steps import Step
 
+POLICIES = ("utility", "step", "budget")
 
 @dataclass(frozen=True)
 class Decision:
@@ -49,11 +53,7 @@ def _latency(curve: Mapping[int, float], n: float) -> float:
 
 
 def _accuracy(accuracy: Mapping[int, float] | None, n: int) -> float | None:
-    """A(n) interpolated onto n (held at the end values outside the measured counts)."""
-    if not accuracy:
-        return None
-    xs = sorted(accuracy)
-    return float(np.interp(n, xs, [accuracy[x] for x in xs]))
+    return interpolate(accuracy, [n])[n] if accuracy else None
 
 
 def predict_latency(
@@ -68,8 +68,7 @@ def predict_latency(
         raise GridError(f"depth must be at least 1, got {depth}")
     counts = [num_tokens] * depth
     for block, remove in prune:
-        if not 0 <= block < depth:
-            raise GridError(f"prune block {block} is outside the model's blocks [0, {depth - 1}]")
+        check_prune_block(block, depth)
         if remove < 0:
             raise GridError(f"cannot remove a negative number of tokens ({remove})")
         for i in range(block, depth):
@@ -81,8 +80,7 @@ def predict_latency(
 
 def _limit(num_tokens: int, prefix_tokens: int, depth: int, block: int, max_remove: int) -> int:
     """Validate the setting; the largest removal allowed (at least one patch token is always kept)."""
-    if not 0 <= block < depth:
-        raise GridError(f"prune block {block} is outside the model's blocks [0, {depth - 1}]")
+    check_prune_block(block, depth)
     if num_tokens <= prefix_tokens:
         raise GridError(f"{num_tokens} tokens leave no patch token after {prefix_tokens} prefix tokens")
     if max_remove < 0:
@@ -90,8 +88,8 @@ def _limit(num_tokens: int, prefix_tokens: int, depth: int, block: int, max_remo
     return min(max_remove, num_tokens - prefix_tokens - 1)
 
 
-class _Model:
-    """Predictions for one setting: pruning to `kept` tokens at `block`."""
+class _LatencyPredictor:
+    """Predicted latency (and accuracy) of pruning to `kept` tokens at `block` in one setting."""
 
     def __init__(self, curve, num_tokens, depth, block, overhead_ms, accuracy, policy):
         self.curve, self.n, self.depth, self.block = curve, num_tokens, depth, block
@@ -138,7 +136,7 @@ def choose_step(
     `min_gain`, or when its accuracy is below `min_accuracy`. Nothing is removed when none qualifies.
     """
     limit = _limit(num_tokens, prefix_tokens, depth, block, max_remove)
-    model = _Model(curve, num_tokens, depth, block, overhead_ms, accuracy, "step")
+    predictor = _LatencyPredictor(curve, num_tokens, depth, block, overhead_ms, accuracy, "step")
     drops = sorted(
         (s for s in steps if s.kind == "drop" and num_tokens - limit <= s.tokens < num_tokens),
         key=lambda s: -s.tokens,
@@ -147,7 +145,7 @@ def choose_step(
         kept = step.tokens
         if kept not in curve or any(kept < m <= num_tokens and curve[m] < curve[kept] for m in curve):
             continue
-        decision = model.decision(kept, "")
+        decision = predictor.decision(kept, "")
         if decision.gain < min_gain:
             continue
         if min_accuracy is not None and decision.accuracy is not None and decision.accuracy < min_accuracy:
@@ -157,7 +155,7 @@ def choose_step(
             f"latency there; {decision.gain:.1%} predicted gain pruning at block {block})"
         )
         return Decision(**{**decision.to_dict(), "reason": reason})
-    return model.decision(
+    return predictor.decision(
         num_tokens, f"no step within {limit} removed tokens pays at least {min_gain:.1%} at block {block}"
     )
 
@@ -212,7 +210,7 @@ def choose_utility(
     limit = _limit(num_tokens, prefix_tokens, depth, block, max_remove)
     if not accuracy:
         raise PolicyError("the utility policy needs an accuracy curve")
-    model = _Model(curve, num_tokens, depth, block, overhead_ms, accuracy, "utility")
+    predictor = _LatencyPredictor(curve, num_tokens, depth, block, overhead_ms, accuracy, "utility")
     counts = _candidates(curve, num_tokens, limit)
     if min_accuracy is not None:
         reachable = [n for n in counts if _accuracy(accuracy, n) >= min_accuracy]
@@ -224,7 +222,7 @@ def choose_utility(
                              overhead_ms=overhead_ms, counts=counts)
     best_n = max(counts, key=lambda n: (utility[n], n))
     accuracy_there = _accuracy(accuracy, best_n)
-    return model.decision(best_n, f"highest utility {utility[best_n]:.4f} at alpha {alpha:g} "
+    return predictor.decision(best_n, f"highest utility {utility[best_n]:.4f} at alpha {alpha:g} "
                                   f"(accuracy {accuracy_there:.4g})")
 
 
@@ -244,17 +242,17 @@ def choose_budget(
     """The fewest tokens removed (over measured counts) whose predicted latency meets the budget and
     whose accuracy meets `min_accuracy` when accuracy is known."""
     limit = _limit(num_tokens, prefix_tokens, depth, block, max_remove)
-    model = _Model(curve, num_tokens, depth, block, overhead_ms, accuracy, "budget")
+    predictor = _LatencyPredictor(curve, num_tokens, depth, block, overhead_ms, accuracy, "budget")
     best: tuple[float, int] | None = None
     for n in _candidates(curve, num_tokens, limit):
         acc = _accuracy(accuracy, n)
         if min_accuracy is not None and acc is not None and acc < min_accuracy:
             continue
-        predicted = model.predicted(n)
+        predicted = predictor.predicted(n)
         if best is None or predicted < best[0]:
             best = (predicted, n)
         if predicted <= latency_budget_ms:
-            return model.decision(n, f"fewest tokens removed that meet {latency_budget_ms:g} ms")
+            return predictor.decision(n, f"fewest tokens removed that meet {latency_budget_ms:g} ms")
     if best is None:
         raise PolicyError(f"no token count within {limit} removed tokens reaches accuracy {min_accuracy:g}")
     raise PolicyError(

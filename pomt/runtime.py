@@ -5,7 +5,7 @@ tile sizes differ), so `build_forward` gives one zero-argument callable per (mod
 tokens) that the caller times with `pomt.measure`, exactly as it times an eager forward.
 
 Non-eager runtimes run a static program: one `torch.export` per kept-token count (tokens dropped right
-after patch + position embedding by `pomt.tokens.keep_tokens`, which export traces through), then
+after patch + position embedding by `pomt.tokens.truncate_tokens`, which export traces through), then
 `torch.compile` on it, or ONNX (torch's exporter) for ONNX Runtime, OpenVINO and TensorRT. With a
 `cache_dir`, the ONNX files, TensorRT engines and torch.compile's own caches are kept there, keyed by
 what changes the program, so a resumed search does not export again. The weights are in that key as a
@@ -38,7 +38,7 @@ from torch import nn
 from pomt.errors import BackendError, ExportError
 from pomt.geometry import model_geometry
 from pomt.io import atomic_write_bytes, atomic_write_json
-from pomt.tokens import keep_tokens
+from pomt.tokens import truncate_tokens
 
 DEPLOY_EXTRA = "pip install 'pomt[deploy]'"
 BLOB_MIN_BYTES = 1024  # initializers at least this large go to shared weight files in the cache
@@ -245,7 +245,7 @@ def build_forward(
     if backend == Backend.EAGER:
         stack = contextlib.ExitStack()
         if tokens is not None:
-            stack.enter_context(keep_tokens(model, tokens))
+            stack.enter_context(truncate_tokens(model, tokens))
         return Forward(_inference(model, example), backend, tokens, release=stack.close)
     cache = Path(cache_dir) if cache_dir is not None else None
     if backend == Backend.COMPILE:
@@ -460,7 +460,7 @@ def cached_onnx(
         return path, True
     with contextlib.ExitStack() as stack:
         if tokens is not None:
-            stack.enter_context(keep_tokens(model, tokens))
+            stack.enter_context(truncate_tokens(model, tokens))
         proto = onnx_program(model, example).model_proto
     externalise_weights(proto, folder)
     atomic_write_json(path.with_suffix(".json"), key)
@@ -651,7 +651,7 @@ def _compile_forward(model: nn.Module, example: torch.Tensor, tokens: int | None
 
     with contextlib.ExitStack() as stack:
         if tokens is not None:
-            stack.enter_context(keep_tokens(model, tokens))
+            stack.enter_context(truncate_tokens(model, tokens))
         graph = export_program(model, example).module()
     run = _inference(torch.compile(graph, dynamic=False), example)
 

@@ -8,14 +8,14 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pomt.errors import ScheduleError
+from pomt.checks import check_method, check_prune_block
+from pomt.errors import PatchError, ScheduleError
 from pomt.geometry import Geometry
 from pomt.io import atomic_write_json
 from pomt.runtime import DTYPES, Backend
 
 FORMAT = "pomt.schedule"
 VERSION = 1
-METHODS = ("pomt", "topk", "tome", "l2norm", "random")
 REQUIRED = (
     "format", "version", "model", "input_size", "batch_size", "num_tokens", "prefix_tokens", "depth",
     "method", "prune", "kept_tokens", "policy", "predicted", "steps", "device", "curve", "created",
@@ -23,7 +23,7 @@ REQUIRED = (
 
 
 @dataclass(frozen=True)
-class PruneStep:
+class BlockRemoval:
     """Remove `remove` tokens at block `block` (0-based)."""
 
     block: int
@@ -32,7 +32,7 @@ class PruneStep:
 
 @dataclass(frozen=True)
 class Schedule:
-    """A validated pruning schedule (DESIGN.md, version 1)."""
+    """A validated pruning schedule (format version 1)."""
 
     model: str
     input_size: tuple[int, int]
@@ -41,7 +41,7 @@ class Schedule:
     prefix_tokens: int
     depth: int
     method: str
-    prune: tuple[PruneStep, ...]
+    prune: tuple[BlockRemoval, ...]
     policy: dict = field(default_factory=dict)
     predicted: dict = field(default_factory=dict)
     steps: list = field(default_factory=list)
@@ -58,12 +58,12 @@ class Schedule:
 
     @property
     def kept_tokens(self) -> int:
-        return self.num_tokens - sum(step.remove for step in self.prune)
+        return self.num_tokens - sum(item.remove for item in self.prune)
 
     @property
     def removal(self) -> dict[int, int]:
         """{block: tokens removed there}, the form `pomt.patching` takes."""
-        return {step.block: step.remove for step in self.prune if step.remove > 0}
+        return {item.block: item.remove for item in self.prune if item.remove > 0}
 
     def to_dict(self) -> dict:
         return {
@@ -77,7 +77,7 @@ class Schedule:
             "prefix_tokens": self.prefix_tokens,
             "depth": self.depth,
             "method": self.method,
-            "prune": [asdict(step) for step in self.prune],
+            "prune": [asdict(item) for item in self.prune],
             "kept_tokens": self.kept_tokens,
             "policy": self.policy,
             "predicted": self.predicted,
@@ -117,6 +117,14 @@ def _mapping(data: Mapping, key: str) -> dict:
     return value
 
 
+def _shared(check, *args):
+    """One of `pomt.checks` on a schedule's field: a schedule's every problem is a ScheduleError."""
+    try:
+        return check(*args)
+    except PatchError as exc:
+        raise ScheduleError(f"schedule: {exc}") from None
+
+
 def schedule_from_dict(data: Mapping) -> Schedule:
     """Validate a decoded schedule and build it; every problem is one ScheduleError line."""
     if not isinstance(data, Mapping) or data.get("format") != FORMAT:
@@ -138,22 +146,19 @@ def schedule_from_dict(data: Mapping) -> Schedule:
         size = [size, size]
     if not (isinstance(size, list) and len(size) == 2 and all(isinstance(s, int) and s > 0 for s in size)):
         raise ScheduleError(f"schedule field 'input_size' must be [height, width], got {size!r}")
-    if data["method"] not in METHODS:
-        raise ScheduleError(f"schedule method {data['method']!r} is not one of {', '.join(METHODS)}")
+    _shared(check_method, data["method"])
     if not isinstance(data["prune"], list):
         raise ScheduleError("schedule field 'prune' must be a list of {block, remove}")
-    steps = []
+    prune = []
     for item in data["prune"]:
         if not isinstance(item, Mapping):
             raise ScheduleError("schedule field 'prune' must be a list of {block, remove}")
-        block, remove = _int(item, "block"), _int(item, "remove")
-        if block >= depth:
-            raise ScheduleError(f"schedule prunes at block {block} but the model has {depth} blocks")
-        steps.append(PruneStep(block, remove))
-    blocks = [step.block for step in steps]
+        block = _shared(check_prune_block, _int(item, "block"), depth, "block")
+        prune.append(BlockRemoval(block, _int(item, "remove")))
+    blocks = [item.block for item in prune]
     if blocks != sorted(set(blocks)):
         raise ScheduleError("schedule 'prune' blocks must be strictly increasing")
-    removed = sum(step.remove for step in steps)
+    removed = sum(item.remove for item in prune)
     if removed >= num_tokens - prefix:
         raise ScheduleError(
             f"schedule removes {removed} tokens but only {num_tokens - prefix - 1} can go "
@@ -174,7 +179,7 @@ def schedule_from_dict(data: Mapping) -> Schedule:
         prefix_tokens=prefix,
         depth=depth,
         method=data["method"],
-        prune=tuple(steps),
+        prune=tuple(prune),
         policy=dict(data["policy"]),
         predicted=dict(data["predicted"]),
         steps=list(data["steps"]),

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from pomt.measure import fixed_threads, synchronize, time_calls
-from pomt.tokens import keep_tokens
+from pomt.tokens import truncate_tokens
 from pomt.trace import Trace, TraceWriter, Visit, rounded
 
 Forward = Callable[[], object]
@@ -40,7 +40,7 @@ def eager_forward_at(model: nn.Module, x: torch.Tensor) -> ForwardAt:
 
     @contextlib.contextmanager
     def forward_at(tokens: int) -> Iterator[Forward]:
-        with keep_tokens(model, tokens):
+        with truncate_tokens(model, tokens):
             yield lambda: model(x)
 
     return forward_at

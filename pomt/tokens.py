@@ -38,7 +38,7 @@ def gather_tokens(x: torch.Tensor, prefix: int, patch_indices: torch.Tensor) -> 
 
 
 @contextlib.contextmanager
-def keep_tokens(
+def truncate_tokens(
     model: nn.Module,
     n: int,
     selection: Selection = "first",
@@ -46,7 +46,8 @@ def keep_tokens(
     indices: torch.Tensor | None = None,
     at_block: int = 0,
 ) -> Iterator[nn.Module]:
-    """Within the context, `model(x)` keeps n tokens from block `at_block` on.
+    """Truncate the model's token stream for the forwards inside the context: `model(x)` carries only
+    n tokens from block `at_block` on.
 
     selection: "first" keeps the first n tokens; "random" a seeded per-sample subset that changes from
     call to call (reproducibly); `indices` (patch positions, (K,) or (B, K)) overrides both.
@@ -89,5 +90,5 @@ def forward_at_tokens(
     indices: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The model's output on `x` when only n tokens go through its blocks."""
-    with keep_tokens(model, n, selection=selection, seed=seed, indices=indices):
+    with truncate_tokens(model, n, selection=selection, seed=seed, indices=indices):
         return model(x)

@@ -9,12 +9,15 @@ from pomt.accuracy import (
     AccuracyCurve,
     accuracy_token_counts,
     eval_transform,
+    evaluate,
     image_loader,
     load_accuracy_curve,
     measure_accuracy,
     open_image_folder,
+    random_images,
     save_accuracy_curve,
     seeded_subset,
+    whole_batches,
 )
 from pomt.errors import CurveError, DatasetError
 from pomt.models import create_model
@@ -47,6 +50,32 @@ def test_agreement_on_unlabelled_folder(trained, tmp_path):
     curve = measure_accuracy(model, loader, [2, 37], kind, progress=False)
     assert curve.values[37] == 1.0  # the unpruned model agrees with itself
     assert curve.values[2] < 0.8
+
+
+def _same(x, _index):
+    return x
+
+
+def _flipped(x, _index):
+    return x.flip(-1)  # top-1 class c becomes 2 - c
+
+
+def test_evaluate_scores_each_forward_against_labels_or_the_reference():
+    images = torch.tensor([[0.0, 1, 0], [1, 0, 0], [0, 0, 1], [0, 1, 0]])  # "logits": top-1 = 1, 0, 2, 1
+    loader = [(images[:2], torch.tensor([1, 0])), (images[2:], torch.tensor([2, 0]))]
+    forwards = {"same": _same, "flipped": _flipped}  # flipped top-1: 1, 2, 0, 1
+    assert evaluate(forwards, loader, TOP1, _same, progress=False) == ({"same": 0.75, "flipped": 0.25}, 4)
+    assert evaluate(forwards, loader, AGREEMENT, _same, progress=False) == ({"same": 1.0, "flipped": 0.5}, 4)
+    with pytest.raises(DatasetError, match="more classes than the model's 3 outputs"):
+        evaluate(forwards, [(images[:1], torch.tensor([3]))], TOP1, _same, progress=False)
+
+
+def test_whole_batches_of_seeded_random_images():
+    dataset = random_images(10, (4, 4), seed=1)
+    assert torch.equal(dataset[3][0], random_images(10, (4, 4), seed=1)[3][0])
+    assert [len(images) for images, _ in whole_batches(dataset, 7, 4)] == [4, 4]  # 7 rounded up to 8
+    with pytest.raises(DatasetError, match="fewer than one batch of 16"):
+        whole_batches(dataset, 3, 16)
 
 
 def test_dataset_errors(tmp_path):

@@ -22,7 +22,7 @@ from pomt.geometry import model_geometry
 from pomt.models import create_model
 from pomt.patching import apply_schedule
 from pomt.runtime import onnxruntime_session
-from pomt.schedule import PruneStep, Schedule, save_schedule
+from pomt.schedule import BlockRemoval, Schedule, save_schedule
 
 from conftest import ROOT, assert_one_line_error, run_cli
 
@@ -41,7 +41,7 @@ def checkpoint(tmp_path_factory):
 
 def _schedule(folder, method: str, batch: int = 1, remove: int = 56):
     geometry = model_geometry(create_model(MODEL))
-    prune = (PruneStep(3, 8), PruneStep(4, 8)) if method == "tome" else (PruneStep(3, remove),)
+    prune = (BlockRemoval(3, 8), BlockRemoval(4, 8)) if method == "tome" else (BlockRemoval(3, remove),)
     schedule = Schedule(
         model=geometry.model, input_size=geometry.input_size, batch_size=batch, num_tokens=geometry.num_tokens,
         prefix_tokens=geometry.prefix_tokens, depth=geometry.depth, method=method, prune=prune,

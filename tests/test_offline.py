@@ -33,7 +33,7 @@ def _offline(*args, out):
         (("--model", "deit_smal",), ("unknown model", "deit_small")),
         (("--model", "deit_tiny", "--input-size", "230"), ("not divisible",)),
         (("--model", "deit_tiny", "--dataset-root", "/nonexistent/folder"), ("dataset folder not found",)),
-        (("--model", "deit_tiny", "--method", "magic"), ("unknown method",)),
+        (("--model", "deit_tiny", "--method", "magic"), ("--method", "'magic' is not one of 'pomt'")),
         (("--model", "deit_tiny", "--prune-block", "12", "--grid-token-start", "197", "--grid-token-stop", "190"),
          ("--prune-block 12",)),
     ],
@@ -81,8 +81,6 @@ def test_resume_after_kill_measures_each_point_once(tmp_path):
     assert tokens == list(range(2, 38))  # every grid point exactly once
 
 
-
-
 @pytest.mark.slow
 def test_end_to_end_with_accuracy_writes_a_schedule_that_applies(tmp_path, trained):
     root, checkpoint, _ = trained
@@ -113,8 +111,8 @@ def test_end_to_end_with_accuracy_writes_a_schedule_that_applies(tmp_path, train
     with torch.no_grad():
         model(torch.randn(2, 3, SIZE, SIZE))
     expected = [37] * 6
-    for step in schedule.prune:
-        expected[step.block + 1 :] = [37 - step.remove] * (5 - step.block)
+    for item in schedule.prune:
+        expected[item.block + 1 :] = [37 - item.remove] * (5 - item.block)
     assert counts == expected
 
 

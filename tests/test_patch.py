@@ -13,7 +13,7 @@ import torch
 from pomt.errors import PatchError, ScheduleError
 from pomt.geometry import model_geometry, transformer_blocks
 from pomt.patching import METHODS, apply_schedule, patch, patch_state, token_counts, unpatch
-from pomt.schedule import PruneStep, Schedule
+from pomt.schedule import BlockRemoval, Schedule
 
 PRUNE = {3: 56, 6: 20}
 
@@ -239,7 +239,7 @@ def _schedule(batch: int = 1, kind: str = "cpu") -> dict:
     """A deit_small schedule removing 56 tokens at block 3."""
     return Schedule(
         model="deit_small_patch16_224", input_size=(224, 224), batch_size=batch, num_tokens=197,
-        prefix_tokens=1, depth=12, method="pomt", prune=(PruneStep(3, 56),), device={"kind": kind},
+        prefix_tokens=1, depth=12, method="pomt", prune=(BlockRemoval(3, 56),), device={"kind": kind},
     ).to_dict()
 
 

@@ -7,7 +7,7 @@ b(8) = 4.5, b(7) = 3. Pruning at block 0 makes the prediction equal L(n) itself.
 
 import pytest
 
-from pomt.errors import CurveError, GridError, PolicyError
+from pomt.errors import CurveError, GridError, PatchError, PolicyError
 from pomt.policy import choose_budget, choose_step, choose_utility, predict_latency, utility_values
 from pomt.steps import Step
 
@@ -35,8 +35,8 @@ def test_predict_latency_interpolates_unmeasured_counts():
 
 
 def test_predict_latency_errors():
-    with pytest.raises(GridError):
-        predict_latency(CURVE, 10, 4, [(4, 1)])  # block outside [0, 3]
+    with pytest.raises(PatchError, match="prune block 4 is outside the model's blocks 0..3"):
+        predict_latency(CURVE, 10, 4, [(4, 1)])
     with pytest.raises(GridError):
         predict_latency(CURVE, 10, 4, [(1, 10)])  # nothing left
     with pytest.raises(CurveError):
@@ -138,14 +138,16 @@ def test_budget_policy_errors():
 
 
 @pytest.mark.parametrize(
-    "bad", [{"block": 4, "max_remove": 3}, {"block": -1, "max_remove": 3}, {"block": 0, "max_remove": -1}]
+    ("bad", "error"),
+    [({"block": 4, "max_remove": 3}, PatchError), ({"block": -1, "max_remove": 3}, PatchError),
+     ({"block": 0, "max_remove": -1}, GridError)],
 )
-def test_setting_errors(bad):
-    with pytest.raises(GridError):
+def test_setting_errors(bad, error):
+    with pytest.raises(error):
         choose_step(CURVE, [STEP], min_gain=0.03, **bad, **SETTING)
-    with pytest.raises(GridError):
+    with pytest.raises(error):
         choose_budget(CURVE, latency_budget_ms=14.0, **bad, **SETTING)
-    with pytest.raises(GridError):
+    with pytest.raises(error):
         choose_utility(CURVE, ACCURACY, alpha=0.5, **bad, **SETTING)
 
 

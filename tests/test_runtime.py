@@ -26,7 +26,7 @@ from pomt.runtime import (
     program_key,
     resolve_dtype,
 )
-from pomt.tokens import keep_tokens
+from pomt.tokens import truncate_tokens
 
 from conftest import ROOT, assert_one_line_error, run_cli
 
@@ -145,7 +145,7 @@ def test_curve_through_each_backend_exports_once_per_count_and_reuses_the_cache(
         for n in COUNTS:
             with build_forward(model, x, backend=backend, device="cpu", tokens=n, cache_dir=tmp_path) as forward:
                 point = measure_point(forward, n, min_run_s=0.01, warmup=1, retries=0)
-                with keep_tokens(model, n), torch.no_grad():
+                with truncate_tokens(model, n), torch.no_grad():
                     expected = model(x)
                 assert (_first_output(forward()) - expected).abs().max() <= 1e-4, (backend, n)
             hits[f"{backend}/{n}"], latency[f"{backend}/{n}"] = forward.cache_hit, point.median_ms

@@ -8,7 +8,7 @@ from pomt.errors import ScheduleError
 from pomt.geometry import model_geometry
 from pomt.models import create_model
 from pomt.patching import apply_schedule, unpatch
-from pomt.schedule import PruneStep, Schedule, load_schedule, save_schedule
+from pomt.schedule import BlockRemoval, Schedule, load_schedule, save_schedule
 
 
 def _schedule(**overrides) -> Schedule:
@@ -20,7 +20,7 @@ def _schedule(**overrides) -> Schedule:
         prefix_tokens=1,
         depth=12,
         method="pomt",
-        prune=(PruneStep(3, 56),),
+        prune=(BlockRemoval(3, 56),),
         policy={"name": "step", "alpha": None, "max_remove": 150, "min_gain": 0.03},
         predicted={"baseline_ms": 10.0, "pruned_ms": 8.0, "accuracy": None, "accuracy_kind": None},
         steps=[{"tokens": 141, "before_ms": 9.0, "after_ms": 8.0, "drop_pct": 11.1, "significance": 9.0}],

@@ -4,7 +4,7 @@ import torch
 from pomt.errors import GridError
 from pomt.geometry import model_geometry, transformer_blocks
 from pomt.models import create_model
-from pomt.tokens import forward_at_tokens, gather_tokens, keep_tokens
+from pomt.tokens import forward_at_tokens, gather_tokens, truncate_tokens
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_out_of_range_raises(tiny):
 
 
 def test_hook_is_removed(tiny):
-    with keep_tokens(tiny, 10):
+    with truncate_tokens(tiny, 10):
         pass
     x = torch.randn(1, 3, 224, 224)
     with torch.no_grad():

@@ -12,7 +12,7 @@ import torch
 import pomt
 from pomt.geometry import model_geometry
 from pomt.models import create_model
-from pomt.schedule import PruneStep as BlockRemoval, Schedule  # renamed BlockRemoval by the refactor
+from pomt.schedule import BlockRemoval, Schedule
 from pomt.sources import LiveSource, ReplaySource, Session
 from pomt.verify import CandidateResult, choose, cost_function, method_cost, schedule_forward_at, verify
 

@@ -1,6 +1,6 @@
 """Side-by-side benchmarks of the unpruned model, a schedule and other token reducers."""
 
-from pomt.bench.flops import analytic_flops, count_flops, vit_flops
+from pomt.bench.flops import count_flops
 from pomt.bench.report import COLUMNS, format_sweep, format_table, write_benchmark, write_sweep
 from pomt.bench.run import BenchConfig, BenchResult, SweepResult, run_benchmark, run_sweep
 
@@ -9,13 +9,11 @@ __all__ = [
     "BenchConfig",
     "BenchResult",
     "SweepResult",
-    "analytic_flops",
     "count_flops",
     "format_sweep",
     "format_table",
     "run_benchmark",
     "run_sweep",
-    "vit_flops",
     "write_benchmark",
     "write_sweep",
 ]

@@ -12,15 +12,13 @@ import os
 import re
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from pomt.measure import synchronize
+from pomt.measure import interleaved
 
 _KINETO_CHATTER = re.compile(r"^(USDT:|(INFO|WARNING|ERROR|STAGE):\d{4}-\d\d-\d\d )")
 
@@ -34,6 +32,11 @@ class ProfileSummary:
     profiled_wall_ms: float
     kind: str  # "aten_ops_cpu_self_time" or "gpu_kernels_device_time"
     forwards: int
+
+
+def _per_call_ms(fn: Callable[[], object], device: str, calls: int) -> float:
+    """Mean time (ms) of `calls` back-to-back calls, synchronised at both ends."""
+    return interleaved({"fn": fn}, device, rounds=1, calls_per_round=calls, warmup=0).stats["fn"].mean_ms
 
 
 @contextlib.contextmanager
@@ -67,20 +70,15 @@ def _quiet_kineto() -> Iterator[None]:
 def profile_forward(
     fn: Callable[[], object], device: str, forwards: int = 3, warmup: int = 2
 ) -> ProfileSummary:
-    """Profile `forwards` calls of `fn` after `warmup` unprofiled ones."""
+    """Profile `forwards` back-to-back calls of `fn` after `warmup` unprofiled ones (both timed and
+    synchronised by `pomt.measure`)."""
     cuda = device.startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")
-    with torch.inference_mode():
-        for _ in range(warmup):
-            fn()
-        synchronize(device)
-        with _quiet_kineto(), profile(activities=activities) as prof:
-            start = time.perf_counter()
-            for _ in range(forwards):
-                fn()
-            synchronize(device)
-            wall_ms = (time.perf_counter() - start) * 1e3 / forwards
+    if warmup:
+        _per_call_ms(fn, device, warmup)
+    with _quiet_kineto(), profile(activities=activities) as prof:
+        wall_ms = _per_call_ms(fn, device, forwards)
     events = prof.events()
     if cuda:
         gpu = [e for e in events if e.device_type == DeviceType.CUDA]

@@ -7,130 +7,105 @@ A sweep repeats this for every (batch size, input size) cell.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from pomt.bench import accuracy as acc
+from pomt import accuracy as acc
 from pomt.bench.flops import count_flops
 from pomt.bench.profile import profile_forward
 from pomt.bench.resources import peak_memory, power_and_energy
 from pomt.bench.variants import (
     BASELINE,
     SCHEDULE,
+    VALID_METHODS,
     Variant,
     build_variant,
-    check_methods,
     flops_function,
     match_flops,
     plan_reductions,
+    variant_methods,
 )
-from pomt.device import clock_snapshot, device_fingerprint, require_locked_clocks, resolve_device
-from pomt.errors import BatchSizeError, InputSizeError, ScheduleError
+from pomt.device import clock_snapshot
+from pomt.errors import ScheduleError
 from pomt.geometry import model_geometry
 from pomt.measure import fixed_threads, interleaved
-from pomt.models import architecture, create_model, normalise_input_size, resolve_model_name
+from pomt.models import architecture, create_model
+from pomt.options import option
+from pomt.run_setup import RunSetup, output_stem, prepare_run
 from pomt.schedule import Schedule, load_schedule
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What to benchmark and how; the CLI fills it from its options."""
+    """What to benchmark and how; each field is also the CLI option of its name (`pomt.options`)."""
 
-    model: str | None = None
-    schedule: str | Path | Schedule | None = None
-    methods: tuple[str, ...] = (BASELINE,)
-    remove: int | None = None
-    r: int | None = None
-    prune_block: int = 3
-    keep_rate: float | None = None
-    match_flops: bool = False
-    batch_size: int | None = None
-    input_size: int | tuple[int, int] | None = None
-    device: str = "auto"
-    threads: int | None = None
-    rounds: int = 30
-    calls_per_round: int = 1
-    warmup: int = 3
-    dataset_root: str | Path | None = None
-    accuracy_samples: int = 32
-    checkpoint: str | Path | None = None
-    pretrained: bool = False
-    require_locked_clocks: bool = False
-    profile: bool = True
-    power_seconds: float = 2.0
-    seed: int = 0
+    model: str | None = option(None, "timm name or alias (default: the schedule's model).")
+    schedule: Path | str | Schedule | None = option(None, "Schedule JSON to compare with the unpruned model.")
+    methods: str | tuple[str, ...] = option(
+        BASELINE, f"Comma-separated variants: {', '.join(VALID_METHODS)} (none is always run)."
+    )
+    remove: int | None = option(None, "Tokens removed at --prune-block (pomt/topk/l2norm/random).")
+    r: int | None = option(None, "ToMe: tokens merged per block.")
+    prune_block: int = option(3, "Block that prunes (0-based).")
+    keep_rate: float | None = option(None, "Instead of --remove: patch tokens kept, in (0, 1].")
+    match_flops: bool = option(False, "Choose each reducer's amount to match the schedule's FLOPs.")
+    batch_size: int | None = option(None, "Batch size (default: the schedule's, else 1).")
+    input_size: int | tuple[int, int] | None = option(None, "Input size in pixels (default: schedule's/model's).")
+    device: str = option("auto", "auto, cpu, cuda, cuda:N or mps.")
+    threads: int | None = option(None, "CPU threads (default: torch's).")
+    rounds: int = option(30, "Interleaved timing rounds (one sample per variant each).", min=1)
+    calls_per_round: int = option(1, "Back-to-back forwards per sample.", min=1)
+    warmup: int = option(3, "Warm-up forwards per variant.", min=0)
+    dataset_root: Path | str | None = option(None, "ImageFolder for top-1 accuracy.")
+    accuracy_samples: int = option(32, "Images for accuracy (top-1 or agreement on random inputs); 0: skip.")
+    checkpoint: Path | str | None = option(None, "Local weights (state dict or timm checkpoint).")
+    pretrained: bool = option(False, "Fetch timm's pretrained weights.", negatable=True)
+    require_locked_clocks: bool = option(False, "Refuse to measure unless clocks are locked.")
+    profile: bool = option(True, "Count ops/kernels with torch.profiler.", negatable=True)
+    power_seconds: float = option(2.0, "Seconds per variant of power sampling (GPU).")
+    seed: int = option(0, "Seed for inputs and random pruning.")
 
 
 @dataclass
 class BenchResult:
     """One benchmark: a row per variant and the run's metadata."""
 
-    model: str
-    device: str
-    batch_size: int
-    input_size: tuple[int, int]
+    run: RunSetup
     rows: list[dict]
     meta: dict = field(default_factory=dict)
 
     @property
     def stem(self) -> str:
-        """`<model>_<device>_bs<B>_is<S>`, the name all of this run's files share."""
-        return (
-            f"{self.model}_{self.device.split(':')[0]}_bs{self.batch_size}_is{_size_label(self.input_size)}"
-        )
-
-
-def _size_label(size: tuple[int, int]) -> str:
-    return str(size[0]) if size[0] == size[1] else f"{size[0]}x{size[1]}"
-
-
-def check_batch_size(batch: int) -> int:
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise BatchSizeError(f"batch size must be an integer >= 1, got {batch!r}")
-    return batch
-
-
-def check_input_size(size: int | tuple[int, int] | None) -> tuple[int, int] | None:
-    try:
-        return normalise_input_size(size)
-    except (TypeError, ValueError):
-        raise InputSizeError(f"input size must be a positive integer, got {size!r}") from None
+        return self.run.stem
 
 
 @dataclass(frozen=True)
 class _Setup:
-    """The resolved pieces of a run shared by every cell of a sweep."""
+    """The configuration, its schedule and the run they resolve to (a sweep changes the run per cell)."""
 
     config: BenchConfig
     schedule: Schedule | None
-    model_name: str
-    device: str
-    fingerprint: dict
+    run: RunSetup
 
 
 def prepare(config: BenchConfig) -> _Setup:
-    """Validate the configuration before any model is built: methods, sizes, schedule, device, clocks."""
-    check_methods(config.methods)
-    if config.batch_size is not None:
-        check_batch_size(config.batch_size)
-    check_input_size(config.input_size)
+    """Validate the configuration and resolve the run before any model is built."""
+    variant_methods(config.methods)
     schedule = load_schedule(config.schedule) if config.schedule is not None else None
     if config.model is None and schedule is None:
         raise ScheduleError("give --model or a --schedule (whose model is used)")
-    name = resolve_model_name(config.model or schedule.model)
     if config.match_flops and schedule is None:
         raise ScheduleError("--match-flops needs a --schedule whose FLOPs the reducers match")
-    device = resolve_device(config.device)
-    fingerprint = device_fingerprint(device, config.threads)
-    if config.require_locked_clocks:
-        require_locked_clocks(fingerprint)
-    return _Setup(config, schedule, name, device, fingerprint)
+    batch = config.batch_size if config.batch_size is not None else (schedule.batch_size if schedule else 1)
+    size = config.input_size if config.input_size is not None else (schedule.input_size if schedule else None)
+    run = prepare_run(config.model or schedule.model, config.device, config.threads, batch, size,
+                      config.require_locked_clocks)
+    return _Setup(config, schedule, run)
 
 
 def run_benchmark(config: BenchConfig, progress: bool | None = None) -> BenchResult:
@@ -139,53 +114,36 @@ def run_benchmark(config: BenchConfig, progress: bool | None = None) -> BenchRes
 
 
 def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) -> BenchResult:
-    config, schedule, device = setup.config, setup.schedule if schedule_here else None, setup.device
-    batch = check_batch_size(config.batch_size or (schedule.batch_size if schedule else 1))
-    size = check_input_size(config.input_size) or (schedule.input_size if schedule else None)
-    base = create_model(
-        setup.model_name, input_size=size, pretrained=config.pretrained, checkpoint=config.checkpoint
-    ).to(device)
+    config, schedule, run = setup.config, setup.schedule if schedule_here else None, setup.run
+    device, batch, size = run.device, run.batch_size, run.input_size
+    base = create_model(run.model, input_size=size, pretrained=config.pretrained, checkpoint=config.checkpoint)
+    base = base.to(device)
     geometry = model_geometry(base)
-    size = geometry.input_size
     if schedule is not None:
         schedule.check_geometry(geometry)
-        if architecture(schedule.model) != architecture(setup.model_name):
-            warnings.warn(
-                f"schedule was made for {schedule.model}, benchmarking {setup.model_name}", stacklevel=2
-            )
+        if architecture(schedule.model) != run.architecture:
+            warnings.warn(f"schedule was made for {schedule.model}, benchmarking {run.model}", stacklevel=2)
     x = torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(config.seed)).to(device)
 
-    reductions = plan_reductions(
-        config.methods,
-        geometry,
-        config.remove,
-        config.r,
-        config.prune_block,
-        config.keep_rate,
-        schedule,
-        amounts_later=config.match_flops,
-    )
+    reductions = plan_reductions(config.methods, geometry, config.remove, config.r, config.prune_block,
+                                 config.keep_rate, schedule, amounts_later=config.match_flops)
     if config.match_flops:
         reductions = match_flops(reductions, geometry, flops_function(base, x[:1]), config.prune_block)
 
-    with fixed_threads(config.threads) as threads, _bar(progress, 2 * len(reductions) + 2, geometry) as bar:
+    bar = tqdm(total=2 * len(reductions) + 2, desc=f"{geometry.model} {size[0]}px", unit="stage", leave=False,
+               disable=None if progress is None else not progress)
+    with fixed_threads(config.threads) as threads, bar:
         variants = []
         for reduction in reductions:
             variants.append(build_variant(base, reduction, schedule, batch, config.seed))
             bar.update()
         del base
-        rows = {v.name: _static_row(v, x, setup, schedule, batch, size) for v in variants}
+        rows = {v.name: _static_row(v, x, run, schedule) for v in variants}
         accuracy_kind, samples = _add_accuracy(rows, variants, config, device, batch, size)
         bar.update()
         before = clock_snapshot(device)
-        timing = interleaved(
-            {v.name: _forward(v, x) for v in variants},
-            device,
-            threads,
-            config.rounds,
-            config.calls_per_round,
-            config.warmup,
-        )
+        forwards = {v.name: _forward(v, x) for v in variants}
+        timing = interleaved(forwards, device, threads, config.rounds, config.calls_per_round, config.warmup)
         after = clock_snapshot(device)
         bar.update()
         notes: list[str] = []
@@ -196,9 +154,9 @@ def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) 
     for row in rows.values():
         row["accuracy_kind"] = accuracy_kind
     meta = {
-        "model": setup.model_name,
+        "model": run.model,
         "device": device,
-        "fingerprint": setup.fingerprint,
+        "fingerprint": run.fingerprint,
         "threads": threads,
         "rounds": config.rounds,
         "calls_per_round": config.calls_per_round,
@@ -213,16 +171,7 @@ def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) 
         "clocks": {"before": before, "after": after},
         "notes": sorted(set(notes)),
     }
-    return BenchResult(architecture(setup.model_name), device, batch, size, list(rows.values()), meta)
-
-
-@contextlib.contextmanager
-def _bar(progress: bool | None, total: int, geometry) -> Iterator[tqdm]:
-    desc = f"{geometry.model} {geometry.input_size[0]}px"
-    with tqdm(
-        total=total, desc=desc, unit="step", leave=False, disable=None if progress is None else not progress
-    ) as bar:
-        yield bar
+    return BenchResult(run, list(rows.values()), meta)
 
 
 def _forward(variant: Variant, x: torch.Tensor):
@@ -230,16 +179,9 @@ def _forward(variant: Variant, x: torch.Tensor):
     return lambda: model(x)
 
 
-def _static_row(
-    variant: Variant,
-    x: torch.Tensor,
-    setup: _Setup,
-    schedule: Schedule | None,
-    batch: int,
-    size: tuple[int, int],
-) -> dict:
+def _static_row(variant: Variant, x: torch.Tensor, run: RunSetup, schedule: Schedule | None) -> dict:
     """The columns that need no timing: identity, tokens, FLOPs per image, parameters, prediction."""
-    reduction = variant.reduction
+    reduction, batch, size = variant.reduction, run.batch_size, run.input_size
     predicted = None
     if schedule is not None and batch == schedule.batch_size and tuple(size) == tuple(schedule.input_size):
         key = {SCHEDULE: "pruned_ms", BASELINE: "baseline_ms"}.get(variant.name)
@@ -247,7 +189,7 @@ def _static_row(
         predicted = float(value) if isinstance(value, (int, float)) and value > 0 else None
     params = sum(p.numel() for p in variant.model.parameters())
     return {
-        "model": architecture(setup.model_name),
+        "model": run.architecture,
         "method": variant.name,
         "batch_size": batch,
         "input_size": size[0],
@@ -255,7 +197,7 @@ def _static_row(
         "predicted_ms": predicted,
         "gflops": count_flops(variant.model, x) / batch / 1e9,
         "params_m": params / 1e6,
-        "clocks_locked": setup.fingerprint.get("clocks_locked"),
+        "clocks_locked": run.fingerprint.get("clocks_locked"),
         "reducer": reduction.method or "",
         "amount": reduction.amount,
         "removal": {str(k): v for k, v in sorted(reduction.removal.items())},
@@ -274,16 +216,17 @@ def _add_accuracy(
         for row in rows.values():
             row["accuracy"] = None
         return "", 0
+    samples = -(-config.accuracy_samples // batch) * batch
     if config.dataset_root is not None:
-        evalset = acc.imagefolder_set(
-            config.dataset_root, variants[0].model, config.accuracy_samples, batch, size, config.seed
-        )
+        dataset, kind = acc.open_image_folder(config.dataset_root, acc.eval_transform(variants[0].model, size))
     else:
-        evalset = acc.synthetic_set(config.accuracy_samples, batch, size, config.seed)
-    scores = acc.evaluate([(v.name, v.model) for v in variants], evalset, device)
+        dataset, kind = acc.random_images(samples, size, config.seed), acc.AGREEMENT
+    loader = acc.whole_batches(dataset, samples, batch, config.seed)
+    forwards = {v.name: lambda images, _, model=v.model: model(images) for v in variants}
+    scores, samples = acc.evaluate(forwards, loader, kind, forwards[BASELINE], device, progress=False)
     for name, score in scores.items():
         rows[name]["accuracy"] = score
-    return evalset.kind, evalset.samples
+    return kind, samples
 
 
 def _add_timing(rows: dict[str, dict], stats: dict, batch: int) -> None:
@@ -309,7 +252,7 @@ def _add_resources(
 ) -> None:
     forward = _forward(variant, x)
     memory = peak_memory(forward, variant.model, device)
-    row.update(peak_mem_mb=memory.peak_mb, peak_mem_kind=memory.kind, rss_delta_mb=memory.rss_delta_mb)
+    row.update(peak_mem_mb=memory.peak_mb, peak_mem_kind=memory.kind)
     power = power_and_energy(forward, device, x.shape[0], config.power_seconds)
     row.update(power_w=power.power_w, energy_j_per_img=power.energy_j_per_img)
     if power.power_w is None:
@@ -330,17 +273,14 @@ def _add_resources(
 class SweepResult:
     """Benchmarks over a grid of batch sizes and input sizes."""
 
-    model: str
-    device: str
+    run: RunSetup
     batch_sizes: list[int]
     input_sizes: list[int]
     cells: dict[tuple[int, int], BenchResult]
 
     @property
     def stem(self) -> str:
-        batches = "-".join(map(str, self.batch_sizes))
-        sizes = "-".join(map(str, self.input_sizes))
-        return f"{self.model}_{self.device.split(':')[0]}_bs{batches}_is{sizes}"
+        return output_stem(self.run.model, self.run.device, self.batch_sizes, [(s, s) for s in self.input_sizes])
 
 
 def run_sweep(
@@ -348,30 +288,21 @@ def run_sweep(
 ) -> SweepResult:
     """Run the benchmark in every (batch size, input size) cell; a schedule joins only the cells at its
     own input size (elsewhere its token counts do not apply)."""
-    batch_sizes = [check_batch_size(b) for b in dict.fromkeys(batch_sizes)]
-    input_sizes = [check_input_size(s)[0] for s in dict.fromkeys(input_sizes)]
     setup = prepare(config)
+    batch_sizes, input_sizes = list(dict.fromkeys(batch_sizes)), list(dict.fromkeys(input_sizes))
+    runs = {(b, s): setup.run.at(b, s) for b in batch_sizes for s in input_sizes}
     schedule = setup.schedule
-    if (
-        schedule is not None
-        and config.match_flops
-        and any((s, s) != schedule.input_size for s in input_sizes)
-    ):
-        raise ScheduleError(
-            f"--match-flops needs the schedule's input size {schedule.input_size[0]} in every cell"
-        )
     if schedule is not None and any((s, s) != schedule.input_size for s in input_sizes):
+        if config.match_flops:
+            raise ScheduleError(f"--match-flops needs the schedule's input size {schedule.input_size[0]} in every cell")
         warnings.warn(
             f"the schedule applies at input size {schedule.input_size[0]} only; other cells leave it out",
             stacklevel=2,
         )
     cells: dict[tuple[int, int], BenchResult] = {}
-    grid = [(b, s) for b in batch_sizes for s in input_sizes]
-    bar = tqdm(grid, desc="sweep", unit="cell", disable=None if progress is None else not progress)
-    for batch, size in bar:
+    bar = tqdm(runs.items(), desc="sweep", unit="cell", disable=None if progress is None else not progress)
+    for (batch, size), run in bar:
         bar.set_postfix(batch=batch, size=size)
-        cell = replace(setup, config=replace(config, batch_size=batch, input_size=size))
-        here = schedule is not None and (size, size) == tuple(schedule.input_size)
-        cells[(batch, size)] = _run_cell(cell, progress, schedule_here=here)
-    first = next(iter(cells.values()))
-    return SweepResult(first.model, first.device, batch_sizes, input_sizes, cells)
+        here = schedule is not None and run.input_size == tuple(schedule.input_size)
+        cells[(batch, size)] = _run_cell(replace(setup, run=run), progress, schedule_here=here)
+    return SweepResult(setup.run, batch_sizes, input_sizes, cells)

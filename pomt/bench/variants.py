@@ -15,17 +15,17 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from pomt.bench.flops import analytic_flops, count_flops, match_amount
+from pomt.bench.flops import count_flops, match_amount, meta_copy
+from pomt.checks import METHODS, check_method, check_prune_block
 from pomt.errors import PatchError
 from pomt.geometry import Geometry, model_geometry
-from pomt.patching import METHODS, apply_schedule, patch, token_counts, unpatch
+from pomt.patching import apply_schedule, patch, token_counts, unpatch
 from pomt.patching.tome import max_merge
 from pomt.schedule import Schedule
 
 BASELINE = "none"
 SCHEDULE = "schedule"
 VALID_METHODS = (BASELINE, *METHODS)
-TOKEN_METHODS = tuple(m for m in METHODS if m != "tome")  # amount = tokens removed at one block
 MATCH_TOLERANCE = 0.02
 
 
@@ -66,22 +66,22 @@ class Variant:
         return self.reduction.name
 
 
-def check_methods(methods: Sequence[str]) -> list[str]:
-    """Deduplicated methods with the unpruned baseline first; PatchError names the valid ones."""
-    unknown = [m for m in methods if m not in VALID_METHODS]
-    if unknown:
-        raise PatchError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(VALID_METHODS)}")
-    ordered = [BASELINE] + [m for m in dict.fromkeys(methods) if m != BASELINE]
-    return ordered
+def variant_methods(methods: str | Sequence[str]) -> list[str]:
+    """The methods to compare (a sequence, or comma-separated), each checked, deduplicated, with the
+    unpruned baseline first."""
+    if isinstance(methods, str):
+        methods = [method.strip() for method in methods.split(",") if method.strip()]
+    checked = [check_method(method, VALID_METHODS) for method in dict.fromkeys(methods)]
+    return [BASELINE] + [method for method in checked if method != BASELINE]
 
 
-def tome_removal(steps: int, depth: int) -> dict[int, int]:
-    """ToMe merges for a fine-grained amount: r = steps // depth per block, one more in the last
-    steps % depth blocks. FLOPs fall with every step, and a late merge saves little, so FLOP matching
+def tome_removal(merges: int, depth: int) -> dict[int, int]:
+    """ToMe merges for a fine-grained amount: r = merges // depth per block, one more in the last
+    merges % depth blocks. FLOPs fall with every merge, and a late merge saves little, so FLOP matching
     can land much closer than uniform r alone."""
-    r, extra = divmod(steps, depth)
-    merges = {block: r + (1 if block >= depth - extra else 0) for block in range(depth)}
-    return {block: count for block, count in merges.items() if count}
+    r, extra = divmod(merges, depth)
+    per_block = {block: r + (1 if block >= depth - extra else 0) for block in range(depth)}
+    return {block: count for block, count in per_block.items() if count}
 
 
 def plan_reductions(
@@ -101,7 +101,7 @@ def plan_reductions(
     `amounts_later` (FLOP matching fills them in), reducers get no amount here.
     """
     reductions = []
-    for method in check_methods(methods):
+    for method in variant_methods(methods):
         if method == BASELINE:
             reductions.append(Reduction(BASELINE, None))
         elif amounts_later:
@@ -111,30 +111,13 @@ def plan_reductions(
                 raise PatchError("method tome needs --r (tokens merged per block) or --match-flops")
             reductions.append(Reduction(method, method, {b: r for b in range(geometry.depth)} if r else {}))
         else:
-            reductions.append(
-                Reduction(
-                    method, method, _token_removal(method, geometry, remove, prune_block, keep_rate, schedule)
-                )
-            )
+            removal = _token_removal(method, geometry, remove, prune_block, keep_rate, schedule)
+            reductions.append(Reduction(method, method, removal))
     if schedule is not None:
         reductions.insert(1, Reduction(SCHEDULE, schedule.method, dict(schedule.removal)))
     for reduction in reductions:
-        if reduction.method:
-            token_counts(
-                geometry.num_tokens,
-                geometry.prefix_tokens,
-                geometry.depth,
-                reduction.method,
-                reduction.removal,
-            )
+        _token_counts(geometry, reduction)  # raises PatchError for a removal the model cannot take
     return reductions
-
-
-def check_prune_block(block: int, geometry: Geometry) -> int:
-    """Raise PatchError unless the pruning block exists."""
-    if not 0 <= block < geometry.depth:
-        raise PatchError(f"--prune-block {block} is outside the model's blocks 0..{geometry.depth - 1}")
-    return block
 
 
 def _token_removal(
@@ -145,7 +128,7 @@ def _token_removal(
     keep_rate: float | None,
     schedule: Schedule | None,
 ) -> dict[int, int]:
-    check_prune_block(block, geometry)
+    check_prune_block(block, geometry.depth, "--prune-block")
     if keep_rate is not None:
         if not 0 < keep_rate <= 1:
             raise PatchError(f"--keep-rate must lie in (0, 1], got {keep_rate}")
@@ -163,25 +146,26 @@ FlopsFn = Callable[[str | None, Mapping[int, int]], float]
 
 
 def flops_function(base: nn.Module, example: torch.Tensor) -> FlopsFn:
-    """FLOPs of the base model under (method, removal): the analytic ViT count where it applies to this
-    model (checked against the FLOP counter once), else the FLOP counter on a scratch copy."""
-    scratch: list[nn.Module] = []
+    """FLOPs of the base model on `example` under (method, removal), counted on a weightless copy
+    (`meta_copy`); a method whose forward needs real data (`random`'s seeded generator) on a real copy."""
+    copies: dict[str, tuple[nn.Module, torch.Tensor]] = {}
 
-    def counted(method: str | None, removal: Mapping[int, int]) -> float:
-        if not scratch:
-            scratch.append(copy.deepcopy(base))
-        model = unpatch(scratch[0])
+    def count_on(kind: str, method: str | None, removal: Mapping[int, int]) -> float:
+        if kind not in copies:
+            meta = kind == "meta"
+            copies[kind] = (meta_copy(base), example.to("meta")) if meta else (copy.deepcopy(base), example)
+        model, x = copies[kind]
+        unpatch(model)
         if method and removal:
             patch(model, method, dict(removal))
-        return float(count_flops(model, example))
+        return float(count_flops(model, x))
 
-    batch = example.shape[0]
-    try:
-        exact = analytic_flops(base, batch) == counted(None, {})
-    except (AttributeError, TypeError):
-        exact = False
-    if exact:
-        return lambda method, removal: float(analytic_flops(base, batch, method, dict(removal)))
+    def counted(method: str | None, removal: Mapping[int, int]) -> float:
+        try:
+            return count_on("meta", method, removal)
+        except (RuntimeError, NotImplementedError):  # an op the meta device cannot run
+            return count_on("real", method, removal)
+
     return counted
 
 
@@ -192,7 +176,7 @@ def match_flops(
     target_reduction = next((red for red in reductions if red.name == SCHEDULE), None)
     if target_reduction is None:
         raise PatchError("--match-flops needs a --schedule to match")
-    check_prune_block(prune_block, geometry)
+    check_prune_block(prune_block, geometry.depth, "--prune-block")
     target = flops_at(target_reduction.method, target_reduction.removal)
     matched = []
     for reduction in reductions:
@@ -202,22 +186,22 @@ def match_flops(
         method = reduction.method
         if method == "tome":
 
-            def removal_of(steps: int) -> dict[int, int]:
-                return tome_removal(steps, geometry.depth)
+            def removal_of(amount: int) -> dict[int, int]:
+                return tome_removal(amount, geometry.depth)
 
             high = geometry.depth * max_merge(geometry.num_tokens, geometry.prefix_tokens)
         else:
 
-            def removal_of(steps: int) -> dict[int, int]:
-                return {prune_block: steps} if steps else {}
+            def removal_of(amount: int) -> dict[int, int]:
+                return {prune_block: amount} if amount else {}
 
             high = geometry.patch_tokens - 1
         memo: dict[int, float] = {}
 
-        def at(steps: int, removal_of=removal_of, method=method, memo=memo) -> float:
-            if steps not in memo:
-                memo[steps] = flops_at(method, removal_of(steps))
-            return memo[steps]
+        def at(amount: int, removal_of=removal_of, method=method, memo=memo) -> float:
+            if amount not in memo:
+                memo[amount] = flops_at(method, removal_of(amount))
+            return memo[amount]
 
         best = match_amount(at, target, 0, high)
         error = abs(at(best) - target) / target
@@ -244,13 +228,13 @@ def build_variant(
         apply_schedule(model, schedule, batch_size=batch_size)
     elif reduction.method and reduction.removal:
         patch(model, reduction.method, reduction.removal, seed=seed)
-    return Variant(reduction, model.eval(), _tokens_kept(model, reduction))
+    return Variant(reduction, model.eval(), _token_counts(model_geometry(model), reduction)[-1])
 
 
-def _tokens_kept(model: nn.Module, reduction: Reduction) -> int:
-    geometry = model_geometry(model)
+def _token_counts(geometry: Geometry, reduction: Reduction) -> list[int]:
+    """Tokens entering each block under the reduction, then the count leaving the last one."""
     if not reduction.method or not reduction.removal:
-        return geometry.num_tokens
+        return [geometry.num_tokens] * (geometry.depth + 1)
     return token_counts(
         geometry.num_tokens, geometry.prefix_tokens, geometry.depth, reduction.method, reduction.removal
-    )[-1]
+    )

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pomt.checks import check_method, check_prune_block
 from pomt.errors import PatchError
 from pomt.patching.tome import max_merge
-from pomt.schedule import METHODS
-
-
-def check_method(method: str) -> str:
-    """Return `method`, or raise PatchError listing the valid ones."""
-    if method not in METHODS:
-        raise PatchError(f"unknown pruning method {method!r}; choose one of {', '.join(METHODS)}")
-    return method
 
 
 def resolve_removal(prune: Mapping[int, int] | int, depth: int) -> dict[int, int]:
@@ -23,8 +16,7 @@ def resolve_removal(prune: Mapping[int, int] | int, depth: int) -> dict[int, int
     items = {block: prune for block in range(depth)} if isinstance(prune, int) else dict(prune)
     removal: dict[int, int] = {}
     for block, remove in sorted(items.items()):
-        if isinstance(block, bool) or not isinstance(block, int) or not 0 <= block < depth:
-            raise PatchError(f"cannot prune at block {block!r}: the model has blocks 0..{depth - 1}")
+        check_prune_block(block, depth)
         if isinstance(remove, bool) or not isinstance(remove, int) or remove < 0:
             raise PatchError(f"tokens to remove at block {block} must be an integer >= 0, got {remove!r}")
         if remove:
