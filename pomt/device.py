@@ -7,7 +7,9 @@ Nothing here prints or exits; failures to read clock state give ``None``/"unknow
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
+import json
 import os
 import platform
 import re
@@ -383,6 +385,19 @@ def device_fingerprint(device: str = "cpu", threads: int | None = None) -> dict[
     return fp
 
 
+IDENTITY = ("kind", "name", "cpu_name", "threads", "cores_logical", "torch", "backend")
+
+
+def fingerprint_hash(fingerprint: Mapping[str, Any]) -> str:
+    """A short hash of what makes a device the same device for latency: its kind and name, the CPU,
+    threads and cores, torch and the runtime backend (clocks, temperatures and frequencies left out)."""
+    identity = {key: fingerprint.get(key) for key in IDENTITY}
+    gpu = fingerprint.get("gpu") or {}
+    identity["gpu"] = {key: gpu.get(key) for key in ("name", "driver")} if gpu else None
+    text = json.dumps(identity, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def clock_snapshot(device: str) -> dict[str, Any]:
     """A cheap reading of clocks, temperature and power, taken before and after a measurement."""
     kind = device.split(":")[0]
@@ -412,6 +427,7 @@ def require_locked_clocks(fingerprint: Mapping[str, Any]) -> None:
 
 __all__ = [
     "clock_snapshot",
+    "fingerprint_hash",
     "clocks_locked_cpu",
     "clocks_locked_gpu",
     "decode_throttle_reasons",

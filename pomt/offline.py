@@ -1,60 +1,56 @@
-"""The offline computation: measure L(n), find steps, estimate A(n), choose a removal, write the schedule.
+"""The offline computation: a latency curve measured so that drift cancels, its steps confirmed by paired
+measurement, A(n), a removal chosen by a policy that charges the method's own cost, the patched model
+verified against the unpruned one on this device, and the schedule written.
 
-One function per stage; `run_offline` strings them together for the CLI and `offline_computation.py`.
+Stages, one function each: `prepare_live` / `prepare_replay` (the run, the model, the grid and where
+latency comes from: this machine through the journal `<stem>.trace.csv`, or a recorded trace with
+`--replay`), `pomt.search.LatencySearch.run`, `estimate_accuracy`, `rank` (policies, with
+`pomt.verify.method_cost`), `pomt.verify.verify` (journal `<stem>.verify.csv`), `write_outputs`.
+`run_offline` strings them together for the CLI and `offline_computation.py`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-import torch
-from torch import nn
 
 from pomt import accuracy as acc
 from pomt.checks import METHODS, check_method, check_prune_block
-from pomt.device import clock_snapshot
+from pomt.device import fingerprint_hash
 from pomt.errors import DatasetError, GridError, PolicyError
 from pomt.geometry import Geometry, model_geometry
 from pomt.io import atomic_write_csv
-from pomt.measure import LatencyPoint, measure_point
-from pomt.models import create_model
+from pomt.models import create_model, resolve_model_name
 from pomt.options import option
 from pomt.plots import plot_offline
-from pomt.policy import POLICIES, Decision, choose_budget, choose_step, choose_utility, utility_values
-from pomt.run_setup import RunSetup, prepare_run
+from pomt.policy import POLICIES, Decision, Setting, rank_budget, rank_step, rank_utility, utility_values
+from pomt.run_setup import RunSetup
+from pomt.runtime import Backend
 from pomt.schedule import BlockRemoval, Schedule, save_schedule, utc_now
-from pomt.search import PointStore, adaptive_search, full_search, remeasure_spikes, steps_of_points, token_grid
-from pomt.steps import StepReport
-from pomt.tokens import truncate_tokens
+from pomt.search import LatencySearch, SearchResult, SearchSettings
+from pomt.sources import LiveSource, ReplaySource, Session, journal_end_s
+from pomt.stats import corrected_values
+from pomt.trace import check_trace_geometry, read_trace
+from pomt.verify import Verification, cost_function, method_cost, schedule_forward_at, verify
+from pomt.workload import Prepared, Workload, live_session, open_journal, prepare, settings_keys, workload_grid
 
 CURVE_COLUMNS = (
-    "tokens", "median_ms", "iqr_ms", "samples", "accuracy", "accuracy_interpolated",
-    "min_ms", "p10_ms", "threads", "device",
+    "tokens", "latency_ms", "median_ms", "relative", "spread_ms", "min_ms", "visits", "samples", "se_ms",
+    "accuracy", "accuracy_interpolated",
 )
-
-
 SEARCHES = ("adaptive", "full")
 
 
 @dataclass(frozen=True)
 class OfflineConfig:
-    """Everything one offline run needs; each field is also the CLI option of its name (`pomt.options`)."""
+    """What the offline computation does with a workload (`pomt.workload.Workload`) besides measuring it
+    (`SearchSettings`); each field is also the CLI option of its name (`pomt.options`)."""
 
-    model: str = option("deit_base", "timm model name or alias.")
-    batch_size: int = option(4, "Batch size the schedule is for.")
-    input_size: int | tuple[int, int] | None = option(None, "Input size in pixels (default: the model's).")
-    device: str = option("auto", "auto (cuda if present, else cpu), cpu, cuda[:N], mps.")
-    threads: int | None = option(None, "CPU threads, fixed and recorded (default: torch's).")
-    grid_token_start: int | None = option(None, "First kept-token count (default N).")
-    grid_token_stop: int | None = option(None, "Last kept-token count (default P+1).")
-    grid_token_stride: int = option(1, "Grid step in tokens.")
-    search: str = option("adaptive", "Coarse grid refined at steps (adaptive), or every count.", choices=SEARCHES)
-    coarse_stride: int | None = option(None, "Adaptive search's first-pass stride.")
-    significance: float = option(5.0, "Steps must exceed this many noise units.")
-    min_run_s: float = option(0.2, "Seconds of timing per latency point (at least).")
+    search: str = option("adaptive", "Coarse grid refined at candidate steps (adaptive), or every count.",
+                         choices=SEARCHES)
+    replay: Path | None = option(None, "Analyse a recorded trace (CSV with its JSON sidecar) instead of measuring; "
+                                       "model, batch and input size are the trace's.")
     dataset_root: Path | None = option(
         None, "ImageFolder for accuracy (top-1), or a folder of images (agreement with the unpruned model)."
     )
@@ -73,17 +69,17 @@ class OfflineConfig:
     latency_budget_ms: float | None = option(None, "Latency the schedule must meet.")
     min_accuracy: float | None = option(None, "Lowest acceptable A(n), in [0, 1].")
     max_remove: int | None = option(None, "Most tokens the schedule may remove.")
-    min_gain: float = option(0.03, "Least predicted gain (fraction) worth pruning for.")
+    min_gain: float = option(0.03, "Least speedup (fraction) worth pruning for, predicted and measured.")
     prune_block: int = option(3, "Block (0-based) where tokens are removed.")
     method: str = option("pomt", "Reducer the schedule is applied with.", choices=METHODS)
-    output_dir: Path = option(Path("bin"), "Where outputs are written.")
-    resume: bool = option(False, "Continue a killed search; measure only what is missing.")
-    require_locked_clocks: bool = option(False, "Refuse to measure unless clocks are locked.")
+    verify: bool = option(True, "Measure the patched model against the unpruned one before shipping.",
+                          negatable=True)
+    verify_rounds: int = option(10, "Rounds of the verification (every candidate once per round).", min=3)
+    verify_candidates: int = option(2, "Best-ranked removals verified (plus the other side of a targeted step).",
+                                    min=1)
     latency_only: bool = option(False, "Measure latency only (no accuracy).")
     accuracy_only: bool = option(False, "Estimate accuracy only; write its CSV.")
     accuracy_curve: Path | None = option(None, "Accuracy CSV from an --accuracy-only run.")
-    seed: int = option(0, "Seed for the accuracy sample and random pruning.")
-    progress: bool = option(True, "Show progress bars.", negatable=True)
 
 
 @dataclass
@@ -92,23 +88,44 @@ class OfflineResult:
 
     geometry: Geometry
     device: dict
-    points: list[LatencyPoint] = field(default_factory=list)
-    report: StepReport | None = None
+    search: SearchResult | None = None
     accuracy: acc.AccuracyCurve | None = None
     decision: Decision | None = None
-    overhead_ms: float = 0.0
+    verification: Verification | None = None
+    method_cost: dict[int, float] = field(default_factory=dict)
+    schedule: Schedule | None = None
     paths: dict[str, Path] = field(default_factory=dict)
     measure_seconds: float = 0.0
-    measured_points: int = 0
+    notes: list[str] = field(default_factory=list)
 
 
-def validate(config: OfflineConfig) -> None:
+@dataclass
+class Run:
+    """A prepared run: the workload made concrete, and where its latency comes from."""
+
+    prepared: Prepared
+    session: Session | None
+    replay: Path | None = None
+
+    @property
+    def setup(self) -> RunSetup:
+        return self.prepared.setup
+
+    @property
+    def geometry(self) -> Geometry:
+        return self.prepared.geometry
+
+
+def validate(config: OfflineConfig, settings: SearchSettings) -> None:
     """Reject bad settings before anything is resolved or built (`prepare_run` checks the rest)."""
     check_method(config.method)
+    settings.check()
     if config.search not in SEARCHES:
         raise GridError(f"unknown search {config.search!r}; choose one of {', '.join(SEARCHES)}")
     if config.latency_only and config.accuracy_only:
         raise PolicyError("--latency-only and --accuracy-only exclude each other")
+    if config.replay is not None and config.accuracy_only:
+        raise PolicyError("--replay analyses latency; --accuracy-only measures none")
     if config.policy is not None and config.policy not in POLICIES:
         raise PolicyError(f"unknown policy {config.policy!r}; choose one of {', '.join(POLICIES)}")
     if config.policy == "budget" and config.latency_budget_ms is None:
@@ -121,133 +138,112 @@ def validate(config: OfflineConfig) -> None:
         raise DatasetError(f"dataset folder not found: {config.dataset_root}")
 
 
+def check_pruning(config: OfflineConfig, geometry: Geometry) -> None:
+    """The pruning block and the removal limit, against the model."""
+    check_prune_block(config.prune_block, geometry.depth, "--prune-block")
+    if config.max_remove is not None and not 0 <= config.max_remove <= geometry.patch_tokens - 1:
+        raise GridError(f"--max-remove {config.max_remove} is outside [0, {geometry.patch_tokens - 1}]")
+
+
 def needs_accuracy_model(config: OfflineConfig) -> bool:
     return config.dataset_root is not None and not config.latency_only and config.accuracy_curve is None
 
 
-def build_model(config: OfflineConfig, setup: RunSetup) -> nn.Module:
-    """The model at the run's input size on its device; weights only when accuracy is measured here."""
+def prepare_live(workload: Workload, config: OfflineConfig, settings: SearchSettings) -> Run:
+    """Set up measuring on this machine: the workload, weights only when accuracy is measured, the journal."""
     pretrained = config.pretrained
     if pretrained is None:
         pretrained = needs_accuracy_model(config) and config.checkpoint is None
-    model = create_model(setup.model, setup.input_size, pretrained=pretrained, checkpoint=config.checkpoint)
-    return model.to(setup.device)
+    prepared = prepare(workload, pretrained=pretrained, checkpoint=config.checkpoint)
+    check_pruning(config, prepared.geometry)
+    if config.accuracy_only:
+        return Run(prepared, None)
+    journal = open_journal(workload, prepared, "trace", "whole model, tokens truncated after embedding",
+                           {"search": config.search, **settings_keys(settings)})
+    return Run(prepared, live_session(workload, prepared, journal))
 
 
-def overhead_latency(
-    model: nn.Module, x: torch.Tensor, device: str, threads: int | None, min_run_s: float
-) -> float:
-    """Latency (ms) of the model with its blocks removed: embedding + head, which pruning never saves."""
-    blocks = model.blocks
-    model.blocks = type(blocks)()  # swapped out for the measurement, no copy of the weights
-    try:
-        return measure_point(lambda: model(x), 0, device=device, threads=threads, min_run_s=min_run_s).median_ms
-    finally:
-        model.blocks = blocks
+def prepare_replay(workload: Workload, config: OfflineConfig) -> Run:
+    """Set up analysing a recorded trace: the model it names (for its geometry), the trace's own counts."""
+    trace = read_trace(config.replay)
+    meta = trace.meta
+    name = resolve_model_name(meta["model"])
+    model = create_model(name, tuple(meta["input_size"]))
+    geometry = model_geometry(model)
+    check_trace_geometry(trace, geometry.num_tokens, geometry.prefix_tokens, name)
+    check_pruning(config, geometry)
+    recorded = meta.get("device") if isinstance(meta.get("device"), dict) else {
+        "kind": "cpu", "name": meta.get("cpu"), "threads": meta.get("threads"), "torch": meta.get("torch"),
+        "timm": meta.get("timm"),
+    }
+    setup = RunSetup(name, "replay", {**recorded, "replayed_from": str(config.replay)}, int(meta["batch_size"]),
+                     geometry.input_size)
+    if geometry.num_tokens not in trace.counts:
+        raise GridError(f"trace {config.replay} has no visit at N = {geometry.num_tokens}, the reference")
+    grid = [n for n in workload_grid(workload, geometry) if n in set(trace.counts)]
+    return Run(Prepared(setup, geometry, grid, model, None), Session(ReplaySource(trace)), config.replay)
 
 
-def latency_measure(
-    model: nn.Module, x: torch.Tensor, device: str, threads: int | None, min_run_s: float
-) -> Callable[[int], LatencyPoint]:
-    """A function n → LatencyPoint of one full forward with n tokens through every block."""
-
-    def measure(n: int) -> LatencyPoint:
-        with truncate_tokens(model, n):
-            return measure_point(
-                lambda: model(x), n, device=device, threads=threads, min_run_s=min_run_s, warmup=1,
-                snapshot=lambda: clock_snapshot(device),
-            )
-
-    return measure
-
-
-def latency_grid(config: OfflineConfig, geometry: Geometry) -> list[int]:
-    """The token counts to search, checked against the model (prune block and range too)."""
-    check_prune_block(config.prune_block, geometry.depth, "--prune-block")
-    if config.max_remove is not None and not 0 <= config.max_remove <= geometry.patch_tokens - 1:
-        raise GridError(f"--max-remove {config.max_remove} is outside [0, {geometry.patch_tokens - 1}]")
-    return token_grid(
-        config.grid_token_start if config.grid_token_start is not None else geometry.num_tokens,
-        config.grid_token_stop if config.grid_token_stop is not None else geometry.min_tokens,
-        config.grid_token_stride,
-        min_tokens=geometry.min_tokens,
-        max_tokens=geometry.num_tokens,
-    )
-
-
-def search_latency(
-    config: OfflineConfig, model: nn.Module, geometry: Geometry, device: str, grid: list[int], store: PointStore
-) -> list[LatencyPoint]:
-    """Full or adaptive search over the token grid, resuming from the store."""
-    x = torch.randn(config.batch_size, 3, *geometry.input_size, device=device)
-    measure = latency_measure(model, x, device, config.threads, config.min_run_s)
-    if config.search == "full":
-        points = full_search(measure, grid, store=store, progress=config.progress)
-        points = remeasure_spikes(points, measure, k=config.significance, store=store)
-    else:
-        points = adaptive_search(
-            measure, grid, coarse_stride=config.coarse_stride, k=config.significance, store=store,
-            progress=config.progress,
-        )
-    return [points[n] for n in sorted(points)]
-
-
-def estimate_accuracy(
-    config: OfflineConfig, model: nn.Module, geometry: Geometry, device: str, extra_counts: list[int]
-) -> acc.AccuracyCurve:
+def estimate_accuracy(workload: Workload, config: OfflineConfig, run: Run, extra: list[int]) -> acc.AccuracyCurve:
     """A(n) on a seeded, bounded sample of the dataset folder with random pruning after embedding."""
+    model, geometry = run.prepared.model, run.geometry
     dataset, kind = acc.open_image_folder(config.dataset_root, acc.eval_transform(model, geometry.input_size))
-    subset = acc.seeded_subset(dataset, config.accuracy_samples, config.seed)
-    counts = acc.accuracy_token_counts(geometry.min_tokens, geometry.num_tokens, config.accuracy_points, extra_counts)
+    subset = acc.seeded_subset(dataset, config.accuracy_samples, workload.seed)
+    counts = acc.accuracy_token_counts(geometry.min_tokens, geometry.num_tokens, config.accuracy_points, extra)
     loader = acc.image_loader(subset, config.accuracy_batch_size)
-    return acc.measure_accuracy(model, loader, counts, kind, device=device, seed=config.seed,
-                                progress=config.progress)
+    device = run.setup.device if run.replay is None else "cpu"
+    return acc.measure_accuracy(model, loader, counts, kind, device=device, seed=workload.seed,
+                                progress=workload.progress)
 
 
-def decide(
-    config: OfflineConfig,
-    geometry: Geometry,
-    points: list[LatencyPoint],
-    report: StepReport,
-    accuracy: Mapping[int, float] | None,
-    overhead_ms: float,
-) -> Decision:
-    """Apply the chosen policy (budget if a budget is given, utility with accuracy, else step)."""
-    curve = {p.tokens: p.median_ms for p in points}
-    if geometry.num_tokens not in curve:
-        raise GridError(f"the latency grid must include N = {geometry.num_tokens} (the unpruned baseline)")
-    max_remove = geometry.patch_tokens - 1 if config.max_remove is None else config.max_remove
-    common = dict(
-        num_tokens=geometry.num_tokens, prefix_tokens=geometry.prefix_tokens, depth=geometry.depth,
-        block=config.prune_block, max_remove=max_remove, overhead_ms=overhead_ms,
-    )
-    policy = config.policy or ("budget" if config.latency_budget_ms is not None else
-                               "utility" if accuracy is not None else "step")
+def policy_name(config: OfflineConfig, accuracy: dict[int, float] | None) -> str:
+    return config.policy or ("budget" if config.latency_budget_ms is not None else
+                             "utility" if accuracy is not None else "step")
+
+
+def rank(config: OfflineConfig, setting: Setting, search: SearchResult) -> list[Decision]:
+    """The policy's candidates that remove something, best first (see `pomt.policy`)."""
+    policy = policy_name(config, setting.accuracy)
     if policy == "utility":
-        if accuracy is None:
+        if setting.accuracy is None:
             raise PolicyError("the utility policy needs accuracy: give --dataset-root or --accuracy-curve")
-        return choose_utility(curve, accuracy, alpha=config.alpha, min_accuracy=config.min_accuracy, **common)
+        return [d for d in rank_utility(setting, config.alpha) if d.remove > 0]
     if policy == "budget":
-        return choose_budget(curve, latency_budget_ms=config.latency_budget_ms, accuracy=accuracy,
-                             min_accuracy=config.min_accuracy, **common)
-    return choose_step(curve, report.steps, min_gain=config.min_gain, accuracy=accuracy,
-                       min_accuracy=config.min_accuracy, **common)
+        return [d for d in rank_budget(setting, config.latency_budget_ms) if d.remove > 0]
+    return rank_step(setting, search.steps, config.min_gain)
 
 
-def build_schedule(
-    config: OfflineConfig,
-    geometry: Geometry,
-    decision: Decision,
-    report: StepReport,
-    accuracy: acc.AccuracyCurve | None,
-    fingerprint: dict,
-    curve_name: str,
-) -> Schedule:
+def nothing(setting: Setting, config: OfflineConfig, search: SearchResult, reason: str | None = None,
+            code: str | None = None) -> Decision:
+    """The decision to remove nothing, with the policy's reason unless given."""
+    policy = policy_name(config, setting.accuracy)
+    if reason is None:
+        confirmed = len(search.steps)
+        reason = (f"no confirmed step within {setting.limit} removed tokens pays at least {config.min_gain:.1%} at "
+                  f"block {setting.block} ({confirmed} step{'s' if confirmed != 1 else ''} confirmed)")
+        code = "no_step" if policy == "step" else "no_candidate"
+    return setting.nothing(policy, reason, code)
+
+
+def verification_removals(ranked: list[Decision], count: int) -> list[int]:
+    """What verification measures: the best-ranked removals, and the other side of the step the first one
+    lands below (its higher count kept), so the step is checked on the patched model too."""
+    removals = [d.remove for d in ranked[:count]]
+    target = ranked[0].target if ranked else None
+    if target is not None:
+        removals.append(ranked[0].remove - (target.upper_tokens - target.tokens))
+    return sorted({r for r in removals if r > 0})
+
+
+def build_schedule(workload: Workload, config: OfflineConfig, run: Run, decision: Decision, search: SearchResult,
+                   accuracy: acc.AccuracyCurve | None, measurement: dict | None = None,
+                   verified: dict | None = None) -> Schedule:
+    geometry = run.geometry
     prune = (BlockRemoval(decision.block, decision.remove),) if decision.remove > 0 else ()
     return Schedule(
         model=geometry.model,
         input_size=geometry.input_size,
-        batch_size=config.batch_size,
+        batch_size=run.setup.batch_size,
         num_tokens=geometry.num_tokens,
         prefix_tokens=geometry.prefix_tokens,
         depth=geometry.depth,
@@ -262,6 +258,7 @@ def build_schedule(
             "min_accuracy": config.min_accuracy,
             "prune_block": config.prune_block,
             "reason": decision.reason,
+            "reason_code": decision.code,
         },
         predicted={
             "baseline_ms": round(decision.baseline_ms, 4),
@@ -270,21 +267,58 @@ def build_schedule(
             "accuracy": decision.accuracy,
             "accuracy_kind": accuracy.kind if accuracy else None,
         },
-        steps=[_rounded(step.to_dict()) for step in report.steps],
-        device=fingerprint,
-        curve=curve_name,
+        steps=[_rounded(step.to_dict()) for step in search.steps],
+        device=run.setup.fingerprint,
+        curve=f"{run.setup.stem}.curve.csv",
         created=utc_now(),
+        dtype=workload.dtype if run.replay is None else str(run.setup.fingerprint.get("dtype", "float32")),
+        backend=run.setup.fingerprint.get("backend") if run.replay is None else None,
+        measurement=measurement,
+        verified=verified,
     )
 
 
+def measurement_record(search: SearchResult, run: Run, decision: Decision, config: OfflineConfig,
+                       settings: SearchSettings) -> dict:
+    """How the curve was measured and judged, for the schedule (the drift warning included)."""
+    effects = [abs(s.paired_pct) for s in search.steps] + ([100 * decision.gain] if decision.remove else [])
+    return {
+        "design": "shuffled passes, reference in every pass, drift-corrected pooling, paired step confirmation",
+        "search": config.search,
+        "passes": settings.passes,
+        "reps": search.reps,
+        "visits": search.visits,
+        "full_grid_visits": search.full_grid_visits,
+        "evaluation_ratio": round(search.evaluation_ratio, 4),
+        "budget_visits": search.budget_visits,
+        "noise_pct": round(100 * search.noise, 3),
+        "drift": None if search.drift is None else search.drift.to_dict(),
+        "confirmed": len(search.steps),
+        "rejected": [
+            {"low": c.low, "high": c.high, "reason": c.reason} for c in search.candidates if not c.accepted
+        ],
+        "warning": search.drift_exceeds(effects),
+        "replay": None if run.replay is None else str(run.replay),
+        "trace": None if run.replay is not None else f"{run.setup.stem}.trace.csv",
+    }
+
+
 def _rounded(row: dict) -> dict:
-    return {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, float):
+            out[key] = round(value, 4)
+        elif isinstance(value, (list, tuple)):
+            out[key] = [round(v, 4) if isinstance(v, float) else v for v in value]
+        else:
+            out[key] = value
+    return out
 
 
-def curve_rows(points: list[LatencyPoint], accuracy: acc.AccuracyCurve | None) -> list[dict]:
-    values = accuracy.at(p.tokens for p in points) if accuracy else {}
+def curve_rows(search: SearchResult, accuracy: acc.AccuracyCurve | None) -> list[dict]:
+    values = accuracy.at(p.tokens for p in search.points) if accuracy else {}
     rows = []
-    for point in points:
+    for point in search.points:
         row = _rounded(point.to_row())
         if accuracy:
             row["accuracy"] = round(values[point.tokens], 6)
@@ -293,75 +327,130 @@ def curve_rows(points: list[LatencyPoint], accuracy: acc.AccuracyCurve | None) -
     return rows
 
 
-def run_offline(config: OfflineConfig) -> OfflineResult:
-    """Run every stage the configuration asks for and write the outputs; see the module docstring."""
-    validate(config)
-    setup = prepare_run(config.model, config.device, config.threads, config.batch_size, config.input_size,
-                        config.require_locked_clocks)
-    device, fingerprint, stem = setup.device, setup.fingerprint, setup.stem
-    model = build_model(config, setup)
-    geometry = model_geometry(model)
-    grid = latency_grid(config, geometry)
-    out = Path(config.output_dir)
-    result = OfflineResult(geometry=geometry, device=fingerprint)
+def verify_decision(workload: Workload, config: OfflineConfig, settings: SearchSettings, run: Run,
+                    setting: Setting, ranked: list[Decision], search: SearchResult, result: OfflineResult) -> Decision:
+    """Measure the method's cost, rank again with it, verify the best candidates; the decision to ship."""
+    prepared, n = run.prepared, run.geometry.num_tokens
+    removals = verification_removals(ranked, config.verify_candidates)
+    if workload.backend == Backend.EAGER.value:
+        result.method_cost = method_cost(prepared.model, prepared.x, config.prune_block, config.method, removals,
+                                         run.setup.device, workload.threads)
+        setting = replace(setting, method_cost=cost_function(result.method_cost))
+        ranked = rank(config, setting, search)
+        removals = verification_removals(ranked, config.verify_candidates)
+    else:
+        result.notes.append(f"method cost not measured on {workload.backend} (eager blocks only); verification "
+                            "measures the patched model there")
+    if not ranked:
+        return nothing(setting, config, search, f"with its own cost at block {config.prune_block} measured, no "
+                       f"removal is predicted to pay at least {config.min_gain:.1%}", "method_cost")
+    schedules = {n - r: build_schedule(workload, config, run, replace(ranked[0], remove=r, kept_tokens=n - r),
+                                       search, None) for r in removals}
+    journal = open_journal(workload, prepared, "verify",
+                           f"whole model patched through apply_schedule ({config.method} at block "
+                           f"{config.prune_block}); tokens = tokens kept",
+                           {"removals": removals, "rounds": config.verify_rounds, "reps": search.reps})
+    forward_at = schedule_forward_at(prepared.model, prepared.x, schedules, backend=workload.backend,
+                                     device=run.setup.device, threads=workload.threads,
+                                     cache_dir=Path(workload.output_dir) / prepared.cache_dir)
+    session = Session(LiveSource(forward_at, run.setup.device, workload.threads, start_s=journal_end_s(journal)),
+                      journal)
+    baseline = setting.baseline
+    result.verification = verify(
+        session, n, removals, reps=search.reps, rounds=config.verify_rounds,
+        predicted_ratio={r: setting.predicted(n - r) / baseline for r in removals}, min_gain=config.min_gain,
+        min_step=settings.min_step, alpha=settings.step_alpha, seed=workload.seed, progress=workload.progress,
+    )
+    result.paths["verify"] = journal.path
+    chosen = result.verification.chosen
+    if chosen is None:
+        return nothing(setting, config, search, result.verification.reason, "not_faster")
+    by_remove = {d.remove: d for d in ranked}
+    decision = by_remove.get(chosen.remove) or setting.decision(n - chosen.remove, ranked[0].policy, "",
+                                                                ranked[0].code)
+    return replace(decision, reason=f"{decision.reason}; verified: {result.verification.reason}", code="verified")
 
+
+def run_offline(workload: Workload, config: OfflineConfig | None = None,
+                settings: SearchSettings | None = None) -> OfflineResult:
+    """Run every stage the configuration asks for and write the outputs; see the module docstring."""
+    config, settings = config or OfflineConfig(), settings or SearchSettings()
+    validate(config, settings)
+    run = prepare_replay(workload, config) if config.replay is not None else prepare_live(workload, config, settings)
+    out, stem = Path(workload.output_dir), run.setup.stem
+    result = OfflineResult(geometry=run.geometry, device=run.setup.fingerprint)
     if config.accuracy_curve is not None:
-        result.accuracy = acc.load_accuracy_curve(
-            config.accuracy_curve, (geometry.min_tokens, geometry.num_tokens)
-        )
+        result.accuracy = acc.load_accuracy_curve(config.accuracy_curve, (run.geometry.min_tokens,
+                                                                         run.geometry.num_tokens))
     if config.accuracy_only:
         if config.dataset_root is None:
             raise PolicyError("--accuracy-only needs --dataset-root")
-        result.accuracy = estimate_accuracy(config, model, geometry, device, [])
+        result.accuracy = estimate_accuracy(workload, config, run, [])
         result.paths["accuracy"] = acc.save_accuracy_curve(out / f"{stem}.accuracy.csv", result.accuracy)
         return result
 
-    store_path = out / f"{stem}.points.jsonl"
-    if not config.resume:
-        store_path.unlink(missing_ok=True)
-    store = PointStore(store_path, {
-        "model": geometry.model, "batch_size": config.batch_size, "input_size": list(geometry.input_size),
-        "device": device, "device_name": fingerprint.get("name"), "threads": fingerprint.get("threads"),
-    })
     started = time.perf_counter()
-    before = len(store.records())
-    result.points = search_latency(config, model, geometry, device, grid, store)
-    x = torch.randn(config.batch_size, 3, *geometry.input_size, device=device)
-    result.overhead_ms = overhead_latency(model, x, device, config.threads, config.min_run_s)
+    search = LatencySearch(run.session, run.prepared.grid, run.geometry.num_tokens, settings,
+                           adaptive=config.search == "adaptive", seed=workload.seed,
+                           progress=workload.progress).run()
+    result.search = search
     result.measure_seconds = time.perf_counter() - started
-    result.measured_points = len(store.records()) - before
-    result.report = steps_of_points(result.points, config.significance)
+    if run.session.journal is not None:
+        result.paths["trace"] = run.session.journal.path
+        run.session.journal.update_meta(passes=settings.passes, reps=search.reps,
+                                        drift=None if search.drift is None else search.drift.to_dict())
 
     if needs_accuracy_model(config):
-        extra = [s.tokens for s in result.report.steps] + [s.upper_tokens for s in result.report.steps]
-        result.accuracy = estimate_accuracy(config, model, geometry, device, extra)
+        extra = [s.tokens for s in search.steps] + [s.upper_tokens for s in search.steps]
+        result.accuracy = estimate_accuracy(workload, config, run, extra)
         result.paths["accuracy"] = acc.save_accuracy_curve(out / f"{stem}.accuracy.csv", result.accuracy)
 
-    accuracy_at = result.accuracy.at(p.tokens for p in result.points) if result.accuracy else None
-    result.decision = decide(config, geometry, result.points, result.report, accuracy_at, result.overhead_ms)
-    curve_name = f"{stem}.curve.csv"
-    result.paths["curve"] = atomic_write_csv(out / curve_name, curve_rows(result.points, result.accuracy),
-                                             CURVE_COLUMNS)
-    schedule = build_schedule(config, geometry, result.decision, result.report, result.accuracy,
-                              fingerprint, curve_name)
-    result.paths["schedule"] = save_schedule(schedule, out / f"{stem}.schedule.json")
-    utility = None
-    if accuracy_at is not None:
-        utility = utility_values(
-            {p.tokens: p.median_ms for p in result.points}, accuracy_at, alpha=config.alpha,
-            num_tokens=geometry.num_tokens, depth=geometry.depth, block=config.prune_block,
-            overhead_ms=result.overhead_ms,
-        )
-    result.paths["plot"] = plot_offline(
-        out / f"{stem}.png",
-        f"{geometry.model} on {fingerprint.get('name', device)}, batch {config.batch_size}, "
-        f"{geometry.input_size[0]}x{geometry.input_size[1]} px",
-        result.points,
-        result.report.steps,
-        result.decision.kept_tokens,
-        accuracy=result.accuracy.values if result.accuracy else None,
-        accuracy_kind=result.accuracy.kind if result.accuracy else None,
-        utility=utility,
+    accuracy_at = result.accuracy.at(p.tokens for p in search.points) if result.accuracy else None
+    setting = Setting(
+        curve={p.tokens: p.latency_ms for p in search.points}, num_tokens=run.geometry.num_tokens,
+        prefix_tokens=run.geometry.prefix_tokens, depth=run.geometry.depth, block=config.prune_block,
+        max_remove=run.geometry.patch_tokens - 1 if config.max_remove is None else config.max_remove,
+        accuracy=accuracy_at, min_accuracy=config.min_accuracy,
     )
-    result.paths["points"] = store_path
+    ranked = rank(config, setting, search)
+    if not ranked:
+        decision = nothing(setting, config, search)
+    elif run.replay is not None or not config.verify:
+        decision = ranked[0]
+        result.notes.append("replayed trace: the patched model was not measured, the schedule is unverified"
+                            if run.replay is not None else "--no-verify: the schedule is unverified")
+    else:
+        decision = verify_decision(workload, config, settings, run, setting, ranked, search, result)
+    result.decision = decision
+    write_outputs(workload, config, settings, run, result, setting)
     return result
+
+
+def write_outputs(workload: Workload, config: OfflineConfig, settings: SearchSettings, run: Run,
+                  result: OfflineResult, setting: Setting) -> None:
+    """The curve CSV, the schedule JSON and the PNG, each written atomically."""
+    out, stem, search, decision = Path(workload.output_dir), run.setup.stem, result.search, result.decision
+    result.paths["curve"] = atomic_write_csv(out / f"{stem}.curve.csv", curve_rows(search, result.accuracy),
+                                             CURVE_COLUMNS)
+    verified = None
+    if result.verification is not None:
+        verified = result.verification.record(fingerprint_hash(run.setup.fingerprint))
+        verified["method_cost_ms"] = {str(r): round(c, 4) for r, c in result.method_cost.items()} or None
+    measurement = measurement_record(search, run, decision, config, settings)
+    result.schedule = build_schedule(workload, config, run, decision, search, result.accuracy, measurement, verified)
+    result.paths["schedule"] = save_schedule(result.schedule, out / f"{stem}.schedule.json")
+    utility = utility_values(setting, config.alpha) if setting.accuracy is not None else None
+    title = (f"{run.geometry.model} on {run.setup.fingerprint.get('name', run.setup.device)}, batch "
+             f"{run.setup.batch_size}, {run.geometry.input_size[0]}x{run.geometry.input_size[1]} px")
+    if run.replay is not None:
+        title += f" (replay of {Path(run.replay).name})"
+    result.paths["plot"] = plot_offline(
+        out / f"{stem}.png", title, search.points, corrected_values(search.design), search.steps,
+        [c for c in search.candidates if not c.accepted and c.effect is not None], decision.kept_tokens,
+        drift=search.drift, accuracy=result.accuracy.values if result.accuracy else None,
+        accuracy_kind=result.accuracy.kind if result.accuracy else None, utility=utility,
+        verified=result.verification,
+    )
+
+
+__all__ = ["OfflineConfig", "OfflineResult", "run_offline"]

@@ -15,44 +15,67 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import colors  # noqa: E402
 
 from pomt.io import atomic_save_figure  # noqa: E402
-from pomt.measure import LatencyPoint  # noqa: E402
 
 
 def plot_offline(
     path: str | Path,
     title: str,
-    points: Sequence[LatencyPoint],
+    points: Sequence,
+    visit_values: Mapping[int, Sequence[float]],
     steps: Sequence,
+    rejected: Sequence,
     chosen_tokens: int | None,
+    *,
+    drift=None,
     accuracy: Mapping[int, float] | None = None,
     accuracy_kind: str | None = None,
     utility: Mapping[int, float] | None = None,
+    verified=None,
 ) -> Path:
-    """Latency vs kept tokens (median with IQR band, steps marked, choice marked); accuracy/utility below."""
+    """Latency vs kept tokens: every visit (drift-corrected) as a dot, the pooled curve with its 95% band,
+    confirmed steps with their paired effect and interval, candidates the paired test rejected, the choice
+    and what verification measured; accuracy and utility below when known."""
     points = sorted(points, key=lambda p: p.tokens)
-    tokens = [p.tokens for p in points]
-    median = [p.median_ms for p in points]
+    tokens = np.array([p.tokens for p in points])
+    latency = np.array([p.latency_ms for p in points])
+    band = 1.96 * np.array([p.se_ms for p in points])
     rows = 2 if accuracy else 1
-    figure, axes = plt.subplots(rows, 1, figsize=(9, 4.2 * rows), sharex=True, squeeze=False)
+    figure, axes = plt.subplots(rows, 1, figsize=(10, 4.8 * rows), sharex=True, squeeze=False)
     ax = axes[0][0]
-    ax.fill_between(
-        tokens,
-        [p.median_ms - p.iqr_ms / 2 for p in points],
-        [p.median_ms + p.iqr_ms / 2 for p in points],
-        alpha=0.25,
-        label="IQR",
-    )
-    ax.plot(tokens, median, ".-", lw=1, ms=3, label="median latency")
+    dots = [(n, v) for n in sorted(visit_values) for v in visit_values[n]]
+    if dots:
+        ax.plot(*zip(*dots, strict=True), ".", color="0.6", ms=2.5, alpha=0.6, label="visits (drift-corrected)")
+    ax.fill_between(tokens, latency - band, latency + band, alpha=0.25, color="tab:blue", label="95% band")
+    ax.plot(tokens, latency, "-", color="tab:blue", lw=1.2, label="pooled latency")
     for i, step in enumerate(steps):
         colour = "tab:red" if step.kind == "drop" else "tab:purple"
-        ax.axvline(step.tokens, color=colour, ls="--", lw=0.8, label=("step" if i == 0 else None))
-        ax.annotate(f"{-step.drop_pct:+.1f}%", (step.tokens, step.after_ms), fontsize=7, color=colour)
+        edge = 0.5 * (step.tokens + step.upper_tokens)
+        ax.axvline(edge, color=colour, ls="--", lw=0.9, label="confirmed step" if i == 0 else None)
+        low, high = step.paired_ci_pct or (step.paired_pct, step.paired_pct)
+        ax.annotate(f"{step.upper_tokens}->{step.tokens}: {-step.paired_pct:+.1f}%\n[{-high:+.1f}, {-low:+.1f}]",
+                    (edge, step.after_ms), xytext=(3, -22 if step.kind == "drop" else 8),
+                    textcoords="offset points", fontsize=7, color=colour)
+    if rejected:
+        bottom = float(np.min(latency)) * 0.92 if latency.size else 0.0
+        ax.plot([0.5 * (c.low + c.high) for c in rejected], [bottom] * len(rejected), "x", color="0.4", ms=5,
+                label="candidate rejected by paired test")
     if chosen_tokens is not None:
         ax.axvline(chosen_tokens, color="tab:green", lw=2, label=f"chosen: keep {chosen_tokens}")
-    ax.set_ylabel("latency (ms)")
-    ax.set_title(title)
+    notes = []
+    if drift is not None:
+        notes.append(f"drift during measurement: {drift.pct:.0f}% (reference {drift.reference_tokens})")
+    notes.append(f"{len(steps)} step{'s' if len(steps) != 1 else ''} confirmed, {len(rejected)} rejected")
+    if verified is not None:
+        chosen = verified.chosen
+        notes.append("verified: no candidate measurably faster, nothing removed" if chosen is None else
+                     f"verified: {chosen.speedup:.3f}x [{chosen.speedup_ci[0]:.3f}, {chosen.speedup_ci[1]:.3f}] "
+                     f"removing {chosen.remove}")
+    ax.text(0.99, 0.02, "\n".join(notes), transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
+            bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8})
+    ax.set_ylabel("latency per batch (ms)")
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left")
     if accuracy:
         ax2 = axes[1][0]
         counts = sorted(accuracy)

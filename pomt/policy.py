@@ -1,20 +1,28 @@
 """How many tokens to remove at which block: the step, utility and budget policies (pure maths).
 
-Latency model: the curve L(n) is the whole model with every block at n tokens, so with C the overhead
-(embedding + head, `overhead_ms`) and D the depth, one block at n tokens costs b(n) = (L(n) - C) / D.
-Pruning R tokens at block l leaves blocks 0..l-1 at N tokens and blocks l..D-1 at N - R:
-predicted = C + l * b(N) + (D - l) * b(N - R); several (block, remove) pairs remove cumulatively.
-(The pruning block's own attention still runs at N; charging the whole block at N - R is a small
-optimism that `benchmark.py` measures.) Counts that were not measured are interpolated linearly
-(`numpy.interp`), never extrapolated. A pruning block outside the model raises `PatchError`
-(`pomt.checks`), other settings outside it `GridError`; a policy that cannot be met (budget, accuracy)
-raises `PolicyError`.
+Latency model. The curve L(n) is the whole model with every block at n tokens (embedding and head
+included, which pruning never changes). With D blocks of identical shape, one block at n tokens costs
+b(n) = (L(n) - C) / D for the fixed embedding + head cost C. Pruning R tokens at block l leaves blocks
+0..l-1 at N tokens and blocks l..D-1 at N - R, so
+
+    predicted(R) = C + l b(N) + (D - l) b(N - R) + cost(R) = [l L(N) + (D - l) L(N - R)] / D + cost(R):
+
+C cancels, so it never needs measuring. cost(R) is what the method itself adds at its pruning block over a
+plain block run on the N - R tokens it keeps: the attention that still runs at N, scores, sorting,
+gathers (measured per run by `pomt.verify.method_cost`; 0 when not measured). Several (block, remove)
+pairs remove cumulatively, each charged its cost. Counts that were not measured are interpolated
+linearly (`numpy.interp`), never extrapolated.
+
+Each policy ranks its candidates (`rank_*`: best first, only those that meet its conditions), so that
+the offline computation can verify the first few on the patched model; `choose_*` takes the first, or
+removes nothing with the reason. A pruning block outside the model raises `PatchError`
+(`pomt.checks`), other settings outside it `GridError`; a policy that cannot be met raises `PolicyError`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -24,10 +32,16 @@ from pomt.errors import CurveError, GridError, PolicyError
 from pomt.steps import Step
 
 POLICIES = ("utility", "step", "budget")
+MethodCost = Callable[[int], float]
+
+
+def no_cost(remove: int) -> float:
+    return 0.0
+
 
 @dataclass(frozen=True)
 class Decision:
-    """A chosen removal with its predicted effect and the reason, in one human sentence."""
+    """A chosen removal with its predicted effect, the reason in one sentence, and a short reason code."""
 
     remove: int
     block: int
@@ -38,9 +52,13 @@ class Decision:
     accuracy: float | None
     policy: str
     reason: str
+    code: str = ""
+    target: Step | None = field(default=None, compare=False)  # the step a step-policy choice lands below
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        data.pop("target")
+        return data
 
 
 def _latency(curve: Mapping[int, float], n: float) -> float:
@@ -61,130 +79,129 @@ def predict_latency(
     num_tokens: int,
     depth: int,
     prune: Sequence[tuple[int, int]],
-    overhead_ms: float = 0.0,
+    method_cost: MethodCost = no_cost,
 ) -> float:
     """Predicted latency (ms) of the model with the (block, remove) pairs applied; see the module doc."""
     if depth < 1:
         raise GridError(f"depth must be at least 1, got {depth}")
     counts = [num_tokens] * depth
+    cost = 0.0
     for block, remove in prune:
         check_prune_block(block, depth)
         if remove < 0:
             raise GridError(f"cannot remove a negative number of tokens ({remove})")
         for i in range(block, depth):
             counts[i] -= remove
+        cost += method_cost(remove) if remove else 0.0
     if min(counts) < 1:
         raise GridError(f"the schedule removes {num_tokens - min(counts)} of {num_tokens} tokens; keep at least 1")
-    return overhead_ms + sum((_latency(curve, n) - overhead_ms) / depth for n in counts)
+    return sum(_latency(curve, n) for n in counts) / depth + cost
 
 
-def _limit(num_tokens: int, prefix_tokens: int, depth: int, block: int, max_remove: int) -> int:
-    """Validate the setting; the largest removal allowed (at least one patch token is always kept)."""
-    check_prune_block(block, depth)
-    if num_tokens <= prefix_tokens:
-        raise GridError(f"{num_tokens} tokens leave no patch token after {prefix_tokens} prefix tokens")
-    if max_remove < 0:
-        raise GridError(f"max_remove must be at least 0, got {max_remove}")
-    return min(max_remove, num_tokens - prefix_tokens - 1)
+@dataclass(frozen=True)
+class Setting:
+    """What every policy needs besides its own knobs: the curve, the model's geometry, where it prunes."""
 
+    curve: Mapping[int, float]
+    num_tokens: int
+    prefix_tokens: int
+    depth: int
+    block: int
+    max_remove: int
+    method_cost: MethodCost = no_cost
+    accuracy: Mapping[int, float] | None = None
+    min_accuracy: float | None = None
 
-class _LatencyPredictor:
-    """Predicted latency (and accuracy) of pruning to `kept` tokens at `block` in one setting."""
+    @property
+    def limit(self) -> int:
+        """The largest removal allowed (at least one patch token is always kept); checks the setting."""
+        check_prune_block(self.block, self.depth)
+        if self.num_tokens <= self.prefix_tokens:
+            raise GridError(f"{self.num_tokens} tokens leave no patch token after {self.prefix_tokens} prefix tokens")
+        if self.max_remove < 0:
+            raise GridError(f"max_remove must be at least 0, got {self.max_remove}")
+        return min(self.max_remove, self.num_tokens - self.prefix_tokens - 1)
 
-    def __init__(self, curve, num_tokens, depth, block, overhead_ms, accuracy, policy):
-        self.curve, self.n, self.depth, self.block = curve, num_tokens, depth, block
-        self.overhead, self.accuracy, self.policy = overhead_ms, accuracy, policy
-        self.baseline = predict_latency(curve, num_tokens, depth, [], overhead_ms)
+    @property
+    def baseline(self) -> float:
+        return predict_latency(self.curve, self.num_tokens, self.depth, [])
 
     def predicted(self, kept: int) -> float:
-        return predict_latency(self.curve, self.n, self.depth, [(self.block, self.n - kept)], self.overhead)
+        prune = [(self.block, self.num_tokens - kept)]
+        return predict_latency(self.curve, self.num_tokens, self.depth, prune, self.method_cost)
 
-    def decision(self, kept: int, reason: str) -> Decision:
-        predicted = self.predicted(kept)
+    def counts(self) -> list[int]:
+        """Measured counts reachable within the limit, most tokens kept first (N always included)."""
+        low = self.num_tokens - self.limit
+        return sorted({n for n in self.curve if low <= n <= self.num_tokens} | {self.num_tokens}, reverse=True)
+
+    def accurate_enough(self, kept: int) -> bool:
+        value = _accuracy(self.accuracy, kept)
+        return self.min_accuracy is None or value is None or value >= self.min_accuracy
+
+    def decision(self, kept: int, policy: str, reason: str, code: str, target: Step | None = None) -> Decision:
+        baseline, predicted = self.baseline, self.predicted(kept)
         return Decision(
-            remove=self.n - kept,
+            remove=self.num_tokens - kept,
             block=self.block,
             kept_tokens=kept,
-            baseline_ms=self.baseline,
+            baseline_ms=baseline,
             predicted_ms=predicted,
-            gain=(self.baseline - predicted) / self.baseline if self.baseline else 0.0,
+            gain=(baseline - predicted) / baseline if baseline else 0.0,
             accuracy=_accuracy(self.accuracy, kept),
-            policy=self.policy,
+            policy=policy,
             reason=reason,
+            code=code,
+            target=target,
         )
 
+    def nothing(self, policy: str, reason: str, code: str) -> Decision:
+        return replace(self.decision(self.num_tokens, policy, reason, code), predicted_ms=self.baseline, gain=0.0)
 
-def choose_step(
-    curve: Mapping[int, float],
-    steps: Sequence[Step],
-    *,
-    num_tokens: int,
-    prefix_tokens: int,
-    depth: int,
-    block: int,
-    max_remove: int,
-    min_gain: float,
-    overhead_ms: float = 0.0,
-    accuracy: Mapping[int, float] | None = None,
-    min_accuracy: float | None = None,
-) -> Decision:
-    """The smallest removal that lands just below a significant drop and pays at least `min_gain`.
 
-    Candidates are the measured low sides of the "drop" steps within `max_remove`, nearest to N first.
-    One is skipped when a measured count between it and N is faster (it would sit in a non-monotone
-    region: keeping more tokens would cost less), when its predicted gain at `block` is below
-    `min_gain`, or when its accuracy is below `min_accuracy`. Nothing is removed when none qualifies.
+def rank_step(setting: Setting, steps: Sequence[Step], min_gain: float) -> list[Decision]:
+    """Removals that land just below a confirmed drop and pay at least `min_gain`, nearest to N first.
+
+    A drop's low side is skipped when a measured count between it and N is faster (it would sit in a
+    non-monotone region: keeping more tokens would cost less), when its predicted gain (method cost
+    included) is below `min_gain`, or when its accuracy is below the minimum.
     """
-    limit = _limit(num_tokens, prefix_tokens, depth, block, max_remove)
-    predictor = _LatencyPredictor(curve, num_tokens, depth, block, overhead_ms, accuracy, "step")
-    drops = sorted(
-        (s for s in steps if s.kind == "drop" and num_tokens - limit <= s.tokens < num_tokens),
-        key=lambda s: -s.tokens,
-    )
-    for step in drops:
+    limit, n, curve = setting.limit, setting.num_tokens, setting.curve
+    ranked = []
+    for step in sorted((s for s in steps if s.kind == "drop" and n - limit <= s.tokens < n), key=lambda s: -s.tokens):
         kept = step.tokens
-        if kept not in curve or any(kept < m <= num_tokens and curve[m] < curve[kept] for m in curve):
+        if kept not in curve or any(kept < m <= n and curve[m] < curve[kept] for m in curve):
             continue
-        decision = predictor.decision(kept, "")
-        if decision.gain < min_gain:
+        if not setting.accurate_enough(kept):
             continue
-        if min_accuracy is not None and decision.accuracy is not None and decision.accuracy < min_accuracy:
+        candidate = setting.decision(kept, "step", "", "step", step)
+        if candidate.gain < min_gain:
             continue
-        reason = (
-            f"lands below the step at {step.upper_tokens} -> {step.tokens} tokens ({-step.drop_pct:+.1f}% "
-            f"latency there; {decision.gain:.1%} predicted gain pruning at block {block})"
-        )
-        return Decision(**{**decision.to_dict(), "reason": reason})
-    return predictor.decision(
-        num_tokens, f"no step within {limit} removed tokens pays at least {min_gain:.1%} at block {block}"
-    )
+        reason = (f"lands below the step at {step.upper_tokens} -> {step.tokens} tokens ({step.drop_pct:.1f}% faster "
+                  f"there; {candidate.gain:.1%} predicted gain pruning at block {setting.block})")
+        ranked.append(replace(candidate, reason=reason))
+    return ranked
 
 
-def _candidates(curve: Mapping[int, float], num_tokens: int, limit: int) -> list[int]:
-    """Measured counts reachable within the limit, most tokens kept first (N always included)."""
-    return sorted({n for n in curve if num_tokens - limit <= n <= num_tokens} | {num_tokens}, reverse=True)
+def choose_step(setting: Setting, steps: Sequence[Step], min_gain: float) -> Decision:
+    """The first of `rank_step`, or nothing removed with the reason."""
+    ranked = rank_step(setting, steps, min_gain)
+    if ranked:
+        return ranked[0]
+    return setting.nothing("step", f"no confirmed step within {setting.limit} removed tokens pays at least "
+                                   f"{min_gain:.1%} at block {setting.block}", "no_step")
 
 
-def utility_values(
-    curve: Mapping[int, float],
-    accuracy: Mapping[int, float],
-    *,
-    alpha: float,
-    num_tokens: int,
-    depth: int,
-    block: int,
-    overhead_ms: float = 0.0,
-    counts: Sequence[int] | None = None,
-) -> dict[int, float]:
+def utility_values(setting: Setting, alpha: float, counts: Sequence[int] | None = None) -> dict[int, float]:
     """U(n) = alpha (1 - P(n) / max P) + (1 - alpha) A(n) / max A over `counts` (default: the curve's),
-    P(n) the predicted latency pruning to n at `block`, A interpolated onto the counts."""
+    P(n) the predicted latency pruning to n at the setting's block, A interpolated onto the counts."""
     if not 0.0 <= alpha <= 1.0:
         raise PolicyError(f"alpha must lie in [0, 1], got {alpha}")
-    if not accuracy:
+    if not setting.accuracy:
         raise PolicyError("the utility policy needs an accuracy curve")
-    counts = sorted(counts if counts is not None else curve)
-    latency = {n: predict_latency(curve, num_tokens, depth, [(block, num_tokens - n)], overhead_ms) for n in counts}
-    acc = {n: _accuracy(accuracy, n) for n in counts}
+    counts = sorted(counts if counts is not None else setting.curve)
+    latency = {n: setting.predicted(n) for n in counts}
+    acc = {n: _accuracy(setting.accuracy, n) for n in counts}
     top_latency, top_accuracy = max(latency.values()), max(acc.values())
     return {
         n: alpha * (1 - latency[n] / top_latency) + (1 - alpha) * (acc[n] / top_accuracy if top_accuracy else 0.0)
@@ -192,70 +209,48 @@ def utility_values(
     }
 
 
-def choose_utility(
-    curve: Mapping[int, float],
-    accuracy: Mapping[int, float],
-    *,
-    alpha: float,
-    num_tokens: int,
-    prefix_tokens: int,
-    depth: int,
-    block: int,
-    max_remove: int,
-    overhead_ms: float = 0.0,
-    min_accuracy: float | None = None,
-) -> Decision:
-    """POMT's choice: n* = argmax U(n) over the measured counts within `max_remove` (see
-    `utility_values`); ties go to the count that keeps more tokens."""
-    limit = _limit(num_tokens, prefix_tokens, depth, block, max_remove)
-    if not accuracy:
-        raise PolicyError("the utility policy needs an accuracy curve")
-    predictor = _LatencyPredictor(curve, num_tokens, depth, block, overhead_ms, accuracy, "utility")
-    counts = _candidates(curve, num_tokens, limit)
-    if min_accuracy is not None:
-        reachable = [n for n in counts if _accuracy(accuracy, n) >= min_accuracy]
+def rank_utility(setting: Setting, alpha: float) -> list[Decision]:
+    """POMT's choice first: counts within the limit by utility U(n) (see `utility_values`), highest first;
+    ties go to the count that keeps more tokens."""
+    counts = setting.counts()
+    if setting.min_accuracy is not None:
+        reachable = [n for n in counts if setting.accurate_enough(n)]
         if not reachable:
-            best = max(_accuracy(accuracy, n) for n in counts)
-            raise PolicyError(f"no token count reaches accuracy {min_accuracy:g}; the best is {best:.4g}")
+            best = max(_accuracy(setting.accuracy, n) for n in counts)
+            raise PolicyError(f"no token count reaches accuracy {setting.min_accuracy:g}; the best is {best:.4g}")
         counts = reachable
-    utility = utility_values(curve, accuracy, alpha=alpha, num_tokens=num_tokens, depth=depth, block=block,
-                             overhead_ms=overhead_ms, counts=counts)
-    best_n = max(counts, key=lambda n: (utility[n], n))
-    accuracy_there = _accuracy(accuracy, best_n)
-    return predictor.decision(best_n, f"highest utility {utility[best_n]:.4f} at alpha {alpha:g} "
-                                  f"(accuracy {accuracy_there:.4g})")
+    utility = utility_values(setting, alpha, counts)
+    ranked = sorted(counts, key=lambda n: (utility[n], n), reverse=True)
+    return [
+        setting.decision(n, "utility", f"highest utility {utility[n]:.4f} at alpha {alpha:g} "
+                                       f"(accuracy {_accuracy(setting.accuracy, n):.4g})", "utility")
+        for n in ranked
+    ]
 
 
-def choose_budget(
-    curve: Mapping[int, float],
-    *,
-    latency_budget_ms: float,
-    num_tokens: int,
-    prefix_tokens: int,
-    depth: int,
-    block: int,
-    max_remove: int,
-    overhead_ms: float = 0.0,
-    accuracy: Mapping[int, float] | None = None,
-    min_accuracy: float | None = None,
-) -> Decision:
-    """The fewest tokens removed (over measured counts) whose predicted latency meets the budget and
-    whose accuracy meets `min_accuracy` when accuracy is known."""
-    limit = _limit(num_tokens, prefix_tokens, depth, block, max_remove)
-    predictor = _LatencyPredictor(curve, num_tokens, depth, block, overhead_ms, accuracy, "budget")
-    best: tuple[float, int] | None = None
-    for n in _candidates(curve, num_tokens, limit):
-        acc = _accuracy(accuracy, n)
-        if min_accuracy is not None and acc is not None and acc < min_accuracy:
+def choose_utility(setting: Setting, alpha: float) -> Decision:
+    return rank_utility(setting, alpha)[0]
+
+
+def rank_budget(setting: Setting, latency_budget_ms: float) -> list[Decision]:
+    """Counts whose predicted latency meets the budget (and accuracy the minimum), fewest removed first."""
+    ranked, best = [], None
+    for n in setting.counts():
+        if not setting.accurate_enough(n):
             continue
-        predicted = predictor.predicted(n)
-        if best is None or predicted < best[0]:
-            best = (predicted, n)
+        predicted = setting.predicted(n)
+        best = predicted if best is None else min(best, predicted)
         if predicted <= latency_budget_ms:
-            return predictor.decision(n, f"fewest tokens removed that meet {latency_budget_ms:g} ms")
+            ranked.append(setting.decision(n, "budget", f"fewest tokens removed that meet {latency_budget_ms:g} ms",
+                                           "budget"))
     if best is None:
-        raise PolicyError(f"no token count within {limit} removed tokens reaches accuracy {min_accuracy:g}")
-    raise PolicyError(
-        f"latency budget {latency_budget_ms:g} ms cannot be met within {limit} removed tokens: "
-        f"best predicted {best[0]:.3f} ms at {best[1]} tokens pruning at block {block}"
-    )
+        raise PolicyError(f"no token count within {setting.limit} removed tokens reaches accuracy "
+                          f"{setting.min_accuracy:g}")
+    if not ranked:
+        raise PolicyError(f"latency budget {latency_budget_ms:g} ms cannot be met within {setting.limit} removed "
+                          f"tokens: best predicted {best:.3f} ms pruning at block {setting.block}")
+    return ranked
+
+
+def choose_budget(setting: Setting, latency_budget_ms: float) -> Decision:
+    return rank_budget(setting, latency_budget_ms)[0]

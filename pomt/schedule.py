@@ -50,6 +50,8 @@ class Schedule:
     created: str = ""
     dtype: str = "float32"
     backend: dict | None = None
+    measurement: dict | None = None  # how the curve was measured: passes, visits, drift, steps judged
+    verified: dict | None = None  # the patched model measured against the unpruned one (pomt.verify)
 
     @property
     def backend_name(self) -> str:
@@ -86,6 +88,8 @@ class Schedule:
             "curve": self.curve,
             "created": self.created or utc_now(),
             **({"backend": self.backend} if self.backend is not None else {}),
+            **({"measurement": self.measurement} if self.measurement is not None else {}),
+            **({"verified": self.verified} if self.verified is not None else {}),
         }
 
     def check_geometry(self, geometry: Geometry) -> None:
@@ -188,6 +192,8 @@ def schedule_from_dict(data: Mapping) -> Schedule:
         created=str(data["created"]),
         dtype=_dtype(data),
         backend=_backend(data),
+        measurement=_optional_mapping(data, "measurement"),
+        verified=_verified(data),
     )
 
 
@@ -211,6 +217,29 @@ def _backend(data: Mapping) -> dict | None:
     if version is not None and not isinstance(version, str):
         raise ScheduleError(f"schedule field 'backend.version' must be a string, got {version!r}")
     return dict(value)
+
+
+def _optional_mapping(data: Mapping, key: str) -> dict | None:
+    return None if data.get(key) is None else dict(_mapping(data, key))
+
+
+VERIFIED_NUMBERS = ("unpruned_ms", "pruned_ms", "speedup")
+
+
+def _verified(data: Mapping) -> dict | None:
+    """The optional `verified` object: what the patched model measured (absent: never measured)."""
+    value = _optional_mapping(data, "verified")
+    if value is None:
+        return None
+    for key in VERIFIED_NUMBERS:
+        if isinstance(value.get(key), bool) or not isinstance(value.get(key), (int, float)) or value[key] <= 0:
+            raise ScheduleError(f"schedule field 'verified.{key}' must be a positive number, got {value.get(key)!r}")
+    interval = value.get("speedup_ci")
+    if not (isinstance(interval, list) and len(interval) == 2 and all(isinstance(v, (int, float)) for v in interval)):
+        raise ScheduleError(f"schedule field 'verified.speedup_ci' must be [low, high], got {interval!r}")
+    if not isinstance(value.get("candidates"), list) or not isinstance(value.get("device_fingerprint_hash"), str):
+        raise ScheduleError("schedule field 'verified' needs a 'candidates' list and a 'device_fingerprint_hash'")
+    return value
 
 
 def load_schedule(source: str | Path | Mapping | Schedule) -> Schedule:

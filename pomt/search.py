@@ -9,7 +9,8 @@ Measurement design (so that a machine whose speed drifts does not shape the curv
   `candidate_k` threshold) sees a candidate with unmeasured grid counts inside it, the middle one is
   measured - every such midpoint of a round together, in `refine_passes` shuffled passes with the
   reference - until no candidate has an unmeasured count inside, or the budget (a fraction of the full
-  grid's visits) is spent. A one-point feature (a spike) is bisected on both sides.
+  grid's visits, never less than the coarse scan plus room for three candidates) is spent. A one-point
+  feature (a spike) is bisected on both sides.
 - Confirmation, the one test for a step. Each candidate, most significant first, is measured
   alternately at its two counts (A B, B A, ... for `confirm_rounds` rounds, in the same warm state). It
   is accepted when the paired log-ratio, less what the smooth trend predicts across it, differs from 0
@@ -29,6 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from pomt.errors import GridError
+from pomt.options import option
 from pomt.sources import Session, TraceExhausted, calibrate_reps
 from pomt.stats import (
     CurvePoint,
@@ -46,6 +48,7 @@ from pomt.trace import Visit
 
 CALIBRATION_REPS = 3
 FIRST_LOOK = 0.2  # share of alpha spent on the early look of a confirmation
+LEAST_CANDIDATES = 3  # candidates the smallest adaptive budget can still examine
 
 
 def token_grid(start: int, stop: int, stride: int, *, min_tokens: int, max_tokens: int) -> list[int]:
@@ -69,20 +72,19 @@ def token_grid(start: int, stop: int, stride: int, *, min_tokens: int, max_token
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """How a search measures and when it believes a step; defaults are the CLI's."""
+    """How a search measures and when it believes a step; each field is also the CLI option of its name."""
 
-    adaptive: bool = True
-    passes: int = 6
-    refine_passes: int = 1
-    reps: int | None = None  # timed forwards per visit; None: about `visit_s` of timing per visit
-    visit_s: float = 0.1
-    coarse_stride: int | None = None
-    candidate_k: float = 3.0
-    alpha: float = 0.01
-    min_step: float = 0.03
-    confirm_rounds: int = 6
-    budget: float = 0.2  # adaptive: most visits, as a fraction of the full grid's passes x counts
-    seed: int = 0
+    passes: int = option(6, "Shuffled passes over the counts (adaptive: the coarse counts); the reference "
+                            "(N) is in every pass.", min=2)
+    refine_passes: int = option(1, "Passes over each round of counts an adaptive search adds.", min=1)
+    reps: int | None = option(None, "Timed forwards per visit (default: about --visit-s of timing).", min=1)
+    visit_s: float = option(0.1, "Seconds of timing a visit aims at, when --reps is not given.")
+    coarse_stride: int | None = option(None, "Adaptive search's coarse stride (default: sqrt of the grid).", min=1)
+    candidate_k: float = option(3.0, "Detector threshold (noise units) for a candidate step.")
+    step_alpha: float = option(0.01, "False-step rate of the paired confirmation (t-test level).")
+    min_step: float = option(0.03, "Smallest step (fraction of latency, beyond the trend) that is reported.")
+    confirm_rounds: int = option(6, "Paired rounds (A B, B A, ...) that confirm a step.", min=3)
+    budget: float = option(0.2, "Adaptive search's most visits, as a fraction of the full grid's.")
 
     def check(self) -> SearchSettings:
         """Raise GridError for settings no search can run with."""
@@ -91,7 +93,7 @@ class SearchSettings:
             (self.refine_passes >= 1, f"--refine-passes must be at least 1, got {self.refine_passes}"),
             (self.reps is None or self.reps >= 1, f"--reps must be at least 1, got {self.reps}"),
             (self.confirm_rounds >= 3, f"--confirm-rounds must be at least 3, got {self.confirm_rounds}"),
-            (0.0 < self.alpha < 1.0, f"--alpha-step must lie in (0, 1), got {self.alpha}"),
+            (0.0 < self.step_alpha < 1.0, f"--step-alpha must lie in (0, 1), got {self.step_alpha}"),
             (self.min_step >= 0.0, f"--min-step must be >= 0, got {self.min_step}"),
             (0.0 < self.budget <= 1.0, f"--budget must lie in (0, 1], got {self.budget}"),
             (self.coarse_stride is None or self.coarse_stride >= 1,
@@ -175,7 +177,7 @@ class LatencySearch:
     """One search over a token grid through a `Session`; `run()` measures, refines and confirms."""
 
     def __init__(self, session: Session, grid: list[int], reference: int, settings: SearchSettings,
-                 progress: bool = True):
+                 *, adaptive: bool = True, seed: int = 0, progress: bool = True):
         if not grid:
             raise GridError("the token grid is empty")
         if reference not in grid:
@@ -183,17 +185,29 @@ class LatencySearch:
         self.session, self.grid, self.reference = session, sorted(set(grid)), reference
         self.settings = settings.check()
         self.position = {n: i for i, n in enumerate(self.grid)}
-        self.rng = np.random.default_rng(settings.seed)
+        self.adaptive = adaptive
+        self.rng = np.random.default_rng(seed)
         self.design: list[Visit] = []
         self.paired: list[Visit] = []
         self.judged: dict[tuple[int, int], Confirmation] = {}
         self.full_grid_visits = settings.passes * len(self.grid)
-        self.budget = max(1, int(settings.budget * self.full_grid_visits)) if settings.adaptive else None
+        self.coarse = self._coarse_counts()
+        self.budget = max(int(settings.budget * self.full_grid_visits), self._least_budget()) if adaptive else None
         self.reps = settings.reps or 1
         self._pass = 0
         self._curve: tuple[int, list[CurvePoint]] | None = None
         total = self.budget or self.full_grid_visits
         self._bar = tqdm(total=total, desc="latency", unit="visit", disable=not progress)
+
+    def _coarse_counts(self) -> list[int]:
+        stride = self.settings.coarse_stride or max(2, round(math.sqrt(len(self.grid))))
+        return sorted(set(self.grid[::stride]) | {self.grid[0], self.grid[-1]})
+
+    def _least_budget(self) -> int:
+        """On a small grid the fraction would not pay for the coarse scan: the budget never falls below the
+        coarse scan plus room to carry three candidates to a verdict."""
+        coarse = self.settings.passes * len(self.coarse) + 1
+        return coarse + LEAST_CANDIDATES * (2 * self.settings.confirm_rounds + 6)
 
     def _visit(self, tokens: int, reps: int | None = None) -> Visit:
         if self.budget is not None and self.session.visits >= self.budget:
@@ -367,7 +381,7 @@ class LatencySearch:
         """
         s = self.settings
         looks = sorted({max(3, s.confirm_rounds // 2), s.confirm_rounds})
-        alphas = [s.alpha] if len(looks) == 1 else [FIRST_LOOK * s.alpha, (1.0 - FIRST_LOOK) * s.alpha]
+        alphas = [s.step_alpha] if len(looks) == 1 else [FIRST_LOOK * s.step_alpha, (1 - FIRST_LOOK) * s.step_alpha]
         rounds: list[tuple[Visit, Visit]] = []
         expected = self._trend(self.curve())
         offset = math.log(expected[low] / expected[high]) if expected[low] > 0 < expected[high] else 0.0
@@ -413,10 +427,8 @@ class LatencySearch:
         confirmations: list[Confirmation] = []
         try:
             self._calibrate()
-            if s.adaptive:
-                stride = s.coarse_stride or max(2, round(math.sqrt(len(self.grid))))
-                coarse = sorted(set(self.grid[::stride]) | {self.grid[0], self.grid[-1]})
-                self.measure_passes(coarse, s.passes)
+            if self.adaptive:
+                self.measure_passes(self.coarse, s.passes)
             else:
                 self.measure_passes(self.grid, s.passes)
             confirmations = self.examine()

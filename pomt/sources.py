@@ -12,9 +12,10 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -22,11 +23,10 @@ import torch
 from torch import nn
 
 from pomt.measure import fixed_threads, synchronize, time_calls
-from pomt.tokens import truncate_tokens
+from pomt.runtime import Forward, build_forward
 from pomt.trace import Trace, TraceWriter, Visit, rounded
 
-Forward = Callable[[], object]
-ForwardAt = Callable[[int], AbstractContextManager[Forward]]
+ForwardAt = Callable[[int], AbstractContextManager[Callable[[], object]]]
 
 
 class Source(Protocol):
@@ -35,15 +35,38 @@ class Source(Protocol):
     def visit(self, tokens: int, reps: int, pass_index: int) -> Visit: ...
 
 
-def eager_forward_at(model: nn.Module, x: torch.Tensor) -> ForwardAt:
-    """`forward_at(n)`: a context in which the returned callable runs `model(x)` with n tokens kept."""
+def forward_at_tokens(model: nn.Module, x: torch.Tensor, *, backend: str = "eager", device: str = "cpu",
+                      threads: int | None = None, cache_dir: Path | None = None, keep: int = 4) -> ForwardAt:
+    """`forward_at(n)`: a context whose callable runs one forward of `model(x)` with n tokens kept, in
+    `backend` (`pomt.runtime.build_forward`). Eager forwards are built per visit (a hook, cheap); the
+    programs of other runtimes (one per count, cached on disk) stay open for the `keep` counts used last."""
+    return ProgramCache(lambda n: build_forward(model, x, backend=backend, device=device, tokens=n,
+                                                cache_dir=cache_dir, cache_key="latency", threads=threads),
+                        keep=0 if backend == "eager" else keep)
+
+
+class ProgramCache:
+    """A `ForwardAt` over a builder of closable forwards, keeping the last `keep` open (0: close each)."""
+
+    def __init__(self, build: Callable[[int], Forward], keep: int = 0):
+        self.build, self.keep = build, keep
+        self._open: OrderedDict[int, Forward] = OrderedDict()
 
     @contextlib.contextmanager
-    def forward_at(tokens: int) -> Iterator[Forward]:
-        with truncate_tokens(model, tokens):
-            yield lambda: model(x)
-
-    return forward_at
+    def __call__(self, key: int) -> Iterator[Forward]:
+        if self.keep == 0:
+            forward = self.build(key)
+            try:
+                yield forward
+            finally:
+                forward.close()
+            return
+        if key not in self._open:
+            self._open[key] = self.build(key)
+            while len(self._open) > self.keep:
+                self._open.popitem(last=False)[1].close()
+        self._open.move_to_end(key)
+        yield self._open[key]
 
 
 class LiveSource:

@@ -13,11 +13,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,8 +27,9 @@ from tqdm import tqdm
 from pomt.geometry import model_geometry, transformer_blocks
 from pomt.measure import interleaved
 from pomt.patching import apply_schedule, patched_block, unpatch
+from pomt.runtime import Forward, build_forward
 from pomt.schedule import Schedule
-from pomt.sources import Forward, ForwardAt, Session
+from pomt.sources import ForwardAt, ProgramCache, Session
 from pomt.stats import Drift, drift, drift_profile, paired_effect
 from pomt.trace import Visit
 
@@ -80,25 +81,33 @@ def cost_function(costs: Mapping[int, float]) -> Callable[[int], float]:
     return lambda remove: 0.0 if remove <= 0 else float(np.interp(remove, known, values))
 
 
-def schedule_forward_at(model: nn.Module, x: torch.Tensor, schedules: Mapping[int, Schedule]) -> ForwardAt:
+def schedule_forward_at(model: nn.Module, x: torch.Tensor, schedules: Mapping[int, Schedule], *,
+                        backend: str = "eager", device: str = "cpu", threads: int | None = None,
+                        cache_dir: Path | None = None) -> ForwardAt:
     """`forward_at(kept)`: the unpruned model at N kept tokens, else the model patched with the schedule
-    that keeps that many (through `pomt.apply_schedule`, unpatched again after the visit)."""
+    that keeps that many, through `pomt.apply_schedule`, run in `backend`. Eager runs the patched model
+    itself (unpatched again after the visit); other runtimes export it once per schedule, patched."""
     num_tokens = model_geometry(model).num_tokens
 
-    @contextlib.contextmanager
-    def forward_at(kept: int) -> Iterator[Forward]:
+    def build(kept: int) -> Forward:
         if kept == num_tokens:
-            yield lambda: model(x)
-            return
+            return build_forward(model, x, backend=backend, device=device, threads=threads, cache_dir=cache_dir,
+                                 cache_key="latency")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # candidates are unverified by construction
             apply_schedule(model, schedules[kept])
         try:
-            yield lambda: model(x)
-        finally:
+            forward = build_forward(model, x, backend=backend, device=device, threads=threads,
+                                    cache_dir=cache_dir, cache_key="latency")
+        except BaseException:
             unpatch(model)
+            raise
+        if backend == "eager":
+            return Forward(forward, forward.backend, None, release=lambda: (forward.close(), unpatch(model)))
+        unpatch(model)  # the exported program keeps the patched graph
+        return forward
 
-    return forward_at
+    return ProgramCache(build, keep=0 if backend == "eager" else len(schedules) + 1)
 
 
 @dataclass(frozen=True)

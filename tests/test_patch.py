@@ -13,7 +13,10 @@ import torch
 from pomt.errors import PatchError, ScheduleError
 from pomt.geometry import model_geometry, transformer_blocks
 from pomt.patching import METHODS, apply_schedule, patch, patch_state, token_counts, unpatch
+from pomt.patching.api import UnverifiedScheduleWarning
 from pomt.schedule import BlockRemoval, Schedule
+
+from conftest import verified_record
 
 PRUNE = {3: 56, 6: 20}
 
@@ -235,12 +238,35 @@ def test_bad_patch_arguments_raise(models):
     assert patch_state(model) is None
 
 
-def _schedule(batch: int = 1, kind: str = "cpu") -> dict:
-    """A deit_small schedule removing 56 tokens at block 3."""
+def _schedule(batch: int = 1, kind: str = "cpu", verified: dict | None = None, **extra) -> dict:
+    """A deit_small schedule removing 56 tokens at block 3, verified on this machine unless told."""
     return Schedule(
         model="deit_small_patch16_224", input_size=(224, 224), batch_size=batch, num_tokens=197,
         prefix_tokens=1, depth=12, method="pomt", prune=(BlockRemoval(3, 56),), device={"kind": kind},
+        verified=verified_record() if verified is None else verified, **extra,
     ).to_dict()
+
+
+def test_an_unverified_or_foreign_schedule_warns_once_and_strict_refuses(models):
+    model = models["deit_small"]
+    unverified = _schedule()
+    del unverified["verified"]
+    with pytest.raises(ScheduleError, match="unverified"):
+        apply_schedule(model, unverified, strict=True)
+    with pytest.warns(UnverifiedScheduleWarning, match="never measured on the patched model") as caught:
+        apply_schedule(model, unverified)
+        with torch.no_grad():
+            model(torch.randn(1, 3, 224, 224))
+    assert len([w for w in caught if w.category is UnverifiedScheduleWarning]) == 1  # at applying, not per forward
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        apply_schedule(model, _schedule())  # verified here: silent
+    foreign = _schedule(verified=verified_record("0123456789abcdef"))
+    with pytest.raises(ScheduleError, match="verified on another device"):
+        apply_schedule(model, foreign, strict=True)
+    with pytest.warns(UnverifiedScheduleWarning, match="verified on another device"):
+        apply_schedule(model, foreign)
+    unpatch(model)
 
 
 def test_apply_schedule_from_a_file(models, image, tmp_path):

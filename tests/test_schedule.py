@@ -10,6 +10,8 @@ from pomt.models import create_model
 from pomt.patching import apply_schedule, unpatch
 from pomt.schedule import BlockRemoval, Schedule, load_schedule, save_schedule
 
+from conftest import verified_record
+
 
 def _schedule(**overrides) -> Schedule:
     fields = dict(
@@ -116,7 +118,7 @@ def test_bad_backend_or_dtype_is_one_schedule_error(changes, message):
 
 def test_apply_schedule_checks_the_parameter_dtype():
     model = create_model("deit_small").to(torch.bfloat16)
-    schedule = _schedule(device={"kind": "cpu"}).to_dict()
+    schedule = _schedule(device={"kind": "cpu"}, verified=verified_record()).to_dict()
     with pytest.raises(ScheduleError, match="measured in float32, the model's parameters are bfloat16"):
         apply_schedule(model, schedule, strict=True)
     with pytest.warns(UserWarning, match="measured in float32"):
@@ -124,5 +126,5 @@ def test_apply_schedule_checks_the_parameter_dtype():
     unpatch(model)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        apply_schedule(model, _schedule(device={"kind": "cpu"}, dtype="bfloat16").to_dict())
+        apply_schedule(model, _schedule(device={"kind": "cpu"}, dtype="bfloat16", verified=verified_record()).to_dict())
     unpatch(model)

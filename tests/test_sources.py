@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pomt.models import create_model
-from pomt.sources import LiveSource, ReplaySource, Session, TraceExhausted, calibrate_reps, eager_forward_at
+from pomt.sources import LiveSource, ReplaySource, Session, TraceExhausted, calibrate_reps, forward_at_tokens
 from pomt.trace import TraceWriter, read_trace
 
 from trace_data import N, linear_levels, synthetic_trace
@@ -16,7 +16,7 @@ def test_a_live_visit_times_the_model_at_its_token_count():
     model = create_model("test_vit", input_size=96)
     seen = []
     model.blocks[0].register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[1]))
-    source = LiveSource(eager_forward_at(model, torch.randn(1, 3, 96, 96)), threads=1)
+    source = LiveSource(forward_at_tokens(model, torch.randn(1, 3, 96, 96)), threads=1)
     first = source.visit(10, reps=3, pass_index=4)
     second = source.visit(37, reps=2, pass_index=4)
     assert (first.tokens, first.pass_index, len(first.samples_ms)) == (10, 4, 3)

@@ -18,10 +18,12 @@ import pytest
 import timm
 import torch
 
-from pomt.bench.flops import analytic_flops, count_flops
+from pomt.bench.flops import count_flops
 from pomt.geometry import model_geometry, transformer_blocks
 from pomt.patching import patch, patch_state, token_counts, unpatch
 from pomt.patching.tome import bipartite_matching, merge_weighted
+
+from flops_oracle import vit_flops
 
 ATOL = 1e-5
 
@@ -280,7 +282,7 @@ def test_unpatch_restores_exactly_and_r0_changes_nothing(models, images, name):
         ("vit_tiny_patch16_224", {"class_token": False, "global_pool": "avg"}),
     ],
 )
-def test_analytic_flops_count_the_matching_where_a_block_merges(name, kwargs):
+def test_the_flop_oracle_counts_the_matching_where_a_block_merges(name, kwargs):
     """ToMe's similarity over all tokens, skipped where the cap leaves nothing to merge (17 tokens: r=8
     reaches 2 tokens by block 4), equals the FLOP counter on the patched model."""
     model = _timm(name, img_size=64, **kwargs)
@@ -288,7 +290,7 @@ def test_analytic_flops_count_the_matching_where_a_block_merges(name, kwargs):
     for prune in (2, 8, {3: 5, 7: 1}):
         patched = patch(copy.deepcopy(model), "tome", prune)
         removal = dict.fromkeys(range(12), prune) if isinstance(prune, int) else prune
-        assert count_flops(patched, x) == analytic_flops(model, 2, "tome", removal), prune
+        assert count_flops(patched, x) == 2 * vit_flops(model, "tome", removal), prune
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from pomt.cli import (  # noqa: F401  (importing a command module registers its 
     export,
     info,
     offline,
+    record,
 )
 from pomt.cli.app import app, main
 

@@ -1,4 +1,4 @@
-"""`pomt offline` (= `python offline_computation.py`): measure, detect steps, schedule."""
+"""`pomt offline` (= `python offline_computation.py`): measure, confirm steps, verify, schedule."""
 
 from __future__ import annotations
 
@@ -7,40 +7,69 @@ import typer
 from pomt.cli.app import app
 from pomt.cli.options import config_command
 from pomt.offline import OfflineConfig, OfflineResult, run_offline
+from pomt.search import SearchSettings
+from pomt.workload import Workload
 
 
 @app.command("offline")
-@config_command(OfflineConfig)
-def offline_command(config: OfflineConfig) -> None:
-    """Measure latency against kept tokens, find the steps, choose a removal, and save the schedule."""
-    print_report(run_offline(config), config.batch_size)
+@config_command(Workload, OfflineConfig, SearchSettings)
+def offline_command(workload: Workload, config: OfflineConfig, settings: SearchSettings) -> None:
+    """Measure latency against kept tokens in shuffled passes, confirm its steps by paired measurement, choose a
+    removal, verify it on the patched model, and save the schedule."""
+    print_report(run_offline(workload, config, settings), workload.batch_size)
 
 
 def print_report(result: OfflineResult, batch_size: int) -> None:
-    """A short human report: geometry, steps, choice, prediction, files."""
-    g = result.geometry
-    echo = typer.echo
+    """A short human report: geometry, measurement and drift, steps judged, choice, verification, files."""
+    g, echo = result.geometry, typer.echo
+    device = result.device
     echo(f"model      {g.model}  {g.input_size[0]}x{g.input_size[1]} px  batch {batch_size}  "
          f"N={g.num_tokens} (prefix {g.prefix_tokens})  depth {g.depth}")
-    echo(f"device     {result.device.get('name')}  threads {result.device.get('threads')}  "
-         f"clocks_locked={result.device.get('clocks_locked')}")
-    if result.points:
-        echo(f"latency    {len(result.points)} counts known, {result.measured_points} measured this run "
-             f"in {result.measure_seconds:.0f} s; noise {result.report.noise_ms:.3f} ms; "
-             f"embed+head {result.overhead_ms:.2f} ms")
-        echo(f"steps      {len(result.report.steps)} found" + (":" if result.report.steps else ""))
-        for step in result.report.steps:
-            echo(f"  {step.upper_tokens:>5d} -> {step.tokens:<5d} {step.before_ms:9.3f} -> {step.after_ms:9.3f} ms "
-                 f"({-step.drop_pct:+.1f}%, {step.kind}, {step.significance:.1f} sigma)")
+    where = f"replay of {device['replayed_from']}, measured on " if device.get("replayed_from") else ""
+    echo(f"device     {where}{device.get('name')}  threads {device.get('threads')}  "
+         f"clocks_locked={device.get('clocks_locked')}  backend {(device.get('backend') or {}).get('name', 'eager')}")
+    search = result.search
+    if search is not None:
+        echo(f"latency    {search.visits} visits of {search.reps} forwards ({search.measured} measured now, "
+             f"{search.evaluation_ratio:.0%} of the full grid's {search.full_grid_visits}) over "
+             f"{len(search.points)} counts in {result.measure_seconds:.0f} s; noise {100 * search.noise:.1f}% a visit")
+        if search.drift is not None:
+            d = search.drift
+            echo(f"drift      reference {d.reference_tokens} tokens read {min(d.reference_ms):.2f}-"
+                 f"{max(d.reference_ms):.2f} ms over {len(d.reference_ms)} passes (max/min {d.max_over_min:.2f})")
+        rejected = [c for c in search.candidates if not c.accepted]
+        echo(f"steps      {len(search.steps)} confirmed by paired measurement, {len(rejected)} candidates not")
+        for s in search.steps:
+            low, high = s.paired_ci_pct
+            echo(f"  {s.upper_tokens:>5d} -> {s.tokens:<5d} {s.before_ms:9.3f} -> {s.after_ms:9.3f} ms  {s.kind}: "
+                 f"{-s.paired_pct:+.1f}% beyond the trend [{-high:+.1f}, {-low:+.1f}], p={s.p_value:.2g}, "
+                 f"{s.pairs} pairs")
+        for c in rejected:
+            echo(f"  {c.high:>5d} -> {c.low:<5d} {c.reason}")
     if result.accuracy:
         values = result.accuracy.values
         echo(f"accuracy   {result.accuracy.kind} on {result.accuracy.samples} images: "
              f"{values[max(values)]:.3f} at {max(values)} tokens, {values[min(values)]:.3f} at {min(values)}")
+    if result.method_cost:
+        costs = ", ".join(f"{c:+.3f} ms removing {r}" for r, c in sorted(result.method_cost.items()))
+        echo(f"method     cost at its block over the plain block: {costs}")
+    if result.verification is not None:
+        v = result.verification
+        echo(f"verified   unpruned {v.unpruned_ms:.3f} ms; {v.rounds} rounds of {v.reps} forwards per variant")
+        for c in v.candidates:
+            predicted = f", predicted {c.predicted_ms:.3f} ms" if c.predicted_ms is not None else ""
+            echo(f"  remove {c.remove:>4d}: {c.pruned_ms:9.3f} ms  {c.speedup:.3f}x [{c.speedup_ci[0]:.3f}, "
+                 f"{c.speedup_ci[1]:.3f}]{predicted}{'  qualifies' if c.qualifies else ''}")
     if result.decision:
         d = result.decision
         echo(f"schedule   remove {d.remove} tokens at block {d.block} -> keep {d.kept_tokens}  "
              f"(policy {d.policy}: {d.reason})")
         echo(f"predicted  {d.baseline_ms:.3f} ms -> {d.predicted_ms:.3f} ms  (gain {100 * d.gain:.1f}%"
              + (f", accuracy {d.accuracy:.3f})" if d.accuracy is not None else ")"))
+    warning = (result.schedule.measurement or {}).get("warning") if result.schedule else None
+    if warning:
+        echo(f"warning    {warning}")
+    for note in result.notes:
+        echo(f"note       {note}")
     for kind, path in result.paths.items():
         echo(f"wrote      {kind:9s} {path}")

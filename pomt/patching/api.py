@@ -16,6 +16,7 @@ from pathlib import Path
 
 from torch import nn
 
+from pomt.device import device_fingerprint, fingerprint_hash
 from pomt.errors import PatchError, ScheduleError
 from pomt.geometry import model_geometry, transformer_blocks
 from pomt.patching import blocks, pooling
@@ -23,6 +24,10 @@ from pomt.patching.plan import check_method, resolve_removal, token_counts
 from pomt.schedule import Schedule, load_schedule
 
 STATE_ATTR = blocks.STATE_ATTR
+
+
+class UnverifiedScheduleWarning(UserWarning):
+    """A schedule whose promise was not measured on this device."""
 
 
 def patch_state(model: nn.Module) -> blocks.PatchState | None:
@@ -119,6 +124,25 @@ def _mismatch(message: str, strict: bool) -> None:
     warnings.warn(message, stacklevel=3)
 
 
+def _check_verified(schedule: Schedule, model: nn.Module, strict: bool) -> None:
+    """Warn (raise under strict) when the schedule's speedup was never measured on the patched model, or
+    was measured on another device than the one the model runs on; once per application, not per forward."""
+    verified = schedule.verified
+    if verified is None:
+        message = ("schedule is unverified: its speedup was predicted, never measured on the patched model; "
+                   "run the offline computation again to verify it")
+    else:
+        device = next((p.device for p in model.parameters()), None)
+        here = fingerprint_hash(device_fingerprint(str(device) if device is not None else "cpu"))
+        if here == verified.get("device_fingerprint_hash"):
+            return
+        message = (f"schedule was verified on another device (fingerprint {verified.get('device_fingerprint_hash')}, "
+                   f"this one is {here}): its measured speedup may not hold here")
+    if strict:
+        raise ScheduleError(message + " (strict)")
+    warnings.warn(message, UnverifiedScheduleWarning, stacklevel=3)
+
+
 def apply_schedule(
     model: nn.Module,
     schedule: Schedule | str | Path | Mapping,
@@ -130,7 +154,8 @@ def apply_schedule(
 
     Raises ScheduleError when the model's token count, prefix or depth differ from the schedule's.
     A different device kind, parameter dtype, or `batch_size` (given here or seen at the first forward)
-    warns once; with `strict` it raises.
+    warns once; so does a schedule that prunes but was never verified on the patched model, or was verified
+    on another device fingerprint (`UnverifiedScheduleWarning`); with `strict` each of these raises.
     """
     schedule = load_schedule(schedule)
     schedule.check_geometry(model_geometry(model))
@@ -142,6 +167,8 @@ def apply_schedule(
         _mismatch(f"schedule was measured in {schedule.dtype}, the model's parameters are {dtype}", strict)
     if batch_size is not None and batch_size != schedule.batch_size:
         _mismatch(f"schedule was made for batch size {schedule.batch_size}, not {batch_size}", strict)
+    if schedule.removal:
+        _check_verified(schedule, model, strict)
     try:
         return patch(
             model, schedule.method, schedule.removal, batch_size=schedule.batch_size, strict=strict
