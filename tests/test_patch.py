@@ -13,6 +13,7 @@ import torch
 from pomt.errors import PatchError, ScheduleError
 from pomt.geometry import model_geometry, transformer_blocks
 from pomt.patching import METHODS, apply_schedule, patch, patch_state, token_counts, unpatch
+from pomt.patching.attention import call_layer
 from pomt.schedule import PruneStep, Schedule
 
 PRUNE = {3: 56, 6: 20}
@@ -201,6 +202,16 @@ def test_removing_nothing_leaves_the_model_exact(models, image, method):
         assert type(model.blocks[3]).__name__ == "Block"
         assert torch.equal(model(image), reference)
         unpatch(model)
+
+
+def test_call_layer_skips_only_layers_that_return_their_input():
+    x = torch.ones(64, 64)
+    assert call_layer(torch.nn.Identity(), x) is x
+    assert call_layer(torch.nn.Dropout(0.5).eval(), x) is x
+    assert call_layer(torch.nn.Dropout(0.0).train(), x) is x
+    assert (call_layer(torch.nn.Dropout(0.5).train(), x) == 0).any()  # active dropout still runs
+    scale = torch.nn.Linear(64, 64)
+    assert torch.equal(call_layer(scale, x), scale(x))
 
 
 def test_unpatch_restores_classes_attributes_and_outputs(models, image):

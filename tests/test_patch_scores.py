@@ -11,8 +11,8 @@ from pomt.patching.plan import check_method, resolve_removal
 from pomt.patching.scores import (
     best_indices,
     class_attention_scores,
+    gather_kept,
     keep_and_fuse,
-    keep_tokens,
     pomt_scores,
     split_best,
 )
@@ -27,6 +27,13 @@ def test_split_best_keeps_highest_in_original_order_and_drops_the_rest():
     assert best_indices(scores, 3).tolist() == [[1, 2, 3]]
 
 
+def test_split_best_breaks_ties_by_the_lower_index():
+    scores = torch.tensor([[0.5, 0.9, 0.5, 0.5, 0.1, 0.5]])
+    kept, dropped = split_best(scores, 3)
+    assert kept.tolist() == [[0, 1, 2]]
+    assert dropped.tolist() == [[3, 5, 4]]
+
+
 def test_keep_and_fuse_layout():
     x = torch.arange(2 * 6 * 3, dtype=torch.float32).reshape(2, 6, 3)
     kept = torch.tensor([[0, 3], [1, 2]])
@@ -37,7 +44,7 @@ def test_keep_and_fuse_layout():
     assert torch.equal(out[0, 1:3], x[0, [1, 4]])
     assert torch.allclose(out[0, 3], x[0, [2, 3, 5]].mean(0))
     assert torch.allclose(out[1, 3], x[1, [1, 4, 5]].mean(0))
-    assert torch.equal(keep_tokens(x, 2, kept)[1, 2:], x[1, [3, 4]])
+    assert torch.equal(gather_kept(x, 2, kept)[1, 2:], x[1, [3, 4]])
 
 
 def test_pomt_scores_follow_the_definition():
