@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import pytest
 import torch
 
@@ -32,6 +35,30 @@ def test_split_best_breaks_ties_by_the_lower_index():
     kept, dropped = split_best(scores, 3)
     assert kept.tolist() == [[0, 1, 2]]
     assert dropped.tolist() == [[3, 5, 4]]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # dynamo=False: the legacy TorchScript exporter
+def test_split_best_exports_to_onnx_with_the_same_tie_breaking():
+    """ONNX has no stable sort: the export path must give what the stable sort gives, ties included."""
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+
+    class Split(torch.nn.Module):
+        def forward(self, scores):
+            kept, dropped = split_best(scores, 20)
+            return torch.cat([kept, dropped], dim=1)
+
+    scores = torch.randint(0, 4, (3, 48), generator=torch.Generator().manual_seed(0)).float()
+    split = Split().eval()
+    expected = split(scores)
+    for dynamo in (False, True):
+        path = io.BytesIO()
+        with contextlib.redirect_stdout(io.StringIO()):
+            program = torch.onnx.export(split, (scores,), None if dynamo else path, dynamo=dynamo)
+        model = program.model_proto.SerializeToString() if dynamo else path.getvalue()
+        session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+        (got,) = session.run(None, {session.get_inputs()[0].name: scores.numpy()})
+        assert torch.equal(torch.from_numpy(got), expected), f"dynamo={dynamo}"
 
 
 def test_keep_and_fuse_layout():

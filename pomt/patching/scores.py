@@ -50,7 +50,11 @@ def best_indices(scores: torch.Tensor, keep: int) -> torch.Tensor:
 def split_best(scores: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(kept, dropped): the `keep` highest scores ascending by index, and all the others by descending
     score; ties go to the lower index (a stable sort)."""
-    order = scores.sort(dim=-1, descending=True, stable=True).indices
+    if torch.onnx.is_in_onnx_export():
+        # ONNX has no stable sort; this exports as TopK, which breaks ties by the lower index too.
+        order = scores.sort(dim=-1, descending=True).indices
+    else:
+        order = scores.sort(dim=-1, descending=True, stable=True).indices
     return order[:, :keep].sort(dim=-1).values, order[:, keep:]
 
 
