@@ -72,6 +72,8 @@ def test_keep_and_fuse_layout():
     assert torch.allclose(out[0, 3], x[0, [2, 3, 5]].mean(0))
     assert torch.allclose(out[1, 3], x[1, [1, 4, 5]].mean(0))
     assert torch.equal(gather_kept(x, 2, kept)[1, 2:], x[1, [3, 4]])
+    assert torch.equal(keep_and_fuse(x[1:], 1, kept[1:], dropped[1:]), out[1:])  # batch 1 takes its own path
+    assert torch.equal(gather_kept(x[1:], 2, kept[1:]), gather_kept(x, 2, kept)[1:])
 
 
 def test_pomt_scores_follow_the_definition():

@@ -60,8 +60,10 @@ def split_best(scores: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Ten
 
 def gather_patches(x: torch.Tensor, prefix: int, indices: torch.Tensor) -> torch.Tensor:
     """The patch tokens at `indices` (B, K) -> (B, K, C): one `index_select` on the flattened batch
-    (much faster on CPU than `gather` with an expanded index)."""
+    (much faster on CPU than `gather` with an expanded index); at batch 1 no index arithmetic at all."""
     batch, tokens, channels = x.shape
+    if batch == 1:
+        return x[:, prefix:].index_select(1, indices.reshape(-1))
     offsets = torch.arange(prefix, batch * tokens, tokens, device=x.device).unsqueeze(1)
     rows = x.reshape(batch * tokens, channels).index_select(0, (indices + offsets).view(-1))
     return rows.view(batch, -1, channels)
