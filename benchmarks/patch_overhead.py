@@ -7,7 +7,9 @@ removing 10 tokens at block 3. For each:
     dropped before block 4 (a forward pre-hook on blocks[4]); the gap is the cost of scoring and selecting.
 (b) block 3 forced through the pomt pruning path with R = 0 vs the unpatched model. The public API never
     patches a block that removes nothing (so its outputs stay exact); this installs the plan directly.
-Every variant is called through `model(x)` on its own deep copy. The aten operators per forward
+Every variant is called through `model(x)` on its own copy; the copies share the weight tensors, so that
+no variant gains from where its weights landed in memory (deep copies of one deit_tiny differed by up to
+5% here). The aten operators per forward
 (torch.profiler, nested calls included) are printed first: unlike times, they do not depend on load.
 Usage:
     .venv/bin/python benchmarks/patch_overhead.py [--case deit_small deit_tiny_112] [--batch 1 4]
@@ -49,16 +51,22 @@ CASES = {
 COMPARISONS = [("pomt", "truncated"), ("topk", "truncated"), ("pomt_r0", "unpatched")]
 
 
+def twin(model: nn.Module) -> nn.Module:
+    """A deep copy of the modules that shares the parameter and buffer tensors of `model`."""
+    memo = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    return copy.deepcopy(model, memo)
+
+
 def truncated(model: nn.Module, keep: int, at: int) -> nn.Module:
     """A copy whose block `at` and later see only the first `keep` tokens."""
-    model = copy.deepcopy(model)
+    model = twin(model)
     model.blocks[at].register_forward_pre_hook(lambda _m, args: (args[0][:, :keep], *args[1:]))
     return model
 
 
 def forced_pomt_r0(model: nn.Module, at: int) -> nn.Module:
     """A copy whose block `at` runs the pomt pruning path removing 0 tokens."""
-    model = copy.deepcopy(model)
+    model = twin(model)
     state = PatchState(method="pomt", removal={at: 0}, prefix_tokens=model.num_prefix_tokens)
     install(model.blocks[at], BlockPlan(run_pomt, 0, state, first=True))
     return model
@@ -67,10 +75,10 @@ def forced_pomt_r0(model: nn.Module, at: int) -> nn.Module:
 def variants(model: nn.Module, case: Case, x: torch.Tensor) -> dict[str, object]:
     num_tokens = model.patch_embed.num_patches + model.num_prefix_tokens
     models = {
-        "unpatched": copy.deepcopy(model),
+        "unpatched": twin(model),
         "truncated": truncated(model, num_tokens - case.remove, case.block + 1),
-        "pomt": patch(copy.deepcopy(model), "pomt", {case.block: case.remove}),
-        "topk": patch(copy.deepcopy(model), "topk", {case.block: case.remove}),
+        "pomt": patch(twin(model), "pomt", {case.block: case.remove}),
+        "topk": patch(twin(model), "topk", {case.block: case.remove}),
         "pomt_r0": forced_pomt_r0(model, case.block),
     }
     return {name: (lambda m=m: m(x)) for name, m in models.items()}
