@@ -1,83 +1,132 @@
-"""Overhead of the pruning patches on this CPU (random-weight deit_small, interleaved timing).
+"""Overhead of the pruning patches on this CPU (random-weight models, interleaved timing).
 
-(a) pomt removing R tokens at block 3 vs the ideal: the same model with the tokens simply truncated
-    before block 4 (a forward pre-hook on blocks[4]); the gap is the cost of scoring and selecting.
+Two workloads: deit_small at 224 px removing 56 tokens at block 3 (batches 1 and 4), and the small one
+where a reducer's own overhead decides whether pruning pays: deit_tiny at 112 px (N = 50) at batch 1
+removing 10 tokens at block 3. For each:
+(a) pomt (and topk) removing R tokens at block 3 vs truncation: the same model with the tokens simply
+    dropped before block 4 (a forward pre-hook on blocks[4]); the gap is the cost of scoring and selecting.
 (b) block 3 forced through the pomt pruning path with R = 0 vs the unpatched model. The public API never
     patches a block that removes nothing (so its outputs stay exact); this installs the plan directly.
-Every variant is called through `model(x)` on its own deep copy. Usage:
-    .venv/bin/python benchmarks/patch_overhead.py [--batch 1 4] [--rounds 40] [--threads 1]
+Every variant is called through `model(x)` on its own copy; the copies share the weight tensors, so that
+no variant gains from where its weights landed in memory (deep copies of one deit_tiny differed by up to
+5% here). The aten operators per forward
+(torch.profiler, nested calls included) are printed first: unlike times, they do not depend on load.
+Usage:
+    .venv/bin/python benchmarks/patch_overhead.py [--case deit_small deit_tiny_112] [--batch 1 4]
+        [--rounds 40] [--calls 3] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+from dataclasses import dataclass
 
 import timm
 import torch
 from torch import nn
 
+from pomt.bench.profile import profile_forward
 from pomt.measure import interleaved
 from pomt.patching import patch
 from pomt.patching.blocks import BlockPlan, PatchState, install, run_pomt
 
-MODEL = "deit_small_patch16_224"
-BLOCK = 3
-REMOVE = 56
+
+@dataclass(frozen=True)
+class Case:
+    """One workload: a model at an input size, R tokens removed at one block, the pomt/truncated goal."""
+
+    model: str
+    img_size: int
+    block: int
+    remove: int
+    batches: tuple[int, ...]
+    goal: float
+
+
+CASES = {
+    "deit_small": Case("deit_small_patch16_224", 224, 3, 56, (1, 4), 1.01),
+    "deit_tiny_112": Case("deit_tiny_patch16_224", 112, 3, 10, (1,), 1.02),
+}
+COMPARISONS = [("pomt", "truncated"), ("topk", "truncated"), ("pomt_r0", "unpatched")]
+
+
+def twin(model: nn.Module) -> nn.Module:
+    """A deep copy of the modules that shares the parameter and buffer tensors of `model`."""
+    memo = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    return copy.deepcopy(model, memo)
 
 
 def truncated(model: nn.Module, keep: int, at: int) -> nn.Module:
     """A copy whose block `at` and later see only the first `keep` tokens."""
-    model = copy.deepcopy(model)
+    model = twin(model)
     model.blocks[at].register_forward_pre_hook(lambda _m, args: (args[0][:, :keep], *args[1:]))
     return model
 
 
 def forced_pomt_r0(model: nn.Module, at: int) -> nn.Module:
     """A copy whose block `at` runs the pomt pruning path removing 0 tokens."""
-    model = copy.deepcopy(model)
+    model = twin(model)
     state = PatchState(method="pomt", removal={at: 0}, prefix_tokens=model.num_prefix_tokens)
     install(model.blocks[at], BlockPlan(run_pomt, 0, state, first=True))
     return model
 
 
-def variants(model: nn.Module, x: torch.Tensor) -> dict[str, object]:
+def variants(model: nn.Module, case: Case, x: torch.Tensor) -> dict[str, object]:
     num_tokens = model.patch_embed.num_patches + model.num_prefix_tokens
     models = {
-        "unpatched": copy.deepcopy(model),
-        "ideal": truncated(model, num_tokens - REMOVE, BLOCK + 1),
-        "pomt": patch(copy.deepcopy(model), "pomt", {BLOCK: REMOVE}),
-        "topk": patch(copy.deepcopy(model), "topk", {BLOCK: REMOVE}),
-        "pomt_r0": forced_pomt_r0(model, BLOCK),
+        "unpatched": twin(model),
+        "truncated": truncated(model, num_tokens - case.remove, case.block + 1),
+        "pomt": patch(twin(model), "pomt", {case.block: case.remove}),
+        "topk": patch(twin(model), "topk", {case.block: case.remove}),
+        "pomt_r0": forced_pomt_r0(model, case.block),
     }
     return {name: (lambda m=m: m(x)) for name, m in models.items()}
 
 
+def run_case(case: Case, batches: list[int], args: argparse.Namespace) -> None:
+    torch.manual_seed(0)
+    model = timm.create_model(case.model, pretrained=False, img_size=case.img_size).eval()
+    print(
+        f"\n{case.model} at {case.img_size} px, random weights, cpu, threads={args.threads}, "
+        f"remove {case.remove} at block {case.block}; goal pomt / truncated <= {case.goal}"
+    )
+    for batch in batches:
+        x = torch.randn(batch, 3, case.img_size, case.img_size)
+        fns = variants(model, case, x)
+        ops = {name: profile_forward(fn, "cpu", forwards=1, warmup=1).ops_per_forward for name, fn in fns.items()}
+        print(f"batch {batch}: aten ops per forward: " + ", ".join(f"{n} {c:.0f}" for n, c in ops.items()))
+        stats = interleaved(fns, "cpu", args.threads, args.rounds, args.calls).stats
+        print(f"  {'variant / baseline':<22} {'median ms':>18} {'min ms':>18} {'ratio med':>9} {'ratio min':>9}")
+        for name, base in COMPARISONS:
+            a, b = stats[name], stats[base]
+            print(
+                f"  {name + ' / ' + base:<22} {a.median_ms:>8.3f} / {b.median_ms:<7.3f} "
+                f"{a.min_ms:>8.3f} / {b.min_ms:<7.3f} "
+                f"{a.median_ms / b.median_ms:>9.4f} {a.min_ms / b.min_ms:>9.4f}"
+            )
+        pomt, base = stats["pomt"], stats["truncated"]
+        verdict = {
+            kind: "met" if ratio <= case.goal else "not met"
+            for kind, ratio in (("median", pomt.median_ms / base.median_ms), ("min", pomt.min_ms / base.min_ms))
+        }
+        print(
+            f"  goal pomt / truncated <= {case.goal} over {args.rounds} interleaved rounds x {args.calls} calls: "
+            f"median {verdict['median']}, min {verdict['min']}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--case", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--batch", type=int, nargs="+", help="batch sizes (default: each case's own)")
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--calls", type=int, default=3, help="calls per timed round")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-
-    torch.manual_seed(0)
-    model = timm.create_model(MODEL, pretrained=False).eval()
-    comparisons = [("pomt", "ideal"), ("topk", "ideal"), ("pomt_r0", "unpatched")]
-    print(f"{MODEL} random weights, cpu, threads={args.threads}, rounds={args.rounds} x {args.calls} calls, "
-          f"remove {REMOVE} at block {BLOCK}; goal ratio <= 1.01")
-    header = ("batch", "variant / baseline", "median ms", "min ms", "ratio med", "ratio min")
-    print("{:>5}  {:<22} {:>18} {:>18} {:>9} {:>9}".format(*header))
-    for batch in args.batch:
-        x = torch.randn(batch, 3, 224, 224)
-        stats = interleaved(variants(model, x), "cpu", args.threads, args.rounds, args.calls).stats
-        for name, base in comparisons:
-            a, b = stats[name], stats[base]
-            print(
-                f"{batch:>5}  {name + ' / ' + base:<22} {a.median_ms:>8.2f} / {b.median_ms:<7.2f} "
-                f"{a.min_ms:>8.2f} / {b.min_ms:<7.2f} "
-                f"{a.median_ms / b.median_ms:>9.4f} {a.min_ms / b.min_ms:>9.4f}"
-            )
+    for name in args.case:
+        case = CASES[name]
+        run_case(case, args.batch or list(case.batches), args)
 
 
 if __name__ == "__main__":

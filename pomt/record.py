@@ -65,8 +65,8 @@ def record(workload: Workload, settings: RecordSettings) -> Recording:
     stem = f"{prepared.setup.stem}.record"
     title = (f"{prepared.geometry.model} on {prepared.setup.fingerprint.get('name')}, batch {prepared.setup.batch_size}"
              f": {settings.passes} shuffled passes")
-    plot = plot_offline(Path(workload.output_dir) / f"{stem}.png", title, pool_visits(visits, n), corrected_values(visits), steps, [],
-                        None, drift=seen)
+    plot = plot_offline(Path(workload.output_dir) / f"{stem}.png", title, pool_visits(visits, n),
+                        corrected_values(visits), steps, [], None, drift=seen)
     return Recording(
         paths={"trace": journal.path, "sidecar": journal.path.with_suffix(".json"), "plot": plot},
         visits=session.visits, measured=session.measured, samples=sum(len(v.samples_ms) for v in visits),

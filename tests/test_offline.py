@@ -170,6 +170,7 @@ def test_a_recorded_trace_replays_through_the_whole_computation(tmp_path):
     assert (tmp_path / f"{stem}.png").stat().st_size > 0
     again = run_script("offline_computation.py", "--replay", str(trace), "--output-dir", str(tmp_path / "again"),
                        "--no-progress", "--passes", "2", "--confirm-rounds", "3")
+    assert again.returncode == 0, again.stderr  # a replay is deterministic: the same steps again
     assert json.loads((tmp_path / "again" / f"{stem}.schedule.json").read_text())["steps"] == data["steps"]
 
 

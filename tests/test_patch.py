@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
 import warnings
 
@@ -14,6 +16,7 @@ from pomt.errors import PatchError, ScheduleError
 from pomt.geometry import model_geometry, transformer_blocks
 from pomt.patching import METHODS, apply_schedule, patch, patch_state, token_counts, unpatch
 from pomt.patching.api import UnverifiedScheduleWarning
+from pomt.patching.attention import call_layer
 from pomt.schedule import BlockRemoval, Schedule
 
 from conftest import verified_record
@@ -204,6 +207,37 @@ def test_removing_nothing_leaves_the_model_exact(models, image, method):
         assert type(model.blocks[3]).__name__ == "Block"
         assert torch.equal(model(image), reference)
         unpatch(model)
+
+
+def test_call_layer_skips_only_layers_that_return_their_input():
+    x = torch.ones(64, 64)
+    assert call_layer(torch.nn.Identity(), x) is x
+    assert call_layer(torch.nn.Dropout(0.5).eval(), x) is x
+    assert call_layer(torch.nn.Dropout(0.0).train(), x) is x
+    assert (call_layer(torch.nn.Dropout(0.5).train(), x) == 0).any()  # active dropout still runs
+    scale = torch.nn.Linear(64, 64)
+    assert torch.equal(call_layer(scale, x), scale(x))
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # dynamo=False: the legacy TorchScript exporter
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # shapes read as Python ints: static by design
+@pytest.mark.parametrize("method", ["pomt", "topk"])
+def test_patched_model_exports_to_onnx_with_static_shapes(method, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    model = patch(_timm("deit_tiny_patch16_224", img_size=112), method, {3: 10})
+    for batch, dynamo in [(1, False), (1, True), (2, False), (2, True)]:  # batch 1 gathers on its own path
+        x = torch.randn(batch, 3, 112, 112, generator=torch.Generator().manual_seed(4))
+        with torch.no_grad():
+            expected = model(x)
+        path = tmp_path / f"{method}_{batch}_{dynamo}.onnx"
+        with contextlib.redirect_stdout(io.StringIO()):
+            torch.onnx.export(model, (x,), str(path), dynamo=dynamo)
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+        torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_unpatch_restores_classes_attributes_and_outputs(models, image):

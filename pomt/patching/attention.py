@@ -34,15 +34,22 @@ def check_attention(attn: nn.Module) -> None:
         )
 
 
+def call_layer(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`layer(x)`, skipping the module call where the layer returns x itself (`nn.Identity`, dropout in
+    eval mode or with p = 0): at small workloads a block's Python module calls cost as much as its ops."""
+    if type(layer) is nn.Identity or (type(layer) is nn.Dropout and (layer.p == 0 or not layer.training)):
+        return x
+    return layer(x)
+
+
 def split_heads(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v per head (B, H, N, d), after q/k normalisation where the layer has it; q unscaled."""
     batch, tokens, _ = x.shape
-    heads = attn.num_heads
-    qkv = attn.qkv(x).reshape(batch, tokens, 3, heads, -1).permute(2, 0, 3, 1, 4)
+    qkv = attn.qkv(x).reshape(batch, tokens, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
     q, k, v = qkv.unbind(0)
-    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    q_norm = getattr(attn, "q_norm", None)
     if q_norm is not None:
-        q, k = q_norm(q), k_norm(k)
+        q, k = call_layer(q_norm, q), call_layer(attn.k_norm, k)
     return q, k, v
 
 
@@ -76,8 +83,8 @@ def project(attn: nn.Module, heads_out: torch.Tensor, x: torch.Tensor) -> torch.
     out = heads_out.transpose(1, 2).reshape(batch, tokens, -1)
     norm = getattr(attn, "norm", None)
     if norm is not None:
-        out = norm(out)
+        out = call_layer(norm, out)
     gate = getattr(attn, "gate", None)
     if gate is not None:
         out = out * gate(x).sigmoid()
-    return attn.proj_drop(attn.proj(out))
+    return call_layer(attn.proj_drop, attn.proj(out))

@@ -73,11 +73,12 @@ class BlockPlan:
 
 
 def _mlp_residual(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return x + block.drop_path2(block.ls2(block.mlp(block.norm2(x))))
+    out = block.mlp(block.norm2(x))
+    return x + attention.call_layer(block.drop_path2, attention.call_layer(block.ls2, out))
 
 
 def _attn_residual(block: nn.Module, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    return x + block.drop_path1(block.ls1(out))
+    return x + attention.call_layer(block.drop_path1, attention.call_layer(block.ls1, out))
 
 
 def _kept(x: torch.Tensor, plan: BlockPlan) -> int:
@@ -92,7 +93,7 @@ def run_pomt(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor
     y = block.norm1(x)
     q, k, v = attention.split_heads(attn, y)
     probs = attention.probabilities(attn, q, k)
-    out = attention.apply_probabilities(attn.attn_drop(probs), v)
+    out = attention.apply_probabilities(attention.call_layer(attn.attn_drop, probs), v)
     x = _attn_residual(block, x, attention.project(attn, out, y))
     kept, dropped = scores.split_best(scores.pomt_scores(probs, v, prefix), keep)
     return _mlp_residual(block, scores.keep_and_fuse(x, prefix, kept, dropped))
@@ -107,7 +108,7 @@ def run_topk(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor
     cls_probs = attention.probabilities(attn, q[:, :, :1], k)
     x = _attn_residual(block, x, attention.project(attn, attention.fused(attn, q, k, v), y))
     kept = scores.best_indices(scores.class_attention_scores(cls_probs, prefix), keep)
-    return _mlp_residual(block, scores.keep_tokens(x, prefix, kept))
+    return _mlp_residual(block, scores.gather_kept(x, prefix, kept))
 
 
 def run_l2norm(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
@@ -116,7 +117,7 @@ def run_l2norm(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tens
     keep = _kept(x, plan)
     x = _attn_residual(block, x, block.attn(block.norm1(x)))
     kept = scores.best_indices(scores.l2norm_scores(x, prefix), keep)
-    return _mlp_residual(block, scores.keep_tokens(x, prefix, kept))
+    return _mlp_residual(block, scores.gather_kept(x, prefix, kept))
 
 
 def run_random(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
@@ -126,7 +127,7 @@ def run_random(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tens
     x = _attn_residual(block, x, block.attn(block.norm1(x)))
     prefix = state.prefix_tokens
     noise = scores.random_scores(x.shape[0], x.shape[1] - prefix, state.generator(x.device), x.device)
-    return _mlp_residual(block, scores.keep_tokens(x, prefix, scores.best_indices(noise, keep)))
+    return _mlp_residual(block, scores.gather_kept(x, prefix, scores.best_indices(noise, keep)))
 
 
 def _tome_attention(

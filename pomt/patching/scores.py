@@ -48,37 +48,35 @@ def best_indices(scores: torch.Tensor, keep: int) -> torch.Tensor:
 
 
 def split_best(scores: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(kept, dropped): the `keep` highest scores ascending by index, and all the others."""
-    order = scores.sort(dim=-1, descending=True, stable=True).indices
+    """(kept, dropped): the `keep` highest scores ascending by index, and all the others by descending
+    score; ties go to the lower index (a stable sort)."""
+    if torch.onnx.is_in_onnx_export():
+        # ONNX has no stable sort; this exports as TopK, which breaks ties by the lower index too.
+        order = scores.sort(dim=-1, descending=True).indices
+    else:
+        order = scores.sort(dim=-1, descending=True, stable=True).indices
     return order[:, :keep].sort(dim=-1).values, order[:, keep:]
 
 
-def _select_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Rows x[b, index[b]] -> (B, K, C); one `index_select` on the flattened batch (much faster on CPU
-    than `gather` with an expanded index)."""
-    batch, tokens, channels = x.shape
-    offsets = torch.arange(0, batch * tokens, tokens, device=x.device).unsqueeze(1)
-    flat = x.reshape(batch * tokens, channels).index_select(0, (index + offsets).reshape(-1))
-    return flat.view(batch, -1, channels)
-
-
 def gather_patches(x: torch.Tensor, prefix: int, indices: torch.Tensor) -> torch.Tensor:
-    """The patch tokens at `indices` (B, K) -> (B, K, C)."""
-    return _select_rows(x, indices + prefix)
+    """The patch tokens at `indices` (B, K) -> (B, K, C): one `index_select` on the flattened batch
+    (much faster on CPU than `gather` with an expanded index); at batch 1 no index arithmetic at all."""
+    batch, tokens, channels = x.shape
+    if batch == 1:
+        return x[:, prefix:].index_select(1, indices.reshape(-1))
+    offsets = torch.arange(prefix, batch * tokens, tokens, device=x.device).unsqueeze(1)
+    rows = x.reshape(batch * tokens, channels).index_select(0, (indices + offsets).view(-1))
+    return rows.view(batch, -1, channels)
 
 
-def _with_prefix(prefix: int, indices: torch.Tensor) -> torch.Tensor:
-    """Token indices: the prefix positions, then the patch `indices` shifted past the prefix."""
-    head = torch.arange(prefix, device=indices.device).expand(indices.shape[0], -1)
-    return torch.cat([head, indices + prefix], dim=1)
-
-
-def keep_tokens(x: torch.Tensor, prefix: int, kept: torch.Tensor) -> torch.Tensor:
-    """Prefix tokens followed by the kept patch tokens."""
-    return _select_rows(x, _with_prefix(prefix, kept))
+def gather_kept(x: torch.Tensor, prefix: int, kept: torch.Tensor) -> torch.Tensor:
+    """Prefix tokens followed by the patch tokens at `kept` (B, K) -> (B, prefix + K, C)."""
+    return torch.cat([x[:, :prefix], gather_patches(x, prefix, kept)], dim=1)
 
 
 def keep_and_fuse(x: torch.Tensor, prefix: int, kept: torch.Tensor, dropped: torch.Tensor) -> torch.Tensor:
-    """Prefix, kept patch tokens, then one token that is the mean of the dropped ones."""
-    fused = gather_patches(x, prefix, dropped).mean(dim=1, keepdim=True)
-    return torch.cat([_select_rows(x, _with_prefix(prefix, kept)), fused], dim=1)
+    """Prefix, the patch tokens at `kept`, then one token that is the mean of those at `dropped`
+    (summed in the order `dropped` lists them); one gather for both."""
+    rows = gather_patches(x, prefix, torch.cat([kept, dropped], dim=1))
+    keep = kept.shape[1]
+    return torch.cat([x[:, :prefix], rows[:, :keep], rows[:, keep:].mean(dim=1, keepdim=True)], dim=1)
