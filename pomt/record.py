@@ -1,10 +1,11 @@
 """`pomt record`: a dense latency trace of one workload on this machine, for the curve bank.
 
-Every grid count is visited in `passes` shuffled passes (the reference N in each, as every pomt search
-does); every timed forward is kept with its count, pass and time in `<stem>.record.csv`, the device
-fingerprint in its JSON sidecar. A killed recording continues with `--resume`. The trace is then analysed
-as the bank's ground truth is (`pomt.steps.steps_in_trace`) and drawn; `offline_computation.py --replay`
-runs the whole offline computation on it.
+Every grid count is visited in `passes` shuffled passes, the reference N `reference_visits` times in each
+(a search visits it in every one of its many short passes, and a replay serves each recorded visit once).
+Every timed forward is kept with its count, pass and time in `<stem>.record.csv`, the device fingerprint
+in its JSON sidecar; a killed recording continues with `--resume`. The trace is then analysed as the
+bank's ground truth is (`pomt.steps.steps_in_trace`) and drawn; `offline_computation.py --replay` runs
+the whole offline computation on it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class RecordSettings:
     passes: int = option(12, "Shuffled passes over every count (a replay serves each recorded visit once).", min=2)
     reps: int | None = option(None, "Timed forwards per visit (default: about --visit-s of timing).", min=1)
     visit_s: float = option(0.1, "Seconds of timing a visit aims at, when --reps is not given.")
+    reference_visits: int = option(3, "Visits of the reference (N) in each pass: a search visits it in every one of "
+                                      "its many short passes, so a replayed search needs more of it.", min=1)
     min_step: float = option(0.05, "Smallest step the summary reports (fraction, beyond the trend).")
 
 
@@ -50,12 +53,13 @@ def record(workload: Workload, settings: RecordSettings) -> Recording:
     prepared = prepare(workload)
     search_settings = SearchSettings(passes=settings.passes, reps=settings.reps, visit_s=settings.visit_s).check()
     journal = open_journal(workload, prepared, "record", "whole model, tokens truncated after embedding",
-                           {"passes": settings.passes, "reps": settings.reps, "visit_s": settings.visit_s})
+                           {"passes": settings.passes, "reps": settings.reps, "visit_s": settings.visit_s,
+                            "reference_visits": settings.reference_visits})
     session = live_session(workload, prepared, journal)
     started = time.perf_counter()
     search = LatencySearch(session, prepared.grid, prepared.geometry.num_tokens, search_settings, adaptive=False,
                            seed=workload.seed, progress=workload.progress)
-    visits = search.record()
+    visits = search.record(settings.reference_visits)
     seconds = time.perf_counter() - started
     n = prepared.geometry.num_tokens
     seen = drift(visits, n)

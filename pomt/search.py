@@ -5,7 +5,8 @@ Measurement design (so that a machine whose speed drifts does not shape the curv
   count (N) in every pass: a randomised block design. Each count pools its passes, every visit taken
   relative to its pass's reference visit (`pomt.stats.pool_visits`). Never one ascending sweep.
 - Full search: every grid count in `passes` passes.
-- Adaptive search: a coarse subset in `passes` passes; then, wherever the step detector (at the lower
+- Adaptive search: a coarse subset in `coarse_passes` passes (enough to flag candidates: confirmation
+  decides); then, wherever the step detector (at the lower
   `candidate_k` threshold) sees a candidate with unmeasured grid counts inside it, the middle one is
   measured - every such midpoint of a round together, in `refine_passes` shuffled passes with the
   reference - until no candidate has an unmeasured count inside, or the budget (a fraction of the full
@@ -47,8 +48,9 @@ from pomt.steps import Step, detect_steps, paired_step, trend
 from pomt.trace import Visit
 
 CALIBRATION_REPS = 3
-FIRST_LOOK = 0.2  # share of alpha spent on the early look of a confirmation
+FIRST_LOOK = 0.5  # share of alpha spent on the early look of a confirmation
 LEAST_CANDIDATES = 3  # candidates the smallest adaptive budget can still examine
+FOCUS = 3  # candidates an adaptive round works on at once, most significant first
 
 
 def token_grid(start: int, stop: int, stride: int, *, min_tokens: int, max_tokens: int) -> list[int]:
@@ -74,8 +76,9 @@ def token_grid(start: int, stop: int, stride: int, *, min_tokens: int, max_token
 class SearchSettings:
     """How a search measures and when it believes a step; each field is also the CLI option of its name."""
 
-    passes: int = option(6, "Shuffled passes over the counts (adaptive: the coarse counts); the reference "
-                            "(N) is in every pass.", min=2)
+    passes: int = option(6, "Shuffled passes over every count of a full search, the reference (N) in each; the "
+                            "adaptive search's budget is a fraction of that full grid.", min=2)
+    coarse_passes: int = option(3, "Shuffled passes over the adaptive search's coarse counts.", min=2)
     refine_passes: int = option(1, "Passes over each round of counts an adaptive search adds.", min=1)
     reps: int | None = option(None, "Timed forwards per visit (default: about --visit-s of timing).", min=1)
     visit_s: float = option(0.1, "Seconds of timing a visit aims at, when --reps is not given.")
@@ -90,6 +93,7 @@ class SearchSettings:
         """Raise GridError for settings no search can run with."""
         problems = [
             (self.passes >= 2, f"--passes must be at least 2 (the noise comes from them), got {self.passes}"),
+            (self.coarse_passes >= 2, f"--coarse-passes must be at least 2, got {self.coarse_passes}"),
             (self.refine_passes >= 1, f"--refine-passes must be at least 1, got {self.refine_passes}"),
             (self.reps is None or self.reps >= 1, f"--reps must be at least 1, got {self.reps}"),
             (self.confirm_rounds >= 3, f"--confirm-rounds must be at least 3, got {self.confirm_rounds}"),
@@ -206,7 +210,7 @@ class LatencySearch:
     def _least_budget(self) -> int:
         """On a small grid the fraction would not pay for the coarse scan: the budget never falls below the
         coarse scan plus room to carry three candidates to a verdict."""
-        coarse = self.settings.passes * len(self.coarse) + 1
+        coarse = self.settings.coarse_passes * len(self.coarse) + 1
         return coarse + LEAST_CANDIDATES * (2 * self.settings.confirm_rounds + 6)
 
     def _visit(self, tokens: int, reps: int | None = None) -> Visit:
@@ -230,9 +234,9 @@ class LatencySearch:
         visit = self._visit(self.reference, CALIBRATION_REPS)
         self.reps = calibrate_reps(visit.median_ms / 1e3, self.settings.visit_s)
 
-    def measure_passes(self, counts: list[int], passes: int) -> None:
-        """`passes` shuffled passes over `counts` plus the reference."""
-        members = sorted(set(counts) | {self.reference})
+    def measure_passes(self, counts: list[int], passes: int, reference_visits: int = 1) -> None:
+        """`passes` shuffled passes over `counts` plus the reference (`reference_visits` times in each)."""
+        members = sorted(set(counts) - {self.reference}) + [self.reference] * reference_visits
         for _ in range(passes):
             self._new_pass()
             for n in self.rng.permutation(members):
@@ -314,8 +318,8 @@ class LatencySearch:
         inside it is unmeasured and its counts are settled (`_unsettled`); the most significant ready
         one is judged: rejected at once when the design's own estimate is clearly below `min_step`,
         else confirmed by paired measurement. When none is ready, one shuffled pass measures what the
-        candidates need next (a midpoint, or counts to settle), for as many of them, in order, as the
-        remaining budget can carry to a verdict.
+        FOCUS most significant candidates need next (a midpoint, or counts to settle), as far as the
+        remaining budget can carry them to a verdict: the budget goes to the clearest candidates first.
         """
         confirm_cost = 2 * self.settings.confirm_rounds
         judged = self.judged
@@ -347,7 +351,7 @@ class LatencySearch:
                 continue
             batch: set[int] = set()
             cost = 1  # the reference
-            for low, high, _ in todo:
+            for low, high, _ in todo[:FOCUS]:
                 wanted = set(self._next_counts(low, high)) - batch
                 inside = self._unmeasured_inside(low, high)
                 levels = math.ceil(math.log2(len(inside) + 1)) if inside else 0
@@ -414,10 +418,10 @@ class LatencySearch:
         highs = [b.median_ms / factor[id(b)] for _, b in rounds]
         return paired_effect(highs, lows, offset=offset)
 
-    def record(self) -> list[Visit]:
+    def record(self, reference_visits: int = 1) -> list[Visit]:
         """Every grid count in `passes` shuffled passes, nothing judged: a dense trace (`pomt record`)."""
         self._calibrate()
-        self.measure_passes(self.grid, self.settings.passes)
+        self.measure_passes(self.grid, self.settings.passes, reference_visits)
         self._bar.close()
         return self.visits()
 
@@ -428,7 +432,7 @@ class LatencySearch:
         try:
             self._calibrate()
             if self.adaptive:
-                self.measure_passes(self.coarse, s.passes)
+                self.measure_passes(self.coarse, s.coarse_passes)
             else:
                 self.measure_passes(self.grid, s.passes)
             confirmations = self.examine()

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -117,11 +118,7 @@ def drift_profile(visits: Sequence[Visit], window: int = DRIFT_WINDOW,
     for _ in range(iterations):
         level = {n: float(np.median(y[m] - g[m])) for n, m in members.items()}
         residual = np.where(informative, y - np.array([level[n] for n in tokens]), np.nan)
-        new = np.zeros(y.size)
-        for i in range(y.size):
-            near = np.concatenate([residual[max(0, i - window) : i], residual[i + 1 : i + 1 + window]])
-            near = near[~np.isnan(near)]
-            new[i] = np.median(near) if near.size else 0.0
+        new = _neighbour_median(residual, window)
         new -= np.median(new)
         if np.allclose(new, g, atol=1e-6):
             g = new
@@ -131,6 +128,18 @@ def drift_profile(visits: Sequence[Visit], window: int = DRIFT_WINDOW,
     drift_at = np.empty(y.size)
     drift_at[order] = g
     return level, drift_at
+
+
+def _neighbour_median(values: np.ndarray, window: int) -> np.ndarray:
+    """For each position, the median of the non-NaN values within `window` on each side, itself left out
+    (0 where there are none)."""
+    padded = np.concatenate([np.full(window, np.nan), values, np.full(window, np.nan)])
+    around = np.lib.stride_tricks.sliding_window_view(padded, 2 * window + 1).copy()
+    around[:, window] = np.nan
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows
+        medians = np.nanmedian(around, axis=1)
+    return np.nan_to_num(medians, nan=0.0)
 
 
 def corrected_values(visits: Sequence[Visit], window: int = DRIFT_WINDOW) -> dict[int, list[float]]:

@@ -147,7 +147,7 @@ def test_a_killed_recording_resumes_and_replays(tmp_path):
     resumed = subprocess.run([*command, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     trace = read_trace(path)
-    assert len(trace.visits) == 4 * 36  # every count in every pass, once (--reps given: no calibration visit)
+    assert len(trace.visits) == 4 * (35 + 3)  # every count in every pass, N three times (--reps: no calibration)
     assert trace.path.read_text().splitlines()[: len(before) - 2] == before[: len(before) - 2]
     assert {v.pass_index for v in trace.visits} == {1, 2, 3, 4}
     assert trace.meta["passes"] == 4 and trace.meta["device"]["kind"] == "cpu"

@@ -31,7 +31,7 @@ def near(steps, low, tolerance=1):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_adaptive_confirms_every_planted_step_and_invents_none(seed):
-    trace = synthetic_trace(linear_levels(PLANTED), passes=16, drift=slow_drift(0.3, 240.0), noise=0.015, seed=seed)
+    trace = synthetic_trace(linear_levels(PLANTED), passes=32, drift=slow_drift(0.3, 240.0), noise=0.015, seed=seed)
     found, _ = search(trace, seed=seed)
     assert found.visits <= found.budget_visits == int(0.2 * 6 * len(GRID))
     kinds = {40: "drop", 97: "rise", 104: "drop", 160: "drop"}
@@ -54,7 +54,7 @@ def test_the_full_grid_finds_them_too_at_five_times_the_cost():
 @pytest.mark.parametrize("order", ["shuffled", "ascending"])
 def test_drift_alone_makes_no_step(order):
     """A machine that slows by half and recovers, twice, during the run: no step is real."""
-    trace = synthetic_trace(linear_levels(), passes=16, drift=slow_drift(0.5, 20.0), noise=0.01, order=order)
+    trace = synthetic_trace(linear_levels(), passes=32, drift=slow_drift(0.5, 20.0), noise=0.01, order=order)
     found, _ = search(trace)
     assert found.steps == []
     assert found.drift.max_over_min > 1.3
@@ -62,21 +62,21 @@ def test_drift_alone_makes_no_step(order):
 
 
 def test_small_steps_are_rejected_by_the_minimum_size():
-    trace = synthetic_trace(linear_levels({100: 1.015}), passes=16, drift=lambda t: 1.0, noise=0.003)
+    trace = synthetic_trace(linear_levels({100: 1.015}), passes=32, drift=lambda t: 1.0, noise=0.003)
     assert search(trace, min_step=0.03)[0].steps == []
     assert near(search(trace, min_step=0.005)[0].steps, 100)
 
 
 def test_the_budget_caps_the_visits():
-    trace = synthetic_trace(linear_levels(PLANTED), passes=16, noise=0.015)
+    trace = synthetic_trace(linear_levels(PLANTED), passes=32, noise=0.015)
     found, _ = search(trace, budget=0.1)
-    assert found.visits <= found.budget_visits == max(int(0.1 * 6 * len(GRID)), 6 * 15 + 1 + 3 * (2 * 6 + 6))
+    assert found.visits <= found.budget_visits == max(int(0.1 * 6 * len(GRID)), 3 * 15 + 1 + 3 * (2 * 6 + 6))
     assert found.budget_spent
     assert any("budget" in c.reason for c in found.candidates)
 
 
 def test_the_same_seed_gives_the_same_answer_and_another_seed_a_consistent_one():
-    trace = synthetic_trace(linear_levels(PLANTED), passes=16, drift=slow_drift(0.3, 240.0), noise=0.015)
+    trace = synthetic_trace(linear_levels(PLANTED), passes=32, drift=slow_drift(0.3, 240.0), noise=0.015)
     first, second, other = search(trace)[0], search(trace)[0], search(trace, seed=5)[0]
     assert [s.to_dict() for s in first.steps] == [s.to_dict() for s in second.steps]
     assert [s.tokens for s in other.steps] == pytest.approx([s.tokens for s in first.steps], abs=2)
@@ -101,7 +101,7 @@ class DiesAfter:
 
 
 def test_a_killed_search_resumes_into_the_same_answer(tmp_path):
-    trace = synthetic_trace(linear_levels(PLANTED), passes=16, drift=slow_drift(0.3, 240.0), noise=0.015)
+    trace = synthetic_trace(linear_levels(PLANTED), passes=32, drift=slow_drift(0.3, 240.0), noise=0.015)
     meta = {"model": "deit_tiny", "batch_size": 1, "input_size": [224, 224], "num_tokens": N, "prefix_tokens": 1}
     path = tmp_path / "run.trace.csv"
     settings = SearchSettings()
@@ -119,7 +119,7 @@ def test_a_killed_search_resumes_into_the_same_answer(tmp_path):
 
 
 def test_a_run_that_drifted_more_than_its_effects_says_so():
-    trace = synthetic_trace(linear_levels({100: 1.06}), passes=16, drift=slow_drift(0.4, 240.0), noise=0.01)
+    trace = synthetic_trace(linear_levels({100: 1.06}), passes=32, drift=slow_drift(0.25, 480.0), noise=0.01)
     found, _ = search(trace)
     assert near(found.steps, 100)
     sentence = found.drift_exceeds([s.paired_pct for s in found.steps])
@@ -137,7 +137,7 @@ def test_settings_that_cannot_work_are_refused():
 
 
 def test_injected_steps_into_a_synthetic_trace_read_as_steps():
-    trace = inject_steps(synthetic_trace(linear_levels(), passes=16, noise=0.01), {120: 1.07})
+    trace = inject_steps(synthetic_trace(linear_levels(), passes=32, noise=0.01), {120: 1.07})
     found, _ = search(trace)
     assert [(s.tokens, s.kind) for s in found.steps] == [(120, "drop")]
 

@@ -1,0 +1,103 @@
+"""Step detection on the curve bank: recall and precision of the adaptive search, and what it costs.
+
+For every recorded trace in tests/data (shuffled passes; the sequential demonstration trace is left out) and
+a few seeds, known steps are injected into the real trace (every sample above a count scaled by +-6..12%,
+so real noise and drift stay as measured), then the adaptive search runs on a replay of it with its
+default settings. Ground truth is what the dense trace itself confirms by paired visits within passes
+(`pomt.steps.steps_in_trace`: its real steps and the injected ones). Scoring, for steps of at least 5%:
+recall = truth steps with a confirmed step within +-2 tokens; precision = confirmed steps of 5% or more
+lying within +-2 tokens of a step the dense trace confirms at 3% or more. Evaluations are visits against
+the full grid's (passes x counts). No timing: everything replays recorded samples.
+
+Goals (issue 9): recall >= 0.9 and precision >= 0.9 with <= 1/5 of the full grid's evaluations.
+Usage: python benchmarks/step_detection.py [--seeds 3] [--inject 3] [--traces NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from pomt.search import LatencySearch, SearchSettings
+from pomt.sources import ReplaySource, Session
+from pomt.steps import Step, steps_in_trace
+from pomt.trace import Trace, inject_steps, read_trace
+
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
+BIG, LOOSE, TOLERANCE = 0.05, 0.03, 2
+
+
+def near(step: Step, others: list[Step]) -> bool:
+    return any(abs(step.tokens - o.tokens) <= TOLERANCE or abs(step.upper_tokens - o.upper_tokens) <= TOLERANCE
+               for o in others)
+
+
+def injections(trace: Trace, count: int, rng: np.random.Generator, avoid: list[Step]) -> dict[int, float]:
+    """Up to `count` level shifts of 6-12% (either sign) at counts at least 8 tokens from each other and
+    from the trace's own steps, away from the ends of the grid (fewer where the trace leaves no room)."""
+    counts = trace.counts[8:-8]
+    taken = [s.tokens for s in avoid]
+    chosen: dict[int, float] = {}
+    for k in rng.permutation(counts):
+        if len(chosen) == count:
+            break
+        if all(abs(int(k) - t) >= 8 for t in [*taken, *chosen]):
+            chosen[int(k)] = float(1 + rng.choice([-1, 1]) * rng.uniform(0.06, 0.12))
+    return chosen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--inject", type=int, default=3, help="steps injected per run")
+    parser.add_argument("--traces", nargs="*", default=None, help="trace names in tests/data (default: all shuffled)")
+    args = parser.parse_args()
+    names = args.traces or sorted(p.stem for p in DATA.glob("*_shuffled.csv"))
+    totals = {"truth": 0, "hit": 0, "found": 0, "right": 0, "injected": 0, "injected_hit": 0}
+    ratios = []
+    print(f"{'trace':34s} {'seed':>4s} {'visits':>12s} {'ratio':>6s} {'truth':>5s} {'hit':>4s} {'found':>5s} "
+          f"{'right':>5s}  missed / wrong")
+    for name in names:
+        base = read_trace(DATA / f"{name}.csv")
+        own = steps_in_trace(base.visits, min_step=BIG)
+        for seed in range(args.seeds):
+            rng = np.random.default_rng(seed)
+            planted = injections(base, args.inject, rng, own)
+            trace = inject_steps(base, planted)
+            truth = [s for s in steps_in_trace(trace.visits, min_step=BIG)]
+            loose = steps_in_trace(trace.visits, min_step=LOOSE)
+            source = ReplaySource(trace)
+            result = LatencySearch(Session(source), trace.counts, trace.num_tokens, SearchSettings(), seed=seed,
+                                   progress=False).run()
+            big = [s for s in result.steps if abs(s.paired_pct) >= 100 * BIG]
+            hit = [t for t in truth if near(t, result.steps)]
+            right = [s for s in big if near(s, loose)]
+            totals["truth"] += len(truth)
+            totals["hit"] += len(hit)
+            totals["found"] += len(big)
+            totals["right"] += len(right)
+            ratios.append(result.evaluation_ratio)
+            totals["injected"] += len(planted)
+            totals["injected_hit"] += sum(any(abs(s.tokens - k) <= TOLERANCE for s in result.steps) for k in planted)
+            missed = [f"{t.upper_tokens}->{t.tokens}" for t in truth if t not in hit]
+            wrong = [f"{s.upper_tokens}->{s.tokens}" for s in big if s not in right]
+            print(f"{name:34s} {seed:>4d} {result.visits:>5d}/{result.full_grid_visits:<6d} "
+                  f"{result.evaluation_ratio:6.3f} {len(truth):>5d} {len(hit):>4d} {len(big):>5d} {len(right):>5d}  "
+                  f"{' '.join(missed) or '-'} / {' '.join(wrong) or '-'}")
+    recall = totals["hit"] / max(1, totals["truth"])
+    precision = totals["right"] / max(1, totals["found"])
+    print(f"\nrecall {recall:.3f} ({totals['hit']}/{totals['truth']}), precision {precision:.3f} "
+          f"({totals['right']}/{totals['found']}), evaluations {np.mean(ratios):.3f} of the full grid's on average, "
+          f"{max(ratios):.3f} at most")
+    found_share = totals["injected_hit"] / max(1, totals["injected"])
+    print(f"injected steps (6-12%) found within +-{TOLERANCE}: {totals['injected_hit']}/{totals['injected']} "
+          f"({found_share:.3f}); the rest of the truth is the traces' own steps")
+    verdict = {True: "met", False: "NOT met"}
+    print(f"goals: recall >= 0.9 {verdict[recall >= 0.9]}; precision >= 0.9 {verdict[precision >= 0.9]}; "
+          f"<= 1/5 of the full grid {verdict[max(ratios) <= 0.2]}")
+
+
+if __name__ == "__main__":
+    main()
