@@ -6,32 +6,31 @@ deit_small (seeded random weights) on this CPU, at each batch size:
 2. latency of the unpruned and the scheduled model in every runtime, all variants interleaved in one
    round-robin (median and IQR per variant), and the schedule's speedup in each runtime;
 3. a kept-token curve per runtime (tokens dropped after the embedding; a coarse grid visited in shuffled
-   passes, every runtime measured at each count in turn) with the steps `detect_steps` finds in each,
+   passes, drift-corrected, candidate steps confirmed by paired measurement: `pomt.search`), per runtime,
    printed side by side.
 Programs are exported once per (runtime, token count) and cached in `--cache-dir`. Figures only, no
 thresholds; on a shared machine run it more than once before reading anything into the numbers.
 Usage: python benchmarks/backends.py [--quick] [--batch 1 4] [--backends eager,compile,onnxruntime,openvino]
-       [--schedule S.json | --remove R] [--threads 1] [--rounds 30] [--passes 3] [--stride 16]
+       [--schedule S.json | --remove R] [--threads 1] [--rounds 30] [--passes 3] [--stride 16] [--reps 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import random
 from pathlib import Path
 
-import numpy as np
 import timm
 import torch
 from torch import nn
 
 from pomt.geometry import model_geometry
-from pomt.measure import LatencyPoint, interleaved, measure_point
+from pomt.measure import interleaved
 from pomt.patching import patch
 from pomt.runtime import build_forward, check_backend
 from pomt.schedule import load_schedule
-from pomt.search import steps_of_points
+from pomt.search import LatencySearch, SearchResult, SearchSettings
+from pomt.sources import LiveSource, Session, forward_at_tokens
 
 MODEL = "deit_small_patch16_224"
 BLOCK = 3
@@ -49,12 +48,13 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds for the speedups")
     parser.add_argument("--passes", type=int, default=3, help="shuffled passes over the curve's grid")
     parser.add_argument("--stride", type=int, default=16, help="curve grid step in tokens")
-    parser.add_argument("--min-run-s", type=float, default=0.2, help="timing per curve point and pass")
+    parser.add_argument("--reps", type=int, default=3, help="timed forwards per visit of the curve")
+    parser.add_argument("--confirm-rounds", type=int, default=6, help="paired rounds confirming a step")
     parser.add_argument("--cache-dir", type=Path, default=Path("bin/cache/backends"))
     parser.add_argument("--quick", action="store_true", help="tiny settings: checks that it runs end to end")
     args = parser.parse_args()
     if args.quick:
-        args.batch, args.rounds, args.passes, args.stride, args.min_run_s = [1], 4, 2, 64, 0.02
+        args.batch, args.rounds, args.passes, args.stride, args.reps, args.confirm_rounds = [1], 4, 2, 64, 1, 3
         args.remove = args.remove or 56
     return args
 
@@ -98,50 +98,33 @@ def speedups(args, backends, model, x, method, removal) -> None:
         forward.close()
 
 
-def curves(args, backends, model, x) -> dict[str, list[LatencyPoint]]:
-    """Shuffled passes over a coarse grid; at each count every runtime in turn (shuffled too)."""
+def curves(args, backends, model, x) -> dict[str, SearchResult]:
+    """Per runtime, the full search over a coarse grid (shuffled passes, drift-corrected pooling, paired
+    confirmation of every candidate step): `pomt.search` as the offline computation runs it."""
     geometry = model_geometry(model)
     grid = sorted({*range(geometry.num_tokens, geometry.min_tokens - 1, -args.stride), geometry.min_tokens})
-    forwards = {}
+    settings = SearchSettings(passes=args.passes, reps=args.reps, confirm_rounds=args.confirm_rounds)
+    results = {}
     for backend in backends:
-        for n in grid:
-            source = copy.deepcopy(model) if backend == "eager" else model  # eager keeps its token hook
-            forwards[(backend, n)] = build_forward(source, x, backend=backend, device="cpu", tokens=n,
-                                                   cache_dir=args.cache_dir, threads=args.threads)
-    rng = random.Random(0)
-    medians: dict[tuple[str, int], list[float]] = {key: [] for key in forwards}
-    iqrs: dict[tuple[str, int], list[float]] = {key: [] for key in forwards}
-    for _ in range(args.passes):
-        for n in rng.sample(grid, len(grid)):
-            for backend in rng.sample(backends, len(backends)):
-                point = measure_point(forwards[(backend, n)], n, threads=args.threads, min_run_s=args.min_run_s,
-                                      retries=0)
-                medians[(backend, n)].append(point.median_ms)
-                iqrs[(backend, n)].append(point.iqr_ms)
-    for forward in forwards.values():
-        forward.close()
-    return {
-        backend: [
-            LatencyPoint(n, float(np.median(medians[(backend, n)])), float(np.median(iqrs[(backend, n)])),
-                         args.passes, args.threads, "cpu")
-            for n in grid
-        ]
-        for backend in backends
-    }
+        forward_at = forward_at_tokens(model, x, backend=backend, device="cpu", threads=args.threads,
+                                       cache_dir=args.cache_dir)
+        session = Session(LiveSource(forward_at, "cpu", args.threads))
+        results[backend] = LatencySearch(session, grid, geometry.num_tokens, settings, adaptive=False,
+                                         progress=False).run()
+    return results
 
 
-def print_curves(points: dict[str, list[LatencyPoint]]) -> None:
-    backends = list(points)
-    print("kept tokens  " + "".join(f"{b:>13}" for b in backends) + "   (median ms over passes)")
-    grid = [p.tokens for p in points[backends[0]]]
-    for i, n in enumerate(grid):
-        print(f"{n:>11}  " + "".join(f"{points[b][i].median_ms:>13.3f}" for b in backends))
-    print("steps found (high -> low tokens, latency change, significance):")
+def print_curves(results: dict[str, SearchResult]) -> None:
+    backends = list(results)
+    print("kept tokens  " + "".join(f"{b:>13}" for b in backends) + "   (pooled ms, drift-corrected)")
+    for i, point in enumerate(results[backends[0]].points):
+        print(f"{point.tokens:>11}  " + "".join(f"{results[b].points[i].latency_ms:>13.3f}" for b in backends))
+    print("steps confirmed by paired measurement (high -> low tokens, change beyond the trend, interval):")
     for backend in backends:
-        report = steps_of_points(points[backend])
-        found = ", ".join(f"{s.upper_tokens}->{s.tokens} {-s.drop_pct:+.1f}% ({s.significance:.0f} sigma)"
-                          for s in report.steps) or "none"
-        print(f"  {backend:<12} {found}")
+        found = ", ".join(f"{s.upper_tokens}->{s.tokens} {-s.paired_pct:+.1f}% "
+                          f"[{-s.paired_ci_pct[1]:+.1f}, {-s.paired_ci_pct[0]:+.1f}]"
+                          for s in results[backend].steps) or "none"
+        print(f"  {backend:<12} {found}  (drift {results[backend].drift.pct:.1f}%)")
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ from pomt.errors import ExportError
 from pomt.io import atomic_write_json
 from pomt.models import PomtWarning, create_model
 from pomt.patching import apply_schedule
+from pomt.patching.api import UnverifiedScheduleWarning
 from pomt.runtime import (
     Backend,
     backend_info,
@@ -108,7 +109,9 @@ def export_schedule(
         raise ExportError(f"batch size must be >= 1, got {batch}")
     dtype = resolve_dtype(schedule.dtype, "cpu")
     model, weights = _model(schedule, checkpoint, pretrained)
-    model = apply_schedule(model.to(dtype), schedule, batch_size=batch)
+    with warnings.catch_warnings():  # exported for a deployment target, not timed here: the card says it
+        warnings.simplefilter("ignore", UnverifiedScheduleWarning)
+        model = apply_schedule(model.to(dtype), schedule, batch_size=batch)
     example = _inputs(schedule, batch, dtype, seed, 1)[0]
     try:
         program = onnx_program(model, example)
@@ -128,6 +131,9 @@ def export_schedule(
         "method": schedule.method,
         "prune": [{"block": step.block, "remove": step.remove} for step in schedule.prune],
         "kept_tokens": schedule.kept_tokens,
+        "verified": None if schedule.verified is None else {
+            key: schedule.verified.get(key) for key in ("speedup", "speedup_ci", "device_fingerprint_hash")
+        },
         "input_shape": list(example.shape),
         "dtype": schedule.dtype,
         "weights": weights,

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from pomt import accuracy as acc
 from pomt.checks import METHODS, check_method, check_prune_block
+from pomt.curve import rounded, write_curve
 from pomt.device import fingerprint_hash
-from pomt.errors import DatasetError, GridError, PolicyError
+from pomt.errors import DatasetError, GridError, PolicyError, TraceError
 from pomt.geometry import Geometry, model_geometry
-from pomt.io import atomic_write_csv
 from pomt.models import create_model, resolve_model_name
 from pomt.options import option
 from pomt.plots import plot_offline
@@ -35,10 +35,6 @@ from pomt.trace import check_trace_geometry, read_trace
 from pomt.verify import Verification, cost_function, method_cost, schedule_forward_at, verify
 from pomt.workload import Prepared, Workload, live_session, open_journal, prepare, settings_keys, workload_grid
 
-CURVE_COLUMNS = (
-    "tokens", "latency_ms", "median_ms", "relative", "spread_ms", "min_ms", "visits", "samples", "se_ms",
-    "accuracy", "accuracy_interpolated",
-)
 SEARCHES = ("adaptive", "full")
 
 
@@ -267,7 +263,7 @@ def build_schedule(workload: Workload, config: OfflineConfig, run: Run, decision
             "accuracy": decision.accuracy,
             "accuracy_kind": accuracy.kind if accuracy else None,
         },
-        steps=[_rounded(step.to_dict()) for step in search.steps],
+        steps=[rounded(step.to_dict()) for step in search.steps],
         device=run.setup.fingerprint,
         curve=f"{run.setup.stem}.curve.csv",
         created=utc_now(),
@@ -286,6 +282,7 @@ def measurement_record(search: SearchResult, run: Run, decision: Decision, confi
         "design": "shuffled passes, reference in every pass, drift-corrected pooling, paired step confirmation",
         "search": config.search,
         "passes": settings.passes,
+        "coarse_passes": settings.coarse_passes if config.search == "adaptive" else None,
         "reps": search.reps,
         "visits": search.visits,
         "full_grid_visits": search.full_grid_visits,
@@ -301,30 +298,6 @@ def measurement_record(search: SearchResult, run: Run, decision: Decision, confi
         "replay": None if run.replay is None else str(run.replay),
         "trace": None if run.replay is not None else f"{run.setup.stem}.trace.csv",
     }
-
-
-def _rounded(row: dict) -> dict:
-    out = {}
-    for key, value in row.items():
-        if isinstance(value, float):
-            out[key] = round(value, 4)
-        elif isinstance(value, (list, tuple)):
-            out[key] = [round(v, 4) if isinstance(v, float) else v for v in value]
-        else:
-            out[key] = value
-    return out
-
-
-def curve_rows(search: SearchResult, accuracy: acc.AccuracyCurve | None) -> list[dict]:
-    values = accuracy.at(p.tokens for p in search.points) if accuracy else {}
-    rows = []
-    for point in search.points:
-        row = _rounded(point.to_row())
-        if accuracy:
-            row["accuracy"] = round(values[point.tokens], 6)
-            row["accuracy_interpolated"] = point.tokens not in accuracy.values
-        rows.append(row)
-    return rows
 
 
 def verify_decision(workload: Workload, config: OfflineConfig, settings: SearchSettings, run: Run,
@@ -346,10 +319,14 @@ def verify_decision(workload: Workload, config: OfflineConfig, settings: SearchS
                        f"removal is predicted to pay at least {config.min_gain:.1%}", "method_cost")
     schedules = {n - r: build_schedule(workload, config, run, replace(ranked[0], remove=r, kept_tokens=n - r),
                                        search, None) for r in removals}
-    journal = open_journal(workload, prepared, "verify",
-                           f"whole model patched through apply_schedule ({config.method} at block "
-                           f"{config.prune_block}); tokens = tokens kept",
-                           {"removals": removals, "rounds": config.verify_rounds, "reps": search.reps})
+    what = (f"whole model patched through apply_schedule ({config.method} at block {config.prune_block}); "
+            "tokens = tokens kept")
+    keys = {"removals": removals, "rounds": config.verify_rounds, "reps": search.reps}
+    try:
+        journal = open_journal(workload, prepared, "verify", what, keys)
+    except TraceError:  # resumed, but the method's cost (measured anew) changed the candidates: verify afresh
+        journal = open_journal(replace(workload, resume=False), prepared, "verify", what, keys)
+        result.notes.append("the verification started afresh: its candidates changed since the killed run")
     forward_at = schedule_forward_at(prepared.model, prepared.x, schedules, backend=workload.backend,
                                      device=run.setup.device, threads=workload.threads,
                                      cache_dir=Path(workload.output_dir) / prepared.cache_dir)
@@ -430,8 +407,7 @@ def write_outputs(workload: Workload, config: OfflineConfig, settings: SearchSet
                   result: OfflineResult, setting: Setting) -> None:
     """The curve CSV, the schedule JSON and the PNG, each written atomically."""
     out, stem, search, decision = Path(workload.output_dir), run.setup.stem, result.search, result.decision
-    result.paths["curve"] = atomic_write_csv(out / f"{stem}.curve.csv", curve_rows(search, result.accuracy),
-                                             CURVE_COLUMNS)
+    result.paths["curve"] = write_curve(out / f"{stem}.curve.csv", search.points, result.accuracy)
     verified = None
     if result.verification is not None:
         verified = result.verification.record(fingerprint_hash(run.setup.fingerprint))

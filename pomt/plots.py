@@ -16,6 +16,8 @@ from matplotlib import colors  # noqa: E402
 
 from pomt.io import atomic_save_figure  # noqa: E402
 
+STEPS_LISTED = 8  # confirmed steps listed with their interval in the plot's box
+
 
 def plot_offline(
     path: str | Path,
@@ -47,14 +49,14 @@ def plot_offline(
         ax.plot(*zip(*dots, strict=True), ".", color="0.6", ms=2.5, alpha=0.6, label="visits (drift-corrected)")
     ax.fill_between(tokens, latency - band, latency + band, alpha=0.25, color="tab:blue", label="95% band")
     ax.plot(tokens, latency, "-", color="tab:blue", lw=1.2, label="pooled latency")
+    top = float(np.max(latency + band)) if latency.size else 1.0
     for i, step in enumerate(steps):
         colour = "tab:red" if step.kind == "drop" else "tab:purple"
         edge = 0.5 * (step.tokens + step.upper_tokens)
         ax.axvline(edge, color=colour, ls="--", lw=0.9, label="confirmed step" if i == 0 else None)
-        low, high = step.paired_ci_pct or (step.paired_pct, step.paired_pct)
-        ax.annotate(f"{step.upper_tokens}->{step.tokens}: {-step.paired_pct:+.1f}%\n[{-high:+.1f}, {-low:+.1f}]",
-                    (edge, step.after_ms), xytext=(3, -22 if step.kind == "drop" else 8),
-                    textcoords="offset points", fontsize=7, color=colour)
+        ax.annotate(f"{-step.paired_pct:+.1f}%", (edge, top * (1.0 - 0.05 * (i % 3))), fontsize=7, color=colour,
+                    ha="center", va="bottom", bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.7,
+                                                    "edgecolor": "none"})
     if rejected:
         bottom = float(np.min(latency)) * 0.92 if latency.size else 0.0
         ax.plot([0.5 * (c.low + c.high) for c in rejected], [bottom] * len(rejected), "x", color="0.4", ms=5,
@@ -65,12 +67,17 @@ def plot_offline(
     if drift is not None:
         notes.append(f"drift during measurement: {drift.pct:.0f}% (reference {drift.reference_tokens})")
     notes.append(f"{len(steps)} step{'s' if len(steps) != 1 else ''} confirmed, {len(rejected)} rejected")
+    for step in list(steps)[:STEPS_LISTED]:
+        low, high = step.paired_ci_pct or (step.paired_pct, step.paired_pct)
+        notes.append(f"  {step.upper_tokens}->{step.tokens}: {-step.paired_pct:+.1f}% [{-high:+.1f}, {-low:+.1f}]")
+    if len(steps) > STEPS_LISTED:
+        notes.append(f"  (+{len(steps) - STEPS_LISTED} more in the schedule)")
     if verified is not None:
         chosen = verified.chosen
         notes.append("verified: no candidate measurably faster, nothing removed" if chosen is None else
                      f"verified: {chosen.speedup:.3f}x [{chosen.speedup_ci[0]:.3f}, {chosen.speedup_ci[1]:.3f}] "
                      f"removing {chosen.remove}")
-    ax.text(0.99, 0.02, "\n".join(notes), transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
+    ax.text(0.99, 0.02, "\n".join(notes), transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
             bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8})
     ax.set_ylabel("latency per batch (ms)")
     ax.set_title(title, fontsize=10)

@@ -95,7 +95,13 @@ def predict_latency(
         cost += method_cost(remove) if remove else 0.0
     if min(counts) < 1:
         raise GridError(f"the schedule removes {num_tokens - min(counts)} of {num_tokens} tokens; keep at least 1")
-    return sum(_latency(curve, n) for n in counts) / depth + cost
+    return predict_from_counts(curve, counts) + cost
+
+
+def predict_from_counts(curve: Mapping[int, float], kept: Sequence[int]) -> float:
+    """Predicted latency (ms) of a model whose block b keeps kept[b] tokens (any reducer, ToMe included):
+    each block costs its share of the curve at its count, sum(L(n_b)) / D (the method's own cost aside)."""
+    return sum(_latency(curve, n) for n in kept) / len(kept)
 
 
 @dataclass(frozen=True)

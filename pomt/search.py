@@ -238,9 +238,10 @@ class LatencySearch:
         """`passes` shuffled passes over `counts` plus the reference (`reference_visits` times in each)."""
         members = sorted(set(counts) - {self.reference}) + [self.reference] * reference_visits
         for _ in range(passes):
-            self._new_pass()
-            for n in self.rng.permutation(members):
-                self.design.append(self._visit(int(n)))
+            order = [int(n) for n in self.rng.permutation(members)]
+            self.session.begin_pass(self._new_pass(), order)
+            for n in order:
+                self.design.append(self._visit(n))
 
     def visits(self) -> list[Visit]:
         """Every visit so far: the design's passes and the confirmations' rounds."""
@@ -391,8 +392,8 @@ class LatencySearch:
         offset = math.log(expected[low] / expected[high]) if expected[low] > 0 < expected[high] else 0.0
         for look, alpha in zip(looks, alphas, strict=True):
             while len(rounds) < look:
-                self._new_pass()
                 order = (high, low) if len(rounds) % 2 == 0 else (low, high)
+                self.session.begin_pass(self._new_pass(), order)
                 taken = {n: self._visit(n) for n in order}
                 rounds.append((taken[low], taken[high]))
                 self.paired.extend(taken.values())

@@ -13,7 +13,7 @@ import contextlib
 import math
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
@@ -27,10 +27,13 @@ from pomt.runtime import Forward, build_forward
 from pomt.trace import Trace, TraceWriter, Visit, rounded
 
 ForwardAt = Callable[[int], AbstractContextManager[Callable[[], object]]]
+PAIRED = 2  # a pass of two counts is a paired round
+PAIR_PROGRESS = 0.1  # seconds of pair gap a replay trades for each second nearer its clock
 
 
 class Source(Protocol):
-    """Anything that can time forwards at a kept-token count."""
+    """Anything that can time forwards at a kept-token count. It may also have `begin_pass(pass_index,
+    members)`, told the counts a pass will visit before it starts (a replay uses it; a device needs not)."""
 
     def visit(self, tokens: int, reps: int, pass_index: int) -> Visit: ...
 
@@ -99,14 +102,14 @@ class ReplaySource:
     """Serves a recorded trace as if it were the device.
 
     A virtual clock starts at the trace's first timestamp and advances by what each served visit cost
-    (its samples plus one untimed forward). The first visit of a pass gets the recorded visit of its
-    count nearest in time to that clock that has not been served yet; the pass's later visits (the
-    other counts of a pass, the other side of a paired round) the unused recorded visit nearest to the
-    first one's time, so a pass stays together in time as it did live. Served visits keep their
-    recorded time: `pomt.stats.drift_profile` sees the recording's own drift. A recorded visit is never
-    served twice: when a count's visits are used up the replay raises `TraceExhausted` (a replay cannot
-    invent measurements). A visit keeps its recorded length whatever `reps` asks; `preferred_reps`
-    tells a search the trace's own.
+    (its samples plus one untimed forward). A visit gets the recorded visit of its count nearest in time
+    to that clock that has not been served yet. A paired round (`begin_pass` with two counts) is served
+    the two unused recorded visits closest in time to each other (nearer the clock breaking ties): the
+    two sides of a pair come from as nearly the same moment of the recording as it allows, as live. Served visits keep
+    their recorded time, so `pomt.stats.drift_profile` sees the recording's own drift. A recorded visit
+    is never served twice: when a count's visits are used up the replay raises `TraceExhausted` (a
+    replay cannot invent measurements). A visit keeps its recorded length whatever `reps` asks
+    (`preferred_reps` tells a search the trace's own).
     """
 
     def __init__(self, trace: Trace):
@@ -116,7 +119,7 @@ class ReplaySource:
             self._visits[visit.tokens].append(visit)
         self._times = {n: np.array([v.t_s for v in visits]) for n, visits in self._visits.items()}
         self._free = {n: np.ones(len(visits), dtype=bool) for n, visits in self._visits.items()}
-        self._anchor: tuple[int, float] | None = None  # (pass, recorded time of its first visit)
+        self._plan: tuple[int, dict[int, int]] | None = None  # (paired round, the recorded visit of each side)
         self.preferred_reps = int(np.median([len(v.samples_ms) for v in trace.visits]))
         self.clock_s = min(v.t_s for v in trace.visits)
         self.served = 0
@@ -125,19 +128,33 @@ class ReplaySource:
     def counts(self) -> list[int]:
         return sorted(self._visits)
 
+    def begin_pass(self, pass_index: int, members: Sequence[int]) -> None:
+        """For a paired round, choose the two recorded visits it is served (see the class docstring)."""
+        counts = sorted(set(members))
+        self._plan = None
+        if len(counts) != PAIRED or any(n not in self._visits for n in counts):
+            return
+        (a, b), free = counts, [np.flatnonzero(self._free[n]) for n in counts]
+        if not (free[0].size and free[1].size):
+            return
+        ta, tb = self._times[a][free[0]], self._times[b][free[1]]
+        gap = np.abs(ta[:, None] - tb[None, :]) + PAIR_PROGRESS * np.abs(ta[:, None] - self.clock_s)
+        i, j = np.unravel_index(np.argmin(gap), gap.shape)
+        self._plan = (pass_index, {a: int(free[0][i]), b: int(free[1][j])})
+
     def visit(self, tokens: int, reps: int, pass_index: int) -> Visit:
         if tokens not in self._visits:
             raise KeyError(f"the trace has no samples at {tokens} tokens")
         free = np.flatnonzero(self._free[tokens])
         if free.size == 0:
             raise TraceExhausted(f"the trace holds no more visits of {tokens} tokens")
-        same_pass = self._anchor is not None and self._anchor[0] == pass_index
-        target = self._anchor[1] if same_pass else self.clock_s
-        pick = int(free[np.argmin(np.abs(self._times[tokens][free] - target))])
+        planned = self._plan[1].get(tokens) if self._plan is not None and self._plan[0] == pass_index else None
+        if planned is not None and self._free[tokens][planned]:
+            pick = planned
+        else:
+            pick = int(free[np.argmin(np.abs(self._times[tokens][free] - self.clock_s))])
         self._free[tokens][pick] = False
         recorded = self._visits[tokens][pick]
-        if not same_pass:
-            self._anchor = (pass_index, recorded.t_s)
         self.served += 1
         self.clock_s += (float(np.median(recorded.samples_ms)) + sum(recorded.samples_ms)) / 1e3
         return Visit(tokens, pass_index, recorded.t_s, recorded.samples_ms)
@@ -161,6 +178,12 @@ class Session:
         self.measured = 0  # visits measured in this run
         self._replayed = 0
         self._resumable = len(journal.visits) if journal is not None else 0  # what the journal held at start
+
+    def begin_pass(self, pass_index: int, members: Sequence[int]) -> None:
+        """Tell the source which counts the pass will visit (it may use it, see `Source`)."""
+        begin = getattr(self.source, "begin_pass", None)
+        if begin is not None and self._replayed >= self._resumable:  # not while the journal serves
+            begin(pass_index, members)
 
     def visit(self, tokens: int, reps: int, pass_index: int) -> Visit:
         visit = self._from_journal(tokens, reps, pass_index)

@@ -192,8 +192,10 @@ def verify(
     visits: list[Visit] = []
     with tqdm(total=rounds * len(kept), desc="verify", unit="visit", disable=not progress) as bar:
         for r in range(rounds):
-            for k in rng.permutation(kept):
-                visits.append(session.visit(int(k), reps, r + 1))
+            order = [int(k) for k in rng.permutation(kept)]
+            session.begin_pass(r + 1, order)
+            for k in order:
+                visits.append(session.visit(k, reps, r + 1))
                 bar.update(1)
     _, drift_log = drift_profile(visits)
     value: dict[tuple[int, int], float] = {

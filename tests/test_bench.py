@@ -18,7 +18,7 @@ from pomt.cli import main
 from pomt.errors import PatchError
 from pomt.geometry import model_geometry
 from pomt.models import create_model
-from pomt.patching import patch
+from pomt.patching import patch, token_counts
 from pomt.schedule import BlockRemoval, Schedule, save_schedule
 
 from conftest import assert_one_line_error, run_script
@@ -131,8 +131,13 @@ def test_end_to_end_schedule_and_reducers(tmp_path, capsys):
         assert row["power_w"] == "" and row["peak_mem_kind"] == "cpu_max_allocated"
         assert float(row["peak_mem_mb"]) > float(row["params_m"]) * 4e6 / 2**20  # weights + activations
     assert float(by["none"]["accuracy"]) == 1.0 and float(by["none"]["speedup"]) == 1.0
-    assert by["schedule"]["tokens_kept"] == "147" and float(by["schedule"]["predicted_ms"]) == 4.0
-    assert float(by["none"]["predicted_ms"]) == 5.0 and by["topk"]["predicted_ms"] == ""
+    # no curve beside the schedule: its own prediction (4 of 5 ms) applied to this run's unpruned median
+    unpruned = float(by["none"]["latency_ms"])
+    assert by["schedule"]["tokens_kept"] == "147"
+    assert float(by["schedule"]["predicted_ms"]) == pytest.approx(0.8 * unpruned, rel=1e-3)
+    assert float(by["schedule"]["measured_over_predicted"]) == pytest.approx(
+        float(by["schedule"]["latency_ms"]) / float(by["schedule"]["predicted_ms"]), rel=1e-3)
+    assert float(by["none"]["predicted_ms"]) == pytest.approx(unpruned, rel=1e-3) and by["topk"]["predicted_ms"] == ""
     tiny = create_model("deit_tiny", input_size=224)
     for name in ("schedule", "topk"):
         assert float(by[name]["gflops"]) < float(by["none"]["gflops"])
@@ -221,3 +226,38 @@ def test_top1_on_an_image_folder(tmp_path):
     _, rows = read_csv(next(tmp_path.glob("*.benchmark.csv")))
     assert {r["accuracy_kind"] for r in rows} == {"top1"}
     assert all(0 <= float(r["accuracy"]) <= 1 for r in rows)
+
+
+@pytest.mark.slow
+def test_the_schedules_curve_predicts_every_reducer(tmp_path):
+    """A curve file beside the schedule (here L(n) = n ms) predicts each variant from the tokens its blocks keep."""
+    schedule = write_schedule(tmp_path / "s.schedule.json", {3: 50})
+    data = json.loads(schedule.read_text())
+    (tmp_path / "c.curve.csv").write_text("tokens,latency_ms\n" + "".join(f"{n},{n}\n" for n in range(2, 198)))
+    data["curve"] = "c.curve.csv"
+    schedule.write_text(json.dumps(data))
+    args = "--methods none,topk,tome --remove 20 --r 4 --rounds 2 --warmup 0 --accuracy-samples 0 --no-profile"
+    main(["bench", *args.split(), "--schedule", str(schedule), "--output-dir", str(tmp_path)])
+    _, rows = read_csv(tmp_path / "deit_tiny_patch16_224_cpu_bs1_is224.benchmark.csv")
+    by = {r["method"]: r for r in rows}
+    unpruned = float(by["none"]["latency_ms"])
+    expected = {  # sum over blocks of the tokens each keeps, over 12 x 197
+        "schedule": (3 * 197 + 9 * 147) / (12 * 197),
+        "topk": (3 * 197 + 9 * 177) / (12 * 197),
+        "tome": sum(token_counts(197, 1, 12, "tome", dict.fromkeys(range(12), 4))[1:]) / (12 * 197),
+    }
+    for name, ratio in expected.items():
+        assert float(by[name]["predicted_ms"]) == pytest.approx(ratio * unpruned, rel=1e-3), name
+
+
+@pytest.mark.slow
+def test_a_benchmark_on_onnx_runtime(tmp_path):
+    args = "--model deit_tiny --input-size 64 --methods none,topk --remove 8 --rounds 2 --warmup 1"
+    args += " --accuracy-samples 0 --no-profile --backend onnxruntime"
+    main(["bench", *args.split(), "--output-dir", str(tmp_path)])
+    stem = tmp_path / "deit_tiny_patch16_224_cpu_bs1_is64"
+    meta = json.loads(Path(f"{stem}.benchmark.json").read_text())["meta"]
+    assert meta["backend"]["name"] == "onnxruntime" and meta["fingerprint"]["backend"]["name"] == "onnxruntime"
+    assert any("timed on onnxruntime" in note for note in meta["notes"])
+    _, rows = read_csv(f"{stem}.benchmark.csv")
+    assert [r["method"] for r in rows] == ["none", "topk"] and all(float(r["latency_ms"]) > 0 for r in rows)

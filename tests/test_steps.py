@@ -1,10 +1,13 @@
 """Step detection on seeded synthetic curves: linear trend + planted steps + Gaussian noise + spikes."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from pomt.errors import CurveError
-from pomt.steps import Step, detect_steps
+from pomt.steps import Step, detect_steps, steps_in_trace
+from pomt.trace import inject_steps, read_trace
 
 SIGMA = 0.05  # ms of Gaussian noise on every point
 
@@ -138,3 +141,21 @@ def test_bad_inputs():
         detect_steps([1, 2, 3], [1.0, 2.0])
     with pytest.raises(CurveError):
         detect_steps([1, 2, 3, 4], [1.0, np.nan, 2.0, 3.0])
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_a_dense_trace_confirms_its_own_steps_by_paired_visits():
+    """The Intel deit_tiny trace: 57 kept tokens run faster than 56, 94 slower than 93 (paired within passes)."""
+    trace = read_trace(DATA / "deit_tiny_bs1_shuffled.csv")
+    found = {(s.tokens, s.kind): s for s in steps_in_trace(trace.visits, min_step=0.05)}
+    assert (56, "rise") in found and found[(56, "rise")].paired_pct < -10
+    assert any(kind == "drop" and 92 <= low <= 94 for low, kind in found)
+    assert all(s.p_value < 1e-3 and s.paired_ci_pct[0] <= s.paired_pct <= s.paired_ci_pct[1] for s in found.values())
+    deep = inject_steps(read_trace(DATA / "deit_tiny_bs4_amd_shuffled.csv"), {140: 1.08})  # 16 passes to pair
+    assert any(s.tokens == 140 and s.kind == "drop" for s in steps_in_trace(deep.visits, min_step=0.05))
+
+
+def test_two_sequential_sweeps_are_too_few_to_pair():
+    assert steps_in_trace(read_trace(DATA / "deit_small_bs4_sequential.csv").visits) == []

@@ -16,7 +16,8 @@ COLUMNS = (
     "ops_per_forward", "device_time_ms", "accuracy", "accuracy_kind", "clocks_locked",
 )
 EXTRA_COLUMNS = (
-    "reducer", "amount", "latency_min_ms", "latency_p10_ms", "samples", "speedup_min", "predicted_error_pct",
+    "reducer", "amount", "latency_min_ms", "latency_p10_ms", "samples", "speedup_min", "measured_over_predicted",
+    "predicted_error_pct",
     "peak_mem_kind", "profiled_wall_ms", "profile_kind",
 )
 ALL_COLUMNS = COLUMNS + EXTRA_COLUMNS
@@ -31,6 +32,7 @@ _TABLE = (  # (header, column, format)
     ("img/s", "throughput_ips", "{:.1f}"),
     ("speedup", "speedup", "{:.3f}x"),
     ("pred ms", "predicted_ms", "{:.3f}"),
+    ("meas/pred", "measured_over_predicted", "{:.3f}"),
     ("GFLOPs", "gflops", "{:.3f}"),
     ("params M", "params_m", "{:.2f}"),
     ("peak MB", "peak_mem_mb", "{:.2f}"),
@@ -75,6 +77,8 @@ def format_table(result: BenchResult) -> str:
     notes = [
         f"accuracy: {kind}" + (f" on {meta.get('accuracy_samples')} samples" if kind != "none" else ""),
         "speedup = unpruned median / variant median; GFLOPs per image (2 FLOPs per multiply-add)",
+        "pred ms: the schedule's curve predicts each variant's latency relative to the unpruned model; applied to "
+        "this run's unpruned median, so the machine's drift cancels; meas/pred = measured / predicted",
         *meta.get("notes", []),
     ]
     slower = [r["method"] for r in result.rows if r["method"] != BASELINE and (r.get("speedup") or 0) < 1]

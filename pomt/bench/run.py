@@ -7,8 +7,9 @@ A sweep repeats this for every (batch size, input size) cell.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -21,7 +22,6 @@ from pomt.bench.profile import profile_forward
 from pomt.bench.resources import peak_memory, power_and_energy
 from pomt.bench.variants import (
     BASELINE,
-    SCHEDULE,
     VALID_METHODS,
     Variant,
     build_variant,
@@ -30,14 +30,20 @@ from pomt.bench.variants import (
     plan_reductions,
     variant_methods,
 )
+from pomt.curve import read_curve
 from pomt.device import clock_snapshot
-from pomt.errors import ScheduleError
+from pomt.errors import CurveError, ScheduleError
 from pomt.geometry import model_geometry
 from pomt.measure import fixed_threads, interleaved
 from pomt.models import architecture, create_model
 from pomt.options import option
+from pomt.patching import token_counts
+from pomt.policy import predict_from_counts
 from pomt.run_setup import RunSetup, output_stem, prepare_run
+from pomt.runtime import Backend, backend_info, build_forward, check_backend, resolve_dtype
 from pomt.schedule import Schedule, load_schedule
+from pomt.verify import cost_function
+from pomt.workload import BACKENDS, DTYPES
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,9 @@ class BenchConfig:
     input_size: int | tuple[int, int] | None = option(None, "Input size in pixels (default: schedule's/model's).")
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps.")
     threads: int | None = option(None, "CPU threads (default: torch's).")
+    dtype: str = option("float32", "Model and input dtype (bfloat16 on CPU, float16 on CUDA).", choices=DTYPES)
+    backend: str = option("eager", "Runtime every variant is timed on (a static program per variant).",
+                          choices=BACKENDS)
     rounds: int = option(30, "Interleaved timing rounds (one sample per variant each).", min=1)
     calls_per_round: int = option(1, "Back-to-back forwards per sample.", min=1)
     warmup: int = option(3, "Warm-up forwards per variant.", min=0)
@@ -116,14 +125,17 @@ def run_benchmark(config: BenchConfig, progress: bool | None = None) -> BenchRes
 def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) -> BenchResult:
     config, schedule, run = setup.config, setup.schedule if schedule_here else None, setup.run
     device, batch, size = run.device, run.batch_size, run.input_size
+    backend, dtype = check_backend(config.backend, device), resolve_dtype(config.dtype, device)
+    run = replace(run, fingerprint={**run.fingerprint, "backend": backend_info(backend), "dtype": config.dtype})
     base = create_model(run.model, input_size=size, pretrained=config.pretrained, checkpoint=config.checkpoint)
-    base = base.to(device)
+    base = base.to(device, dtype)
     geometry = model_geometry(base)
     if schedule is not None:
         schedule.check_geometry(geometry)
         if architecture(schedule.model) != run.architecture:
             warnings.warn(f"schedule was made for {schedule.model}, benchmarking {run.model}", stacklevel=2)
-    x = torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(config.seed)).to(device)
+    x = torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(config.seed)).to(device, dtype)
+    predicted = predictor(schedule, config.schedule, geometry) if schedule is not None else None
 
     reductions = plan_reductions(config.methods, geometry, config.remove, config.r, config.prune_block,
                                  config.keep_rate, schedule, amounts_later=config.match_flops)
@@ -138,15 +150,20 @@ def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) 
             variants.append(build_variant(base, reduction, schedule, batch, config.seed))
             bar.update()
         del base
-        rows = {v.name: _static_row(v, x, run, schedule) for v in variants}
+        rows = {v.name: _static_row(v, x, run, predicted) for v in variants}
         accuracy_kind, samples = _add_accuracy(rows, variants, config, device, batch, size)
         bar.update()
-        before = clock_snapshot(device)
-        forwards = {v.name: _forward(v, x) for v in variants}
-        timing = interleaved(forwards, device, threads, config.rounds, config.calls_per_round, config.warmup)
-        after = clock_snapshot(device)
-        bar.update()
         notes: list[str] = []
+        with contextlib.ExitStack() as programs:
+            forwards = {v.name: programs.enter_context(build_forward(v.model, x, backend=backend, device=device,
+                                                                     threads=threads, cache_key="latency"))
+                        for v in variants}
+            before = clock_snapshot(device)
+            timing = interleaved(forwards, device, threads, config.rounds, config.calls_per_round, config.warmup)
+            after = clock_snapshot(device)
+        if backend != Backend.EAGER:
+            notes.append(f"latency timed on {backend.value}; FLOPs, memory, profile and accuracy from the eager model")
+        bar.update()
         for variant in variants:
             _add_resources(rows[variant.name], variant, x, device, config, notes)
             bar.update()
@@ -168,6 +185,8 @@ def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) 
         "accuracy_kind": accuracy_kind,
         "accuracy_samples": samples,
         "match_flops": config.match_flops,
+        "dtype": config.dtype,
+        "backend": backend_info(backend),
         "clocks": {"before": before, "after": after},
         "notes": sorted(set(notes)),
     }
@@ -179,14 +198,9 @@ def _forward(variant: Variant, x: torch.Tensor):
     return lambda: model(x)
 
 
-def _static_row(variant: Variant, x: torch.Tensor, run: RunSetup, schedule: Schedule | None) -> dict:
-    """The columns that need no timing: identity, tokens, FLOPs per image, parameters, prediction."""
+def _static_row(variant: Variant, x: torch.Tensor, run: RunSetup, predicted: Predictor | None) -> dict:
+    """The columns that need no timing: identity, tokens, FLOPs per image, parameters, predicted ratio."""
     reduction, batch, size = variant.reduction, run.batch_size, run.input_size
-    predicted = None
-    if schedule is not None and batch == schedule.batch_size and tuple(size) == tuple(schedule.input_size):
-        key = {SCHEDULE: "pruned_ms", BASELINE: "baseline_ms"}.get(variant.name)
-        value = schedule.predicted.get(key) if key else None
-        predicted = float(value) if isinstance(value, (int, float)) and value > 0 else None
     params = sum(p.numel() for p in variant.model.parameters())
     return {
         "model": run.architecture,
@@ -194,7 +208,7 @@ def _static_row(variant: Variant, x: torch.Tensor, run: RunSetup, schedule: Sche
         "batch_size": batch,
         "input_size": size[0],
         "tokens_kept": variant.tokens_kept,
-        "predicted_ms": predicted,
+        "predicted_ratio": None if predicted is None else predicted(reduction.method, reduction.removal),
         "gflops": count_flops(variant.model, x) / batch / 1e9,
         "params_m": params / 1e6,
         "clocks_locked": run.fingerprint.get("clocks_locked"),
@@ -202,6 +216,42 @@ def _static_row(variant: Variant, x: torch.Tensor, run: RunSetup, schedule: Sche
         "amount": reduction.amount,
         "removal": {str(k): v for k, v in sorted(reduction.removal.items())},
     }
+
+
+Predictor = Callable[[str | None, Mapping[int, int]], float]
+
+
+def predictor(schedule: Schedule, source: object, geometry) -> Predictor | None:
+    """Latency of a variant over the unpruned model's, predicted from the schedule's curve file (beside the
+    schedule): every block at the tokens it keeps (`pomt.policy.predict_from_counts`), plus the method's
+    own cost where the schedule measured it. Without the curve, the schedule's own prediction only."""
+    baseline, pruned = schedule.predicted.get("baseline_ms"), schedule.predicted.get("pruned_ms")
+    curve = None
+    if schedule.curve and isinstance(source, (str, Path)):
+        try:
+            curve = read_curve(Path(source).parent / schedule.curve)
+        except CurveError:
+            curve = None
+    if curve is None:
+        if not (isinstance(baseline, (int, float)) and isinstance(pruned, (int, float)) and baseline > 0):
+            return None
+        own = (schedule.method, schedule.removal)
+        return lambda method, removal: 1.0 if not removal else (
+            pruned / baseline if (method, dict(removal)) == own else None)
+    costs = (schedule.verified or {}).get("method_cost_ms") or {}
+    cost = cost_function({int(r): float(c) for r, c in costs.items()})
+    n, prefix, depth = geometry.num_tokens, geometry.prefix_tokens, geometry.depth
+    unpruned = predict_from_counts(curve, [n] * depth)
+
+    def ratio(method: str | None, removal: Mapping[int, int]) -> float:
+        if not method or not removal:
+            return 1.0
+        kept = token_counts(n, prefix, depth, method, removal)[1:]
+        own_blocks = schedule.removal if method == schedule.method else {}
+        extra = sum(cost(r) for b, r in removal.items() if b in own_blocks)
+        return (predict_from_counts(curve, kept) + extra) / unpruned
+
+    return ratio
 
 
 def _add_accuracy(
@@ -243,7 +293,10 @@ def _add_timing(rows: dict[str, dict], stats: dict, batch: int) -> None:
             speedup=baseline / s.median_ms,
             speedup_min=stats[BASELINE].min_ms / s.min_ms,
         )
-        predicted = row.get("predicted_ms")
+        ratio = row.pop("predicted_ratio", None)
+        predicted = stats[BASELINE].median_ms * ratio if ratio else None  # this run's speed, drift cancels
+        row["predicted_ms"] = predicted
+        row["measured_over_predicted"] = s.median_ms / predicted if predicted else None
         row["predicted_error_pct"] = 100 * (s.median_ms - predicted) / predicted if predicted else None
 
 
