@@ -36,6 +36,7 @@ from pomt.verify import Verification, cost_function, method_cost, schedule_forwa
 from pomt.workload import Prepared, Workload, live_session, open_journal, prepare, settings_keys, workload_grid
 
 SEARCHES = ("adaptive", "full")
+BLIND_SHARE = 0.25  # of the patch tokens: the most a schedule removes by default when accuracy is unknown
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,9 @@ class OfflineConfig:
     )
     latency_budget_ms: float | None = option(None, "Latency the schedule must meet.")
     min_accuracy: float | None = option(None, "Lowest acceptable A(n), in [0, 1].")
-    max_remove: int | None = option(None, "Most tokens the schedule may remove.")
+    max_remove: int | None = option(None, "Most tokens the schedule may remove (default: all but one with an "
+                                          "accuracy estimate; a quarter of the patch tokens without one, since "
+                                          "pruning more would be a guess about accuracy, not latency).")
     min_gain: float = option(0.03, "Least speedup (fraction) worth pruning for, predicted and measured.")
     prune_block: int = option(3, "Block (0-based) where tokens are removed.")
     method: str = option("pomt", "Reducer the schedule is applied with.", choices=METHODS)
@@ -139,6 +142,14 @@ def check_pruning(config: OfflineConfig, geometry: Geometry) -> None:
     check_prune_block(config.prune_block, geometry.depth, "--prune-block")
     if config.max_remove is not None and not 0 <= config.max_remove <= geometry.patch_tokens - 1:
         raise GridError(f"--max-remove {config.max_remove} is outside [0, {geometry.patch_tokens - 1}]")
+
+
+def max_remove(config: OfflineConfig, geometry: Geometry, accuracy_known: bool) -> int:
+    """The most tokens a schedule may remove: the setting, else all but one patch token when accuracy is
+    known, else a quarter of the patch tokens (`BLIND_SHARE`)."""
+    if config.max_remove is not None:
+        return config.max_remove
+    return geometry.patch_tokens - 1 if accuracy_known else int(BLIND_SHARE * geometry.patch_tokens)
 
 
 def needs_accuracy_model(config: OfflineConfig) -> bool:
@@ -248,7 +259,7 @@ def build_schedule(workload: Workload, config: OfflineConfig, run: Run, decision
         policy={
             "name": decision.policy,
             "alpha": config.alpha if decision.policy == "utility" else None,
-            "max_remove": geometry.patch_tokens - 1 if config.max_remove is None else config.max_remove,
+            "max_remove": max_remove(config, geometry, accuracy is not None),
             "min_gain": config.min_gain,
             "latency_budget_ms": config.latency_budget_ms,
             "min_accuracy": config.min_accuracy,
@@ -367,8 +378,10 @@ def run_offline(workload: Workload, config: OfflineConfig | None = None,
         return result
 
     started = time.perf_counter()
+    will_know_accuracy = result.accuracy is not None or needs_accuracy_model(config)
+    reach = run.geometry.num_tokens - max_remove(config, run.geometry, will_know_accuracy)
     search = LatencySearch(run.session, run.prepared.grid, run.geometry.num_tokens, settings,
-                           adaptive=config.search == "adaptive", seed=workload.seed,
+                           adaptive=config.search == "adaptive", seed=workload.seed, focus_from=reach,
                            progress=workload.progress).run()
     result.search = search
     result.measure_seconds = time.perf_counter() - started
@@ -386,7 +399,7 @@ def run_offline(workload: Workload, config: OfflineConfig | None = None,
     setting = Setting(
         curve={p.tokens: p.latency_ms for p in search.points}, num_tokens=run.geometry.num_tokens,
         prefix_tokens=run.geometry.prefix_tokens, depth=run.geometry.depth, block=config.prune_block,
-        max_remove=run.geometry.patch_tokens - 1 if config.max_remove is None else config.max_remove,
+        max_remove=max_remove(config, run.geometry, accuracy_at is not None),
         accuracy=accuracy_at, min_accuracy=config.min_accuracy,
     )
     ranked = rank(config, setting, search)

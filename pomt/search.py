@@ -181,7 +181,7 @@ class LatencySearch:
     """One search over a token grid through a `Session`; `run()` measures, refines and confirms."""
 
     def __init__(self, session: Session, grid: list[int], reference: int, settings: SearchSettings,
-                 *, adaptive: bool = True, seed: int = 0, progress: bool = True):
+                 *, adaptive: bool = True, seed: int = 0, focus_from: int | None = None, progress: bool = True):
         if not grid:
             raise GridError("the token grid is empty")
         if reference not in grid:
@@ -190,6 +190,7 @@ class LatencySearch:
         self.settings = settings.check()
         self.position = {n: i for i, n in enumerate(self.grid)}
         self.adaptive = adaptive
+        self.focus_from = focus_from  # candidates whose low side is at least this many tokens go first
         self.rng = np.random.default_rng(seed)
         self.design: list[Visit] = []
         self.paired: list[Visit] = []
@@ -261,8 +262,9 @@ class LatencySearch:
 
     def candidates(self) -> list[tuple[int, int, float]]:
         """(low, high, z) of every candidate the detector sees at `candidate_k` on the pooled,
-        drift-corrected curve (each point with its own standard error), most significant first; a
-        spike gives one candidate on each side."""
+        drift-corrected curve (each point with its own standard error): those within reach of the
+        caller's policy (`focus_from`) first, then the rest, each most significant first; a spike gives
+        one candidate on each side."""
         points = self.curve()
         if len(points) < 4:
             return []
@@ -274,7 +276,8 @@ class LatencySearch:
             i = tokens.index(n)
             if 0 < i < len(tokens) - 1:
                 out += [(tokens[i - 1], n, self.settings.candidate_k), (n, tokens[i + 1], self.settings.candidate_k)]
-        return sorted(dict.fromkeys(out), key=lambda c: (-c[2], c[0]))
+        reach = self.focus_from if self.focus_from is not None else 0
+        return sorted(dict.fromkeys(out), key=lambda c: (c[0] < reach, -c[2], c[0]))
 
     def _design_change(self, low: int, high: int) -> tuple[float, float]:
         """The design's estimate of the level change from `high` to `low` over the trend's (a fraction,
