@@ -1,6 +1,8 @@
 """How far the latency model's promise is from the patched model on this machine.
 
-For each workload the offline computation runs as a user runs it (live, verification on). Its schedule's
+For each workload the unpruned latency is probed, then the offline computation runs as a user runs it
+(live, verification on) with a latency budget of `--budget` (default 90%) of that probe, so that the
+budget policy ranks removals and verification measures them. Its schedule's
 `verified` record holds, for every candidate it measured, the latency the model predicted (the curve plus
 the method's own cost at its block, at the minute's speed) and what the patched model measured against the
 unpruned one, paired. Printed: each candidate's predicted and measured latency and their error, the
@@ -25,22 +27,39 @@ WORKLOADS = ("deit_small:1:224", "deit_small:4:224", "deit_tiny:1:112")
 GOAL = 0.03
 
 
+def probe(model: str, batch: int, size: int) -> float:
+    """The unpruned model's median latency (ms) here, roughly (the budget's scale)."""
+    import torch
+
+    from pomt.measure import time_callable
+    from pomt.models import create_model
+
+    net = create_model(model, size)
+    x = torch.randn(batch, 3, size, size)
+    stats, _ = time_callable(lambda: net(x), min_run_s=1.0)
+    return stats.median_ms
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), help="model:batch:input_size")
+    parser.add_argument("--budget", type=float, default=0.9, help="latency budget as a fraction of unpruned")
     parser.add_argument("extra", nargs="*", help="further offline_computation.py options (after --)")
     args = parser.parse_args()
     shipped_errors = []
     for workload in args.workloads:
         model, batch, size = workload.split(":")
+        budget = args.budget * probe(model, int(batch), int(size))
         with tempfile.TemporaryDirectory() as out:
             command = [sys.executable, str(ROOT / "offline_computation.py"), "--model", model, "--batch-size", batch,
-                       "--input-size", size, "--output-dir", out, "--no-progress", *args.extra]
+                       "--input-size", size, "--output-dir", out, "--no-progress", "--latency-budget-ms",
+                       f"{budget:.3f}", *args.extra]
             start = time.perf_counter()
             done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
             wall = time.perf_counter() - start
             if done.returncode != 0:
-                raise SystemExit(f"{workload}: {done.stderr.strip()}")
+                print(f"{workload}: {done.stderr.strip()}")
+                continue
             (path,) = Path(out).glob("*.schedule.json")
             schedule = json.loads(path.read_text())
         verified, remove = schedule.get("verified"), sum(item["remove"] for item in schedule["prune"])

@@ -2,16 +2,18 @@
 
 Latency model. The curve L(n) is the whole model with every block at n tokens (embedding and head
 included, which pruning never changes). With D blocks of identical shape, one block at n tokens costs
-b(n) = (L(n) - C) / D for the fixed embedding + head cost C. Pruning R tokens at block l leaves blocks
-0..l-1 at N tokens and blocks l..D-1 at N - R, so
+b(n) = (L(n) - C) / D for the fixed embedding + head cost C. Pruning R tokens at block l runs blocks
+0..l at the N tokens they receive and blocks l+1..D-1 at N - R, so
 
-    predicted(R) = C + l b(N) + (D - l) b(N - R) + cost(R) = [l L(N) + (D - l) L(N - R)] / D + cost(R):
+    predicted(R) = C + (l + 1) b(N) + (D - l - 1) b(N - R) + cost(R)
+                 = [(l + 1) L(N) + (D - l - 1) L(N - R)] / D + cost(R):
 
-C cancels, so it never needs measuring. cost(R) is what the method itself adds at its pruning block over a
-plain block run on the N - R tokens it keeps: the attention that still runs at N, scores, sorting,
-gathers (measured per run by `pomt.verify.method_cost`; 0 when not measured). Several (block, remove)
-pairs remove cumulatively, each charged its cost. Counts that were not measured are interpolated
-linearly (`numpy.interp`), never extrapolated.
+C cancels, so it never needs measuring. cost(R) is what the method's pruning block costs over the plain
+block at N tokens: explicit attention, scores, sorting and gathers, less what its MLP saves on N - R
+tokens (usually negative for large R). `pomt.verify.method_cost` measures it inside the model per run;
+without it (a replay, `--no-verify`) it is 0, which charges the pruning block plainly at N. Several
+(block, remove) pairs remove cumulatively, each charged its cost. Counts that were not measured are
+interpolated linearly (`numpy.interp`), never extrapolated.
 
 Each policy ranks its candidates (`rank_*`: best first, only those that meet its conditions), so that
 the offline computation can verify the first few on the patched model; `choose_*` takes the first, or
@@ -90,7 +92,7 @@ def predict_latency(
         check_prune_block(block, depth)
         if remove < 0:
             raise GridError(f"cannot remove a negative number of tokens ({remove})")
-        for i in range(block, depth):
+        for i in range(block + 1, depth):
             counts[i] -= remove
         cost += method_cost(remove) if remove else 0.0
     if min(counts) < 1:
@@ -99,7 +101,7 @@ def predict_latency(
 
 
 def predict_from_counts(curve: Mapping[int, float], kept: Sequence[int]) -> float:
-    """Predicted latency (ms) of a model whose block b keeps kept[b] tokens (any reducer, ToMe included):
+    """Predicted latency (ms) of a model whose block b runs on kept[b] tokens (any reducer, ToMe included):
     each block costs its share of the curve at its count, sum(L(n_b)) / D (the method's own cost aside)."""
     return sum(_latency(curve, n) for n in kept) / len(kept)
 

@@ -1,8 +1,9 @@
 """Checks of a schedule on this machine before it ships: a schedule is a promise, so it is measured.
 
-- `method_cost`: what a pruning method adds at its block over the plain block at the kept token count
-  (scores, sorting, gathers, explicit attention), on a copy of that block fed the model's own hidden
-  states, interleaved with the plain block in the same warm state. Predictions add it.
+- `method_cost`: what a pruning method adds at its block over the plain block at the N tokens it receives
+  (explicit attention, scores, sorting, gathers, less the MLP's saving), measured inside the model against
+  the same model with those tokens dropped right after the block, in paired shuffled rounds in the same
+  warm state. Predictions add it.
 - `verify`: the patched model, through `pomt.apply_schedule`, against the unpruned model. Every round
   visits each variant once in a seeded random order; each visit is corrected for the drift at its time
   (`pomt.stats.drift_profile`), and each candidate's speedup is judged on its paired log-ratios with the
@@ -13,9 +14,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,25 +27,14 @@ from torch import nn
 from tqdm import tqdm
 
 from pomt.geometry import model_geometry, transformer_blocks
-from pomt.measure import interleaved
-from pomt.patching import apply_schedule, patched_block, unpatch
+from pomt.measure import fixed_threads, synchronize, time_calls
+from pomt.patching import apply_schedule, patch, unpatch
 from pomt.runtime import Forward, build_forward
 from pomt.schedule import Schedule
 from pomt.sources import ForwardAt, ProgramCache, Session
 from pomt.stats import Drift, drift, drift_profile, paired_effect
+from pomt.tokens import truncate_tokens
 from pomt.trace import Visit
-
-
-def block_input(model: nn.Module, x: torch.Tensor, index: int) -> torch.Tensor:
-    """The hidden states block `index` receives when the model runs on `x`."""
-    seen: list[torch.Tensor] = []
-    handle = transformer_blocks(model)[index].register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
-    try:
-        with torch.inference_mode():
-            model(x)
-    finally:
-        handle.remove()
-    return seen[0].clone()
 
 
 def method_cost(
@@ -54,22 +45,47 @@ def method_cost(
     removals: Sequence[int],
     device: str = "cpu",
     threads: int | None = None,
-    rounds: int = 30,
-    calls: int = 3,
+    rounds: int = 6,
+    reps: int = 1,
+    seed: int = 0,
 ) -> dict[int, float]:
-    """{remove: ms} that `method` removing `remove` tokens at `block` costs over the plain block run
-    on the tokens it keeps (negative where it saves more than it costs)."""
-    hidden = block_input(model, x, block)
-    tokens = hidden.shape[1]
-    plain = transformer_blocks(model)[block]
-    variants: dict[str, Callable[[], object]] = {}
-    for remove in sorted(set(removals)):
-        kept = hidden[:, : tokens - remove].contiguous()
-        patched = patched_block(model, block, method, remove)
-        variants[f"plain {remove}"] = lambda kept=kept: plain(kept)
-        variants[f"patched {remove}"] = lambda patched=patched: patched(hidden)
-    stats = interleaved(variants, device, threads, rounds, calls).stats
-    return {r: stats[f"patched {r}"].median_ms - stats[f"plain {r}"].median_ms for r in sorted(set(removals))}
+    """{remove: ms} that `method` removing `remove` tokens at `block` costs inside the model over the same
+    model with those tokens simply dropped after that block (its block runs plain at the N tokens it gets).
+
+    Measured in the model, not on the block alone: a method's small operations cost several times more
+    after the earlier blocks' large matrix products have gone through the caches. Each round visits every
+    variant once in a seeded random order (one untimed forward, then `reps` timed), and the cost is the
+    median over rounds of patched minus dropped.
+    """
+    depth = len(transformer_blocks(model))
+    num_tokens = model_geometry(model).num_tokens
+    variants = [(kind, r) for r in sorted(set(removals)) for kind in ("patched", "dropped")]
+
+    @contextlib.contextmanager
+    def variant(kind: str, remove: int) -> Iterator[None]:
+        if kind == "patched":
+            patch(model, method, {block: remove})
+            try:
+                yield
+            finally:
+                unpatch(model)
+        elif block + 1 < depth:
+            with truncate_tokens(model, num_tokens - remove, at_block=block + 1):
+                yield
+        else:
+            yield  # dropped after the last block: the model as it is
+
+    rng = np.random.default_rng(seed)
+    times: dict[tuple[str, int], list[float]] = {v: [] for v in variants}
+    with fixed_threads(threads) as used, torch.inference_mode():
+        for _ in range(rounds):
+            for i in rng.permutation(len(variants)):
+                with variant(*variants[i]):
+                    model(x)  # untimed: the first forward of a new shape sets it up
+                    synchronize(device)
+                    times[variants[i]].append(float(np.median(time_calls(lambda: model(x), device, reps, used))))
+    return {r: float(np.median(np.subtract(times[("patched", r)], times[("dropped", r)])))
+            for r in sorted(set(removals))}
 
 
 def cost_function(costs: Mapping[int, float]) -> Callable[[int], float]:

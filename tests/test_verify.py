@@ -94,11 +94,15 @@ def test_live_verification_patches_through_apply_schedule_and_leaves_the_model_c
         assert torch.equal(model(x), before)
 
 
-def test_method_cost_is_measured_on_a_copy_of_the_block():
+def test_method_cost_is_measured_in_the_model_and_leaves_it_clean():
     model = create_model("test_vit", input_size=96)
     x = torch.randn(2, 3, 96, 96)
+    seen: list[int] = []
+    model.blocks[3].register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[1]))
     with torch.inference_mode():
         before = model(x)
-        costs = method_cost(model, x, 2, "pomt", [5, 12], threads=1, rounds=4, calls=1)
+        costs = method_cost(model, x, 2, "pomt", [5, 12], threads=1, rounds=2, reps=1)
         assert torch.equal(model(x), before)
     assert sorted(costs) == [5, 12] and all(math.isfinite(c) for c in costs.values())
+    assert set(seen) == {37, 32, 25}  # unpruned, then both variants of both removals reach block 3 pruned
+    assert pomt.patching.patch_state(model) is None

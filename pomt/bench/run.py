@@ -223,7 +223,7 @@ Predictor = Callable[[str | None, Mapping[int, int]], float]
 
 def predictor(schedule: Schedule, source: object, geometry) -> Predictor | None:
     """Latency of a variant over the unpruned model's, predicted from the schedule's curve file (beside the
-    schedule): every block at the tokens it keeps (`pomt.policy.predict_from_counts`), plus the method's
+    schedule): every block at the tokens it receives (`pomt.policy.predict_from_counts`), plus the method's
     own cost where the schedule measured it. Without the curve, the schedule's own prediction only."""
     baseline, pruned = schedule.predicted.get("baseline_ms"), schedule.predicted.get("pruned_ms")
     curve = None
@@ -246,7 +246,7 @@ def predictor(schedule: Schedule, source: object, geometry) -> Predictor | None:
     def ratio(method: str | None, removal: Mapping[int, int]) -> float:
         if not method or not removal:
             return 1.0
-        kept = token_counts(n, prefix, depth, method, removal)[1:]
+        kept = token_counts(n, prefix, depth, method, removal)[:-1]  # what each block receives
         own_blocks = schedule.removal if method == schedule.method else {}
         extra = sum(cost(r) for b, r in removal.items() if b in own_blocks)
         return (predict_from_counts(curve, kept) + extra) / unpruned

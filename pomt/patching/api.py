@@ -9,7 +9,6 @@ Patching a model that is already patched first unpatches it (the new plan replac
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -74,21 +73,6 @@ def patch(
         raise
     model.__dict__[STATE_ATTR] = state
     return model
-
-
-def patched_block(model: nn.Module, index: int, method: str, remove: int) -> nn.Module:
-    """A deep copy of block `index` of `model` that removes `remove` tokens with `method`, alone: what
-    a method costs at its pruning block is measured on it (`pomt.verify.method_cost`)."""
-    check_method(method)
-    geometry = model_geometry(model)
-    removal = resolve_removal({index: remove}, geometry.depth)
-    token_counts(geometry.num_tokens, geometry.prefix_tokens, geometry.depth, method, removal)
-    state = blocks.PatchState(method=method, removal=removal, prefix_tokens=geometry.prefix_tokens)
-    block = copy.deepcopy(transformer_blocks(model)[index])
-    plans = blocks.build_plans(state, geometry.depth)
-    if index in plans:
-        blocks.install(block, plans[index])
-    return block
 
 
 def _restore(model: nn.Module, model_blocks: list[nn.Module], state: blocks.PatchState) -> None:
