@@ -2,7 +2,7 @@
 
 from pomt.geometry import Geometry, model_geometry
 from pomt.models import create_model, resolve_model_name
-from pomt.patching import apply_schedule, patch, unpatch
+from pomt.patching import UnverifiedScheduleWarning, apply_schedule, patch, unpatch
 from pomt.schedule import Schedule, load_schedule, save_schedule
 
 __version__ = "0.1.0"
@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Geometry",
     "Schedule",
+    "UnverifiedScheduleWarning",
     "apply_schedule",
     "create_model",
     "load_schedule",

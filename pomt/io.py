@@ -53,15 +53,7 @@ def atomic_write_csv(path: str | Path, rows: Iterable[dict], columns: Sequence[s
 
 
 def atomic_save_figure(path: str | Path, figure) -> Path:
-    """Save a matplotlib figure as PNG atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    try:
-        figure.savefig(tmp, dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Save a matplotlib figure as PNG atomically (rendered in memory, then `atomic_write_bytes`)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    return atomic_write_bytes(path, buffer.getvalue())

@@ -256,7 +256,7 @@ def rank_budget(setting: Setting, latency_budget_ms: float) -> list[Decision]:
                           f"{setting.min_accuracy:g}")
     if not ranked:
         raise PolicyError(f"latency budget {latency_budget_ms:g} ms cannot be met within {setting.limit} removed "
-                          f"tokens: best predicted {best:.3f} ms pruning at block {setting.block}")
+                          f"tokens (--max-remove): best predicted {best:.3f} ms pruning at block {setting.block}")
     return ranked
 
 

@@ -87,7 +87,8 @@ def test_a_removal_is_shipped_only_as_measured(tmp_path):
     """A budget that needs pruning forces candidates; whatever they measured, the schedule says it."""
     first = _offline("--latency-only", "--search", "full", out=tmp_path / "probe")
     baseline = json.loads((tmp_path / "probe" / f"{STEM}.schedule.json").read_text())["predicted"]["baseline_ms"]
-    result = _offline("--latency-only", "--prune-block", "1", "--latency-budget-ms", str(0.9 * baseline), out=tmp_path)
+    result = _offline("--latency-only", "--prune-block", "1", "--latency-budget-ms", str(0.9 * baseline),
+                      "--max-remove", "35", out=tmp_path)
     assert first.returncode == 0 and result.returncode == 0, result.stderr
     data = json.loads((tmp_path / f"{STEM}.schedule.json").read_text())
     verified = data["verified"]
