@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import timm
 import torch
@@ -23,6 +24,7 @@ from pomt.runtime import (
     build_forward,
     check_backend,
     key_name,
+    onnxruntime_session,
     program_key,
     resolve_dtype,
 )
@@ -166,3 +168,20 @@ def test_curve_through_each_backend_exports_once_per_count_and_reuses_the_cache(
     second = json.loads(result.stdout.strip().splitlines()[-1])
     assert second == {key: True for key in second} and len(second) == len(backends) * len(COUNTS)
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "onnx").rglob("*")} == before  # nothing rewritten
+
+
+def test_onnxruntime_sessions_do_not_spin_between_runs(tmp_path):
+    """pomt alternates programs; a session whose threads spin-wait after a run would slow the next one."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    path = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(graph), path)
+    session = onnxruntime_session(path, "cpu", threads=2)
+    options = session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert options.intra_op_num_threads == 2
+    assert session.run(None, {"x": np.array([-1.0, 2.0], dtype=np.float32)})[0].tolist() == [0.0, 2.0]
