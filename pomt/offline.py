@@ -354,7 +354,8 @@ def verify_decision(workload: Workload, config: OfflineConfig, settings: SearchS
     if chosen is None:
         return nothing(setting, config, search, result.verification.reason, "not_faster")
     by_remove = {d.remove: d for d in ranked}
-    decision = by_remove.get(chosen.remove) or setting.decision(n - chosen.remove, ranked[0].policy, "",
+    beside = f"the other side of the step the policy's first choice targets ({ranked[0].reason})"
+    decision = by_remove.get(chosen.remove) or setting.decision(n - chosen.remove, ranked[0].policy, beside,
                                                                 ranked[0].code)
     return replace(decision, reason=f"{decision.reason}; verified: {result.verification.reason}", code="verified")
 
