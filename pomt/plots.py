@@ -49,17 +49,19 @@ def plot_offline(
         ax.plot(*zip(*dots, strict=True), ".", color="0.6", ms=2.5, alpha=0.6, label="visits (drift-corrected)")
     ax.fill_between(tokens, latency - band, latency + band, alpha=0.25, color="tab:blue", label="95% band")
     ax.plot(tokens, latency, "-", color="tab:blue", lw=1.2, label="pooled latency")
-    top = float(np.max(latency + band)) if latency.size else 1.0
+    def on_curve(x: float) -> float:  # markers sit on the curve, clear of the legend and the notes
+        return float(np.interp(x, tokens, latency)) if latency.size else 0.0
+
     for i, step in enumerate(steps):
         colour = "tab:red" if step.kind == "drop" else "tab:purple"
         edge = 0.5 * (step.tokens + step.upper_tokens)
         ax.axvline(edge, color=colour, ls="--", lw=0.9, label="confirmed step" if i == 0 else None)
-        ax.annotate(f"{-step.paired_pct:+.1f}%", (edge, top * (1.0 - 0.05 * (i % 3))), fontsize=7, color=colour,
-                    ha="center", va="bottom", bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.7,
-                                                    "edgecolor": "none"})
+        ax.annotate(f"{-step.paired_pct:+.1f}%", (edge, on_curve(edge)), xytext=(4, 14 + 10 * (i % 3)),
+                    textcoords="offset points", fontsize=7, color=colour, ha="left", va="bottom",
+                    bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
     if rejected:
-        bottom = float(np.min(latency)) * 0.92 if latency.size else 0.0
-        ax.plot([0.5 * (c.low + c.high) for c in rejected], [bottom] * len(rejected), "x", color="0.4", ms=5,
+        middles = [0.5 * (c.low + c.high) for c in rejected]
+        ax.plot(middles, [on_curve(x) for x in middles], "x", color="0.15", ms=7, mew=1.5, zorder=5,
                 label="candidate rejected by paired test")
     if chosen_tokens is not None:
         ax.axvline(chosen_tokens, color="tab:green", lw=2, label=f"chosen: keep {chosen_tokens}")

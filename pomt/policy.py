@@ -185,8 +185,10 @@ def rank_step(setting: Setting, steps: Sequence[Step], min_gain: float) -> list[
         candidate = setting.decision(kept, "step", "", "step", step)
         if candidate.gain < min_gain:
             continue
-        reason = (f"lands below the step at {step.upper_tokens} -> {step.tokens} tokens ({step.drop_pct:.1f}% faster "
-                  f"there; {candidate.gain:.1%} predicted gain pruning at block {setting.block})")
+        size = (f"{step.drop_pct:.1f}% faster there" if step.paired_pct is None
+                else f"{step.paired_pct:.1f}% faster there beyond the trend, paired")
+        reason = (f"lands below the step at {step.upper_tokens} -> {step.tokens} tokens ({size}; "
+                  f"{candidate.gain:.1%} predicted gain pruning at block {setting.block})")
         ranked.append(replace(candidate, reason=reason))
     return ranked
 
