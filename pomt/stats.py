@@ -9,7 +9,13 @@
 - Noise is the spread between visits of the same count after the correction (`relative_noise`); it is
   the one noise figure the search and the step detector use.
 - Claims are paired (`paired_effect`): two things measured alternately, compared through the t
-  distribution of their paired log-ratios (scipy), with a confidence interval.
+  distribution of their paired log-ratios (scipy), with a confidence interval. A pair's few rounds
+  estimate their own spread poorly; the spread of paired log-ratios is the machine's and the visit's,
+  much the same for every pair, so a search pools it over the other pairs it measured
+  (`pooled_pair_noise`) and each test takes that as a prior worth up to PRIOR_ROUNDS rounds (a
+  moderated t-test: the variance is the df-weighted mean of the pooled and the pair's own, the degrees
+  of freedom their sum), which also lets three rounds screen out one hit by interference. A pair whose
+  own rounds spread significantly wider than that (an F-test) is tested on them alone.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import math
 import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 from scipy import stats as scipy_stats
@@ -29,16 +35,20 @@ MEDIAN_SE = 1.2533  # standard error of a median relative to that of a mean, for
 MAD_TO_SD = 1.4826  # median absolute deviation of a normal distribution in standard deviations
 DRIFT_WINDOW = 8  # visits on each side that estimate the drift at a visit
 OUTLIER_SD = 5.0  # paired log-ratios this many robust SDs from their median are interference, not signal
-SCREEN_MIN_PAIRS = 6  # fewer pairs cannot tell an interfered pair from an unlucky one
+SCREEN_MIN_PAIRS = 6  # fewer pairs cannot tell an interfered pair from an unlucky one (without a prior)
+PRIOR_ROUNDS = 20  # most degrees of freedom a pooled noise prior lends one paired test
+PAIRED_AUTHORITY = 10.0  # how much more a paired ratio counts than its inverse SE in a saved curve
+WIDER_ALPHA = 0.01  # F-test level at which a pair's own spread is wider than the pooled prior
 
 
 @dataclass(frozen=True)
 class CurvePoint:
     """Pooled latency of one token count over all its visits.
 
-    `median_ms` pools the raw visit medians; `relative` pools each visit over the reference count's
-    visit in the same pass; `latency_ms` is `relative` times the reference's pooled level: the
-    drift-corrected latency that detection and policies use.
+    `median_ms` pools the raw visit medians; `latency_ms` the visits with the drift at their time
+    divided out (`pool_visits`), reconciled with the paired measurements where a search made some
+    (`reconcile_levels`): the latency that detection, plots and policies use; `relative` is it over the
+    reference count's.
     """
 
     tokens: int
@@ -204,6 +214,39 @@ def pool_visits(visits: Sequence[Visit], reference: int, window: int = DRIFT_WIN
     return points
 
 
+def reconcile_levels(points: Sequence[CurvePoint], pairs: Sequence[tuple[int, int, float, float]],
+                     reference: int) -> list[CurvePoint]:
+    """The curve's levels made to agree with its paired measurements.
+
+    `pairs` holds (low, high, log(L(low) / L(high)) as measured alternately, its standard error). The
+    log-levels solve one weighted least-squares problem in which every pooled level (weight 1/se^2)
+    and every paired log-ratio is an observation. Paired rounds are the arbiter of a step (one warm
+    state, adjacent in time; the pooled levels come from visits at other moments), so a pair counts
+    PAIRED_AUTHORITY^2 times its inverse variance: across a tested pair the saved curve shows the step
+    (or no step) its paired test saw, and the pooled visits set the pair's common level. Standard
+    errors come from the same fit; counts no pair touches keep their level.
+    """
+    index = {p.tokens: i for i, p in enumerate(points)}
+    usable = [(lo, hi, d, se) for lo, hi, d, se in pairs
+              if lo in index and hi in index and math.isfinite(d) and 0 < se < math.inf]
+    if not usable or not all(0 < p.se_ms < math.inf for p in points):
+        return list(points)
+    n = len(points)
+    rows = np.zeros((n + len(usable), n))
+    target = np.zeros(n + len(usable))
+    weight = np.zeros(n + len(usable))
+    for i, p in enumerate(points):
+        rows[i, i], target[i], weight[i] = 1.0, math.log(p.latency_ms), p.latency_ms / p.se_ms
+    for k, (lo, hi, d, se) in enumerate(usable, start=n):
+        rows[k, index[lo]], rows[k, index[hi]], target[k], weight[k] = 1.0, -1.0, d, PAIRED_AUTHORITY / se
+    design = rows * weight[:, None]
+    solution = np.linalg.lstsq(design, target * weight, rcond=None)[0]
+    se_log = np.sqrt(np.diag(np.linalg.inv(design.T @ design)))
+    anchor = math.exp(solution[index[reference]]) if reference in index else math.nan
+    return [replace(p, latency_ms=math.exp(x), relative=math.exp(x) / anchor, se_ms=math.exp(x) * e)
+            for p, x, e in zip(points, solution, se_log, strict=True)]
+
+
 @dataclass(frozen=True)
 class PairedEffect:
     """b over a from paired measurements: geometric-mean ratio, confidence interval, t-test p-value.
@@ -218,6 +261,7 @@ class PairedEffect:
     pairs: int
     dropped: int = 0  # pairs left out as interference (see OUTLIER_SD)
     offset: float = 0.0
+    standard_error: float = math.inf  # of the mean log-ratio (about the relative change)
 
     @property
     def excess(self) -> float:
@@ -241,31 +285,55 @@ class PairedEffect:
         }
 
 
+def pooled_pair_noise(log_ratios: Iterable[Sequence[float]]) -> tuple[float, int]:
+    """(robust SD of one paired log-ratio around its own pair's median, degrees of freedom), pooled over
+    pairs of two or more rounds the way `relative_noise` pools counts; (0, 0) without any."""
+    residuals, df = [], 0
+    for values in log_ratios:
+        d = np.asarray(values, dtype=float)
+        if d.size < 2:
+            continue
+        residuals.extend((d - np.median(d)) * math.sqrt(d.size / (d.size - 1)))
+        df += d.size - 1
+    if not residuals:
+        return 0.0, 0
+    r = np.asarray(residuals)
+    return float(MAD_TO_SD * np.median(np.abs(r - np.median(r)))), df
+
+
 def paired_effect(
-    a_ms: Sequence[float], b_ms: Sequence[float], *, offset: float = 0.0, confidence: float = 0.95
+    a_ms: Sequence[float], b_ms: Sequence[float], *, offset: float = 0.0, confidence: float = 0.95,
+    prior: tuple[float, int] = (0.0, 0),
 ) -> PairedEffect:
     """Compare b with a measured in pairs (a_i and b_i taken together); see `PairedEffect`.
 
-    With SCREEN_MIN_PAIRS or more pairs, those whose log-ratio lies more than OUTLIER_SD robust standard
-    deviations from the median pair were hit by interference on one side only; they are left out and
-    counted.
+    Pairs whose log-ratio lies more than OUTLIER_SD robust standard deviations from the median pair were
+    hit by interference on one side only; they are left out and counted. The SD is the pairs' own (from
+    SCREEN_MIN_PAIRS pairs on) or the `prior` (sd, df) from `pooled_pair_noise` (from three pairs on),
+    which also moderates the t-test (see the module docstring).
     """
     a = np.asarray(a_ms, dtype=float)
     b = np.asarray(b_ms, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError("paired samples must be two 1-D sequences of equal length")
     d = np.log(b) - np.log(a)
-    mad = MAD_TO_SD * float(np.median(np.abs(d - np.median(d)))) if d.size >= SCREEN_MIN_PAIRS else 0.0
-    keep = np.abs(d - np.median(d)) <= OUTLIER_SD * mad if mad > 0 else np.ones(d.size, dtype=bool)
+    prior_sd, prior_df = prior[0], min(prior[1], PRIOR_ROUNDS) if prior[0] > 0 else 0
+    if d.size >= SCREEN_MIN_PAIRS:
+        spread = MAD_TO_SD * float(np.median(np.abs(d - np.median(d))))
+    else:
+        spread = prior_sd if prior_df and d.size >= 3 else 0.0
+    keep = np.abs(d - np.median(d)) <= OUTLIER_SD * spread if spread > 0 else np.ones(d.size, dtype=bool)
     kept = d[keep]
     if kept.size < 2:
         ratio = float(np.exp(kept.mean())) if kept.size else 1.0
-        return PairedEffect(ratio, (0.0, math.inf), 1.0, int(kept.size), int((~keep).sum()), offset)
+        return PairedEffect(ratio, (0.0, math.inf), 1.0, int(kept.size), int((~keep).sum()), offset, math.inf)
+    if prior_df:
+        return _moderated(kept, offset, confidence, prior_sd, prior_df, int((~keep).sum()))
     if np.ptp(kept) == 0.0:  # identical pairs (a noiseless replay): the interval is the value itself
         value = float(kept[0])
         p = 1.0 if value == offset else 0.0
         return PairedEffect(math.exp(value), (math.exp(value), math.exp(value)), p, int(kept.size),
-                            int((~keep).sum()), offset)
+                            int((~keep).sum()), offset, 0.0)
     result = scipy_stats.ttest_1samp(kept - offset, 0.0)
     low, high = result.confidence_interval(confidence)
     return PairedEffect(
@@ -275,4 +343,31 @@ def paired_effect(
         pairs=int(kept.size),
         dropped=int((~keep).sum()),
         offset=offset,
+        standard_error=float(kept.std(ddof=1) / math.sqrt(kept.size)),
+    )
+
+
+def _moderated(d: np.ndarray, offset: float, confidence: float, prior_sd: float, prior_df: int,
+               dropped: int) -> PairedEffect:
+    """The t-test of `paired_effect` with the pair's variance moderated by a pooled prior; a pair whose own
+    rounds spread significantly wider (F-test at WIDER_ALPHA) is tested on them alone: the prior lends
+    precision to pairs that agree with it, it never hides a noisy pair's noise."""
+    own = float(d.var(ddof=1))
+    if scipy_stats.f.sf(own / prior_sd**2, d.size - 1, prior_df) < WIDER_ALPHA:
+        variance, df = own, d.size - 1
+    else:
+        df = prior_df + d.size - 1
+        variance = (prior_df * prior_sd**2 + (d.size - 1) * own) / df
+    se = math.sqrt(variance / d.size)
+    mean = float(d.mean())
+    t = (mean - offset) / se if se > 0 else (0.0 if mean == offset else math.inf)
+    half = float(scipy_stats.t.ppf(0.5 + confidence / 2, df)) * se
+    return PairedEffect(
+        ratio=math.exp(mean),
+        ci=(math.exp(mean - half), math.exp(mean + half)),
+        p_value=float(2.0 * scipy_stats.t.sf(abs(t), df)),
+        pairs=int(d.size),
+        dropped=dropped,
+        offset=offset,
+        standard_error=se,
     )

@@ -5,7 +5,17 @@ import math
 import numpy as np
 import pytest
 
-from pomt.stats import corrected_values, drift, drift_profile, paired_effect, pool_visits, relative_noise
+from pomt.stats import (
+    CurvePoint,
+    corrected_values,
+    drift,
+    drift_profile,
+    paired_effect,
+    pool_visits,
+    pooled_pair_noise,
+    reconcile_levels,
+    relative_noise,
+)
 
 from trace_data import N, linear_levels, slow_drift, synthetic_trace
 
@@ -89,3 +99,53 @@ def test_too_few_or_identical_pairs():
     assert same.p_value == 0.0 and same.ci == pytest.approx((1.1, 1.1))
     with pytest.raises(ValueError):
         paired_effect([1.0, 2.0], [1.0])
+
+
+def test_pooled_pair_noise_recovers_one_spread_from_many_small_pairs():
+    rng = np.random.default_rng(3)
+    groups = [rng.normal(0.05 * k, 0.01, 3) for k in range(40)]  # every pair its own ratio, one spread
+    sd, df = pooled_pair_noise(groups)
+    assert sd == pytest.approx(0.01, rel=0.3) and df == 80
+    assert pooled_pair_noise([[0.1], []]) == (0.0, 0)
+
+
+def test_a_pooled_prior_lends_three_rounds_the_power_of_many():
+    a = np.full(3, 10.0)
+    b = a * 1.05 * np.exp(np.array([0.008, -0.011, 0.004]))
+    alone, helped = paired_effect(a, b), paired_effect(a, b, prior=(0.01, 40))
+    assert helped.p_value < 1e-5 and alone.p_value > 1e-3
+    assert helped.ci[0] < 1.05 < helped.ci[1] and helped.standard_error < 0.01
+    assert helped.ratio == pytest.approx(alone.ratio)
+
+
+def test_a_pair_noisier_than_the_prior_is_tested_on_its_own_rounds():
+    a = np.full(3, 10.0)
+    b = a * np.exp(np.array([0.0, 0.12, 0.06]))  # a spread of 6%
+    narrow, agreeing = paired_effect(a, b, prior=(0.02, 40)), paired_effect(a, b, prior=(0.06, 40))
+    assert narrow.dropped == 0 and narrow.p_value == pytest.approx(paired_effect(a, b).p_value)
+    assert agreeing.p_value < paired_effect(a, b).p_value  # a prior that agrees lends its degrees of freedom
+
+
+def test_with_a_prior_three_rounds_screen_out_one_hit_by_interference():
+    a = np.full(3, 10.0)
+    b = a * 1.05 * np.array([1.0, 1.002, 2.5])  # a burst hit one side of the third round
+    effect = paired_effect(a, b, prior=(0.01, 40))
+    assert effect.dropped == 1 and effect.pairs == 2
+    assert effect.ratio == pytest.approx(1.05 * math.sqrt(1.002), rel=1e-6)
+    assert paired_effect(a, b).dropped == 0  # without a prior, three rounds cannot tell
+
+
+def point(tokens, ms, se):
+    return CurvePoint(tokens, ms, ms, 1.0, 0.0, ms, 3, 3, se)
+
+
+def test_a_saved_curve_shows_across_a_tested_pair_what_its_paired_rounds_saw():
+    """Pooled visits put 101 tokens 10% above 100; paired rounds measured no difference."""
+    points = [point(50, 5.0, 0.05), point(100, 10.0, 0.1), point(101, 11.0, 0.11), point(197, 20.0, 0.2)]
+    reconciled = reconcile_levels(points, [(100, 101, 0.0, 0.002)], reference=197)
+    level = {p.tokens: p for p in reconciled}
+    assert level[101].latency_ms / level[100].latency_ms == pytest.approx(1.0, abs=0.003)
+    assert 10.0 < level[100].latency_ms < 11.0  # the pooled visits still set the pair's common level
+    assert level[50].latency_ms == pytest.approx(5.0) and level[197].relative == pytest.approx(1.0)
+    assert level[100].se_ms < 0.1  # the pair's precision carries over
+    assert reconcile_levels(points, [], reference=197) == points
