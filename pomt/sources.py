@@ -33,7 +33,8 @@ PAIR_PROGRESS = 0.1  # seconds of pair gap a replay trades for each second neare
 
 class Source(Protocol):
     """Anything that can time forwards at a kept-token count. It may also have `begin_pass(pass_index,
-    members)`, told the counts a pass will visit before it starts (a replay uses it; a device needs not)."""
+    members)`, told the counts a pass will visit before it starts, and `begin_unit(pass_index, members)`,
+    told the counts it will visit next back to back (a replay uses them; a device needs not)."""
 
     def visit(self, tokens: int, reps: int, pass_index: int) -> Visit: ...
 
@@ -103,9 +104,11 @@ class ReplaySource:
 
     A virtual clock starts at the trace's first timestamp and advances by what each served visit cost
     (its samples plus one untimed forward). A visit gets the recorded visit of its count nearest in time
-    to that clock that has not been served yet. A paired round (`begin_pass` with two counts) is served
+    to that clock that has not been served yet. A paired round (`begin_pass` with two counts, or a pair
+    of counts a pass visits back to back, `begin_unit`) is served
     the two unused recorded visits closest in time to each other (nearer the clock breaking ties): the
-    two sides of a pair come from as nearly the same moment of the recording as it allows, as live. Served visits keep
+    two sides of a pair come from as nearly the same moment of the recording as it allows, as live.
+    Served visits keep
     their recorded time, so `pomt.stats.drift_profile` sees the recording's own drift. A recorded visit
     is never served twice: when a count's visits are used up the replay raises `TraceExhausted` (a
     replay cannot invent measurements). A visit keeps its recorded length whatever `reps` asks
@@ -130,6 +133,11 @@ class ReplaySource:
 
     def begin_pass(self, pass_index: int, members: Sequence[int]) -> None:
         """For a paired round, choose the two recorded visits it is served (see the class docstring)."""
+        self.begin_unit(pass_index, members)
+
+    def begin_unit(self, pass_index: int, members: Sequence[int]) -> None:
+        """The next visits of `pass_index` are `members`, back to back: two counts are served as a
+        paired round is (see the class docstring)."""
         counts = sorted(set(members))
         self._plan = None
         if len(counts) != PAIRED or any(n not in self._visits for n in counts):
@@ -181,7 +189,14 @@ class Session:
 
     def begin_pass(self, pass_index: int, members: Sequence[int]) -> None:
         """Tell the source which counts the pass will visit (it may use it, see `Source`)."""
-        begin = getattr(self.source, "begin_pass", None)
+        self._tell("begin_pass", pass_index, members)
+
+    def begin_unit(self, pass_index: int, members: Sequence[int]) -> None:
+        """Tell the source which counts it will visit next, back to back (see `Source`)."""
+        self._tell("begin_unit", pass_index, members)
+
+    def _tell(self, what: str, pass_index: int, members: Sequence[int]) -> None:
+        begin = getattr(self.source, what, None)
         if begin is not None and self._replayed >= self._resumable:  # not while the journal serves
             begin(pass_index, members)
 

@@ -5,7 +5,7 @@ import torch
 
 from pomt.models import create_model
 from pomt.sources import LiveSource, ReplaySource, Session, TraceExhausted, calibrate_reps, forward_at_tokens
-from pomt.trace import TraceWriter, read_trace
+from pomt.trace import Trace, TraceWriter, Visit, read_trace
 
 from trace_data import N, linear_levels, synthetic_trace
 
@@ -43,6 +43,18 @@ def test_the_replay_clock_follows_what_was_served():
     start = source.clock_s
     visit = source.visit(N, reps=3, pass_index=0)
     assert source.clock_s == pytest.approx(start + (sorted(visit.samples_ms)[1] + sum(visit.samples_ms)) / 1e3)
+
+
+def test_a_pair_of_counts_visited_back_to_back_is_served_from_nearly_one_moment():
+    """Recorded: 50 and 51 far apart in pass 0, side by side in pass 1; a unit gets pass 1's pair."""
+    visits = [Visit(50, 0, 0.0, (5.0,)), Visit(N, 0, 1.0, (9.0,)), Visit(51, 0, 2.0, (5.1,)),
+              Visit(51, 1, 3.0, (5.1,)), Visit(50, 1, 3.1, (5.0,)), Visit(N, 1, 4.0, (9.0,))]
+    trace = Trace(tuple(visits), dict(META))
+    apart = ReplaySource(trace)
+    assert {apart.visit(50, 1, 0).t_s, apart.visit(51, 1, 0).t_s} == {0.0, 2.0}
+    together = ReplaySource(trace)
+    together.begin_unit(0, [50, 51])
+    assert {together.visit(50, 1, 0).t_s, together.visit(51, 1, 0).t_s} == {3.0, 3.1}
 
 
 class Counting:
