@@ -302,9 +302,9 @@ def measurement_record(search: SearchResult, run: Run, decision: Decision, confi
         "noise_pct": round(100 * search.noise, 3),
         "drift": None if search.drift is None else search.drift.to_dict(),
         "confirmed": len(search.steps),
-        "rejected": [
-            {"low": c.low, "high": c.high, "reason": c.reason} for c in search.candidates if not c.accepted
-        ],
+        "rejected": [{"low": c.low, "high": c.high, "reason": c.reason} for c in search.rejected_candidates],
+        "align": settings.align if config.search == "adaptive" else None,
+        "screened_edges": [[c.low, c.high] for c in search.screened],
         "warning": search.drift_exceeds(effects),
         "replay": None if run.replay is None else str(run.replay),
         "trace": None if run.replay is not None else f"{run.setup.stem}.trace.csv",
@@ -436,7 +436,7 @@ def write_outputs(workload: Workload, config: OfflineConfig, settings: SearchSet
         title += f" (replay of {Path(run.replay).name})"
     result.paths["plot"] = plot_offline(
         out / f"{stem}.png", title, search.points, corrected_values(search.design), search.steps,
-        [c for c in search.candidates if not c.accepted and c.effect is not None], decision.kept_tokens,
+        [c for c in search.rejected_candidates if c.effect is not None], decision.kept_tokens,
         drift=search.drift, accuracy=result.accuracy.values if result.accuracy else None,
         accuracy_kind=result.accuracy.kind if result.accuracy else None, utility=utility,
         verified=result.verification,

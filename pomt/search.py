@@ -6,17 +6,23 @@ Measurement design (so that a machine whose speed drifts does not shape the curv
   relative to its pass's reference visit (`pomt.stats.pool_visits`). Never one ascending sweep.
 - Full search: every grid count in `passes` passes.
 - Adaptive search: a coarse subset in `coarse_passes` passes (enough to flag candidates: confirmation
-  decides); then, wherever the step detector (at the lower
+  decides). Where the grid allows, the subset is the aligned edges: every multiple a of `align` below N
+  with a - 1, visited back to back (A B, then B A the next pass), so the coarse passes are already
+  paired rounds of each such edge (`judge_anchors`: kernels favour aligned sizes, so many real steps
+  sit there); else every `coarse_stride`-th count. Then, wherever the step detector (at the lower
   `candidate_k` threshold) sees a candidate with unmeasured grid counts inside it, the middle one is
   measured - every such midpoint of a round together, in `refine_passes` shuffled passes with the
   reference - until no candidate has an unmeasured count inside, or the budget (a fraction of the full
   grid's visits, never less than the coarse scan plus room for three candidates) is spent. A one-point
   feature (a spike) is bisected on both sides.
 - Confirmation, the one test for a step. Each candidate, most significant first, is measured
-  alternately at its two counts (A B, B A, ... for `confirm_rounds` rounds, in the same warm state). It
-  is accepted when the paired log-ratio, less what the smooth trend predicts across it, differs from 0
-  by a t-test at `alpha` and by at least `min_step`. Only confirmed steps are reported; a non-monotone
-  edge (fewer tokens, more time) is confirmed the same way.
+  alternately at its two counts (A B, B A, ... for `confirm_rounds` rounds, in the same warm state; rounds
+  the design already holds count). It is accepted when the paired log-ratio, less what the smooth trend
+  predicts across it, differs from 0 by a t-test at `alpha`, by at least `min_step`, on at least
+  MIN_ROUNDS rounds. The test borrows the noise of the other pairs measured (a moderated t-test,
+  `pomt.stats.paired_effect`) when all its rounds were taken in one state of the machine (`_steady`).
+  Only confirmed steps are reported; a non-monotone edge (fewer tokens, more time) is confirmed the same
+  way. The curve a search returns is reconciled with its paired rounds (`pomt.stats.reconcile_levels`).
 A visit is one untimed forward at the new count and `reps` timed forwards; the budget, the full grid's
 cost and every figure the search reports count visits. Given its seed and what it measures the search
 is deterministic, so a run resumed from its journal (`pomt.sources.Session`) continues exactly.
@@ -42,6 +48,8 @@ from pomt.stats import (
     drift_profile,
     paired_effect,
     pool_visits,
+    pooled_pair_noise,
+    reconcile_levels,
     relative_noise,
 )
 from pomt.steps import Step, detect_steps, paired_step, trend
@@ -51,6 +59,8 @@ CALIBRATION_REPS = 3
 FIRST_LOOK = 0.5  # share of alpha spent on the early look of a confirmation
 LEAST_CANDIDATES = 3  # candidates the smallest adaptive budget can still examine
 FOCUS = 3  # candidates an adaptive round works on at once, most significant first
+STEADY_ROUND = 0.03  # drift (log) between a round's two visits below which it counts as taken in one state
+MIN_ROUNDS = 3  # paired rounds a confirmed step rests on, after interference screening
 
 
 def token_grid(start: int, stop: int, stride: int, *, min_tokens: int, max_tokens: int) -> list[int]:
@@ -88,6 +98,9 @@ class SearchSettings:
     min_step: float = option(0.03, "Smallest step (fraction of latency, beyond the trend) that is reported.")
     confirm_rounds: int = option(6, "Paired rounds (A B, B A, ...) that confirm a step.", min=3)
     budget: float = option(0.2, "Adaptive search's most visits, as a fraction of the full grid's.")
+    align: int = option(8, "Token alignment the hardware favours (SIMD width, GEMM or attention tile): the "
+                           "adaptive search's coarse scan measures each multiple of it beside the count below, "
+                           "as a pair, and tests each such edge for a step (0: a plain strided scan).", min=0)
 
     def check(self) -> SearchSettings:
         """Raise GridError for settings no search can run with."""
@@ -103,6 +116,7 @@ class SearchSettings:
             (self.coarse_stride is None or self.coarse_stride >= 1,
              f"--coarse-stride must be at least 1, got {self.coarse_stride}"),
             (self.visit_s > 0, f"--visit-s must be positive, got {self.visit_s}"),
+            (self.align >= 0, f"--align must be at least 0, got {self.align}"),
         ]
         for ok, message in problems:
             if not ok:
@@ -121,6 +135,7 @@ class Confirmation:
     kind: str  # "drop", "rise", or "none"
     reason: str
     candidate_z: float = 0.0
+    screened: bool = False  # an aligned edge its coarse rounds showed to be no candidate (`judge_anchors`)
 
     @property
     def paired_pct(self) -> float | None:
@@ -130,7 +145,7 @@ class Confirmation:
     def to_dict(self) -> dict:
         return {
             "low": self.low, "high": self.high, "accepted": self.accepted, "kind": self.kind,
-            "reason": self.reason, "candidate_z": round(self.candidate_z, 2),
+            "reason": self.reason, "candidate_z": round(self.candidate_z, 2), "screened": self.screened,
             "paired_pct": None if self.paired_pct is None else round(self.paired_pct, 3),
             "paired": None if self.effect is None else self.effect.to_dict(),
         }
@@ -156,6 +171,16 @@ class SearchResult:
     @property
     def rejected(self) -> list[Confirmation]:
         return [c for c in self.candidates if not c.accepted]
+
+    @property
+    def screened(self) -> list[Confirmation]:
+        """Aligned edges the coarse rounds alone showed to be no step (never candidates)."""
+        return [c for c in self.candidates if c.screened]
+
+    @property
+    def rejected_candidates(self) -> list[Confirmation]:
+        """Candidates examined and not confirmed (screened aligned edges left out)."""
+        return [c for c in self.candidates if not c.accepted and not c.screened]
 
     @property
     def evaluation_ratio(self) -> float:
@@ -196,22 +221,39 @@ class LatencySearch:
         self.paired: list[Visit] = []
         self.judged: dict[tuple[int, int], Confirmation] = {}
         self.full_grid_visits = settings.passes * len(self.grid)
-        self.coarse = self._coarse_counts()
+        self.anchors = self._anchor_pairs() if adaptive else []
+        self.pending: dict[tuple[int, int], float] = {}  # anchor pairs the coarse rounds left open, with z
+        self.coarse = self._coarse_units()
         self.budget = max(int(settings.budget * self.full_grid_visits), self._least_budget()) if adaptive else None
         self.reps = settings.reps or 1
         self._pass = 0
-        self._curve: tuple[int, list[CurvePoint]] | None = None
+        self._curve: tuple[tuple[int, int], list[CurvePoint]] | None = None
+        self._drift: tuple[int, dict[int, float]] | None = None
+        self.rounds: dict[tuple[int, int], list[tuple[Visit, Visit]]] = {}  # paired rounds of every pair tested
         total = self.budget or self.full_grid_visits
         self._bar = tqdm(total=total, desc="latency", unit="visit", disable=not progress)
 
-    def _coarse_counts(self) -> list[int]:
+    def _anchor_pairs(self) -> list[tuple[int, int]]:
+        """(a - 1, a) for every multiple a of `align` below the reference with both counts on the grid."""
+        align = self.settings.align
+        if align < 2:
+            return []
+        return [(n - 1, n) for n in self.grid if n % align == 0 and n - 1 in self.position and n < self.reference]
+
+    def _coarse_units(self) -> list[tuple[int, ...]]:
+        """What the adaptive search's coarse passes visit: the anchor pairs where the grid has them (each
+        pair's counts back to back), else every `coarse_stride`-th count; the grid's ends always."""
+        if self.anchors:
+            taken = {n for pair in self.anchors for n in pair}
+            ends = sorted({self.grid[0], self.grid[-1]} - taken)
+            return [*self.anchors, *((n,) for n in ends)]
         stride = self.settings.coarse_stride or max(2, round(math.sqrt(len(self.grid))))
-        return sorted(set(self.grid[::stride]) | {self.grid[0], self.grid[-1]})
+        return [(n,) for n in sorted(set(self.grid[::stride]) | {self.grid[0], self.grid[-1]})]
 
     def _least_budget(self) -> int:
         """On a small grid the fraction would not pay for the coarse scan: the budget never falls below the
         coarse scan plus room to carry three candidates to a verdict."""
-        coarse = self.settings.coarse_passes * len(self.coarse) + 1
+        coarse = self.settings.coarse_passes * (sum(len(unit) for unit in self.coarse) + 1)
         return coarse + LEAST_CANDIDATES * (2 * self.settings.confirm_rounds + 6)
 
     def _visit(self, tokens: int, reps: int | None = None) -> Visit:
@@ -237,24 +279,40 @@ class LatencySearch:
 
     def measure_passes(self, counts: list[int], passes: int, reference_visits: int = 1) -> None:
         """`passes` shuffled passes over `counts` plus the reference (`reference_visits` times in each)."""
-        members = sorted(set(counts) - {self.reference}) + [self.reference] * reference_visits
-        for _ in range(passes):
-            order = [int(n) for n in self.rng.permutation(members)]
-            self.session.begin_pass(self._new_pass(), order)
-            for n in order:
-                self.design.append(self._visit(n))
+        self.measure_units([(n,) for n in counts], passes, reference_visits)
+
+    def measure_units(self, units: list[tuple[int, ...]], passes: int, reference_visits: int = 1) -> None:
+        """`passes` passes over `units` plus the reference (`reference_visits` times in each): the units in
+        a shuffled order, each unit's counts back to back, reversed every other pass (A B, then B A), so a
+        unit of two counts is a paired round in every pass."""
+        members = sorted(u for u in set(units) if u != (self.reference,)) + [(self.reference,)] * reference_visits
+        for p in range(passes):
+            ordered = [members[i][:: 1 if p % 2 == 0 else -1] for i in self.rng.permutation(len(members))]
+            pass_index = self._new_pass()
+            self.session.begin_pass(pass_index, [n for unit in ordered for n in unit])
+            for unit in ordered:
+                if len(unit) > 1:
+                    self.session.begin_unit(pass_index, unit)
+                self.design.extend(self._visit(n) for n in unit)
 
     def visits(self) -> list[Visit]:
         """Every visit so far: the design's passes and the confirmations' rounds."""
         return self.design + self.paired
 
     def curve(self) -> list[CurvePoint]:
-        """The pooled, drift-corrected curve of every visit so far (cached per visit count).
+        """The pooled, drift-corrected curve of every visit so far, reconciled with the paired rounds of
+        every pair tested (`pomt.stats.reconcile_levels`); cached per visit and pair count.
 
         Confirmation visits count too: when a bisection was misled by one disturbed visit, the rounds
         of its (rejected) confirmation correct the levels and the detector moves the candidate."""
-        if self._curve is None or self._curve[0] != len(self.visits()):
-            self._curve = (len(self.visits()), pool_visits(self.visits(), self.reference))
+        key = (len(self.visits()), len(self.rounds))
+        if self._curve is None or self._curve[0] != key:
+            pooled = pool_visits(self.visits(), self.reference)
+            pairs = []
+            for (low, high), rounds in self.rounds.items():
+                effect = self._paired(rounds, 0.0)
+                pairs.append((low, high, math.log(effect.ratio), effect.standard_error))
+            self._curve = (key, reconcile_levels(pooled, pairs, self.reference))
         return self._curve[1]
 
     def noise(self) -> float:
@@ -262,38 +320,57 @@ class LatencySearch:
 
     def candidates(self) -> list[tuple[int, int, float]]:
         """(low, high, z) of every candidate the detector sees at `candidate_k` on the pooled,
-        drift-corrected curve (each point with its own standard error): those within reach of the
-        caller's policy (`focus_from`) first, then the rest, each most significant first; a spike gives
-        one candidate on each side."""
+        drift-corrected curve (each point with its own standard error) with the confirmed steps taken
+        out: those within reach of the caller's policy (`focus_from`) first, then the rest, each most
+        significant first; a spike gives one candidate on each side; a candidate that ends at a
+        confirmed step is trimmed to its other side. Anchor pairs the coarse rounds left open
+        (`judge_anchors`) join them."""
         points = self.curve()
-        if len(points) < 4:
-            return []
-        tokens = [p.tokens for p in points]
-        report = detect_steps(tokens, [p.latency_ms for p in points], k=self.settings.candidate_k,
-                              noise_ms=[p.se_ms for p in points])
-        out = [(step.tokens, step.upper_tokens, step.significance) for step in report.steps]
-        for n in report.spikes:
-            i = tokens.index(n)
-            if 0 < i < len(tokens) - 1:
-                out += [(tokens[i - 1], n, self.settings.candidate_k), (n, tokens[i + 1], self.settings.candidate_k)]
+        out = [(low, high, z) for (low, high), z in self.pending.items()]
+        if len(points) >= 4:
+            tokens = [p.tokens for p in points]
+            factor = self._confirmed_factor(tokens)
+            report = detect_steps(tokens, [p.latency_ms * f for p, f in zip(points, factor, strict=True)],
+                                  k=self.settings.candidate_k,
+                                  noise_ms=[p.se_ms * f for p, f in zip(points, factor, strict=True)])
+            found = [(step.tokens, step.upper_tokens, step.significance) for step in report.steps]
+            for n in report.spikes:
+                i = tokens.index(n)
+                if 0 < i < len(tokens) - 1:
+                    z = self.settings.candidate_k
+                    found += [(tokens[i - 1], n, z), (n, tokens[i + 1], z)]
+            out += [(*span, z) for low, high, z in found if (span := self._outside_confirmed(low, high))]
         reach = self.focus_from if self.focus_from is not None else 0
-        return sorted(dict.fromkeys(out), key=lambda c: (c[0] < reach, -c[2], c[0]))
+        unique = {c[:2]: c for c in sorted(out, key=lambda c: c[2])}  # the most significant of each span
+        return sorted(unique.values(), key=lambda c: (c[0] < reach, -c[2], c[0]))
 
-    def _design_change(self, low: int, high: int) -> tuple[float, float]:
-        """The design's estimate of the level change from `high` to `low` over the trend's (a fraction,
-        negative for a drop) and its standard error."""
-        points = self.curve()
-        level = {p.tokens: p for p in points}
-        expected = self._trend(points)
-        change = (level[low].latency_ms / expected[low]) / (level[high].latency_ms / expected[high]) - 1.0
-        se = math.hypot(level[low].se_ms / level[low].latency_ms, level[high].se_ms / level[high].latency_ms)
-        return change, se
+    def _accepted_steps(self) -> list[Confirmation]:
+        return [c for c in self.judged.values() if c.accepted and c.effect is not None]
 
-    @staticmethod
-    def _trend(points: list[CurvePoint]) -> dict[int, float]:
-        t = np.array([p.tokens for p in points], dtype=float)
-        smooth = trend(t, np.array([p.latency_ms for p in points]), float(np.median([p.se_ms for p in points])))
-        return dict(zip([p.tokens for p in points], smooth.tolist(), strict=True))
+    def _confirmed_factor(self, tokens: list[int]) -> list[float]:
+        """Per count, what takes the confirmed steps below it out of its level: the product of their
+        paired excess ratios (a step's high side then continues its low side's trend)."""
+        steps = self._accepted_steps()
+        return [math.prod(c.effect.excess for c in steps if c.high <= n) for n in tokens]
+
+    def _outside_confirmed(self, low: int, high: int) -> tuple[int, int] | None:
+        """The candidate span with a confirmed step at either end cut off, None when a confirmed step
+        covers it."""
+        for c in self._accepted_steps():
+            if not (c.low < high and low < c.high):
+                continue
+            if c.high == high and c.low > low:
+                high = c.low
+            elif c.low == low and c.high < high:
+                low = c.high
+            else:
+                return None
+        return (low, high) if low < high else None
+
+    def _trend_offset(self, low: int, high: int) -> float:
+        """log(trend at low / trend at high): the change the smooth trend alone predicts across a step."""
+        expected = expected_levels(self.curve())
+        return math.log(expected[low] / expected[high]) if expected[low] > 0 < expected[high] else 0.0
 
     def _unmeasured_inside(self, low: int, high: int) -> list[int]:
         measured = {v.tokens for v in self.visits()}
@@ -315,32 +392,68 @@ class LatencySearch:
     def _left(self) -> float:
         return math.inf if self.budget is None else self.budget - self.session.visits
 
+    def design_rounds(self, low: int, high: int) -> list[tuple[Visit, Visit]]:
+        """(low, high) visit pairs the design already holds: the two counts visited back to back in one
+        pass (an anchor pair in every coarse pass; other counts by chance of the shuffle)."""
+        rounds = []
+        for first, second in zip(self.design, self.design[1:], strict=False):
+            if first.pass_index == second.pass_index and {first.tokens, second.tokens} == {low, high}:
+                rounds.append((first, second) if first.tokens == low else (second, first))
+        return rounds
+
+    def judge_anchors(self) -> None:
+        """Judge each anchor pair on the paired rounds the coarse passes hold, at confirmation's first look:
+        a step significant at FIRST_LOOK x alpha and at least `min_step` is confirmed; one whose estimate
+        lies clearly below `min_step` (by 2 standard errors), or less than `candidate_k` standard errors
+        from the trend (the detector's bar for a candidate), is rejected; the rest stay candidates
+        (`pending`, with that ratio as significance), confirmed like any other by more rounds."""
+        s = self.settings
+        first_alpha = FIRST_LOOK * s.step_alpha
+        for pair in self.anchors:
+            rounds = self.design_rounds(*pair)
+            if len(rounds) >= 3:
+                self.rounds[pair] = rounds
+        for (low, high), rounds in list(self.rounds.items()):
+            effect = self._paired(rounds, self._trend_offset(low, high))
+            change = effect.excess - 1.0
+            se = effect.standard_error
+            z = abs(change) / se if se > 0 else math.inf
+            if self._convincing(effect, first_alpha):
+                self.judged[(low, high)] = self._accepted(low, high, effect, len(rounds), z)
+            elif abs(change) + 2.0 * se < s.min_step:
+                reason = (f"smaller than the minimum step by its paired rounds ({100 * abs(change):.1f}% "
+                          f"+- {200 * se:.1f}% < {100 * s.min_step:.1f}%)")
+                self.judged[(low, high)] = Confirmation(low, high, effect, False, "none", reason, z, screened=True)
+            elif z < s.candidate_k:
+                reason = f"no candidate: its paired rounds put it {z:.1f} standard errors from the trend"
+                self.judged[(low, high)] = Confirmation(low, high, effect, False, "none", reason, z, screened=True)
+            else:
+                self.pending[(low, high)] = z
+
     def examine(self) -> list[Confirmation]:
         """Refine and confirm candidates, most significant first, as far as the budget goes.
 
         Each round re-runs the detector on every visit so far. A candidate is ready when no grid count
         inside it is unmeasured and its counts are settled (`_unsettled`); the most significant ready
-        one is judged: rejected at once when the design's own estimate is clearly below `min_step`,
-        else confirmed by paired measurement. When none is ready, one shuffled pass measures what the
-        FOCUS most significant candidates need next (a midpoint, or counts to settle), as far as the
-        remaining budget can carry them to a verdict: the budget goes to the clearest candidates first.
+        one of the FOCUS most significant is judged (first at its sharpest part, `_sharpest`): rejected
+        at once when the curve's own estimate is clearly below `min_step`, else confirmed by paired
+        measurement. When none is ready, one shuffled pass measures what the FOCUS most significant
+        candidates need next (a midpoint, or counts to settle), as far as the remaining budget can carry
+        them to a verdict: the budget goes to the clearest candidates first.
         """
         confirm_cost = 2 * self.settings.confirm_rounds
         judged = self.judged
         while True:
             todo = [c for c in self.candidates() if c[:2] not in judged]
-            for low, high, z in todo:
-                same = [c for c in judged.values() if c.accepted and low < c.high and c.low < high]
-                if same:
-                    reason = f"the step confirmed between {same[0].low} and {same[0].high} tokens"
-                    judged[(low, high)] = Confirmation(low, high, None, False, "none", reason, z)
-            todo = [c for c in todo if c[:2] not in judged]
             if not todo:
                 break
-            ready = [c for c in todo if not self._next_counts(c[0], c[1])]
+            ready = [c for c in todo[:FOCUS] if not self._next_counts(c[0], c[1])]
             if ready:
                 low, high, z = ready[0]
-                change, se = self._design_change(low, high)
+                sharpest = self._sharpest(low, high)
+                if sharpest not in judged:  # a step the detector spread over its neighbours: its sharpest part
+                    low, high = sharpest
+                change, se = level_change(self.curve(), low, high)
                 if abs(change) + 2.0 * se < self.settings.min_step:
                     reason = (f"smaller than the minimum step by the design's estimate "
                               f"({100 * abs(change):.1f}% +- {200 * se:.1f}% < {100 * self.settings.min_step:.1f}%)")
@@ -372,6 +485,18 @@ class LatencySearch:
                    for lo, hi, z in unjudged]
         return list(judged.values()) + skipped
 
+    def _sharpest(self, low: int, high: int) -> tuple[int, int]:
+        """The adjacent measured counts inside a candidate with the largest change over the trend, when
+        that change alone reaches `min_step`; else the candidate itself (a ramp of small changes is
+        judged whole). Once the sharpest part is judged, the detector re-runs: the rest of the span is
+        flagged again only if it holds more."""
+        curve = self.curve()
+        inside = [p.tokens for p in curve if low <= p.tokens <= high]
+        if len(inside) <= 2:
+            return low, high
+        size, a, b = max((abs(level_change(curve, a, b)[0]), a, b) for a, b in zip(inside, inside[1:], strict=False))
+        return (a, b) if size >= self.settings.min_step else (low, high)
+
     def _next_counts(self, low: int, high: int) -> list[int]:
         """What a candidate needs measured next: the middle unmeasured grid count inside it, or, once
         there is none, the counts that are not yet settled."""
@@ -390,37 +515,70 @@ class LatencySearch:
         s = self.settings
         looks = sorted({max(3, s.confirm_rounds // 2), s.confirm_rounds})
         alphas = [s.step_alpha] if len(looks) == 1 else [FIRST_LOOK * s.step_alpha, (1 - FIRST_LOOK) * s.step_alpha]
-        rounds: list[tuple[Visit, Visit]] = []
-        expected = self._trend(self.curve())
-        offset = math.log(expected[low] / expected[high]) if expected[low] > 0 < expected[high] else 0.0
+        rounds = self.design_rounds(low, high)
+        offset = self._trend_offset(low, high)
         for look, alpha in zip(looks, alphas, strict=True):
             while len(rounds) < look:
                 order = (high, low) if len(rounds) % 2 == 0 else (low, high)
                 self.session.begin_pass(self._new_pass(), order)
                 taken = {n: self._visit(n) for n in order}
                 rounds.append((taken[low], taken[high]))
+                self.rounds[(low, high)] = rounds
                 self.paired.extend(taken.values())
             effect = self._paired(rounds, offset)
             change = effect.excess - 1.0
-            if effect.p_value < alpha and abs(change) >= s.min_step:
-                kind = "drop" if change < 0 else "rise"
-                reason = (f"confirmed: {kind} of {100 * abs(change):.1f}% "
-                          f"(p = {effect.p_value:.2g}, {len(rounds)} rounds)")
-                return Confirmation(low, high, effect, True, kind, reason, z)
+            if self._convincing(effect, alpha):
+                return self._accepted(low, high, effect, len(rounds), z)
         if effect.p_value >= alphas[-1]:
             reason = f"not significant (p = {effect.p_value:.2g} >= {alphas[-1]:.2g})"
+        elif effect.pairs < MIN_ROUNDS:
+            reason = f"too few rounds left after interference screening ({effect.pairs} < {MIN_ROUNDS})"
         else:
             reason = f"smaller than the minimum step ({100 * abs(change):.1f}% < {100 * s.min_step:.1f}%)"
         return Confirmation(low, high, effect, False, "none", reason, z)
 
+    def _convincing(self, effect: PairedEffect, alpha: float) -> bool:
+        """Significant at `alpha`, at least `min_step`, and carried by at least MIN_ROUNDS rounds that
+        interference screening kept."""
+        return (effect.p_value < alpha and abs(effect.excess - 1.0) >= self.settings.min_step
+                and effect.pairs >= MIN_ROUNDS)
+
+    @staticmethod
+    def _accepted(low: int, high: int, effect: PairedEffect, rounds: int, z: float) -> Confirmation:
+        change = effect.excess - 1.0
+        kind = "drop" if change < 0 else "rise"
+        reason = f"confirmed: {kind} of {100 * abs(change):.1f}% (p = {effect.p_value:.2g}, {rounds} rounds)"
+        return Confirmation(low, high, effect, True, kind, reason, z)
+
     def _paired(self, rounds: list[tuple[Visit, Visit]], offset: float) -> PairedEffect:
-        """The paired effect of high over low tokens, each visit corrected for the drift at its time."""
-        everything = self.visits()
-        _, drift_log = drift_profile(everything)
-        factor = {id(v): math.exp(g) for v, g in zip(everything, drift_log, strict=True)}
-        lows = [a.median_ms / factor[id(a)] for a, _ in rounds]
-        highs = [b.median_ms / factor[id(b)] for _, b in rounds]
-        return paired_effect(highs, lows, offset=offset)
+        """The paired effect of high over low tokens, each visit corrected for the drift at its time, its
+        t-test moderated by the noise of every other pair measured so far (`pomt.stats`). Borrowing
+        that noise assumes every round's two visits were taken in one state of the machine (`_steady`);
+        pairs whose rounds were not are tested on their own, and lend nothing."""
+        own = {(a.tokens, b.tokens) for a, b in rounds}
+        d = self._log_ratios(rounds)
+        if not self._steady(rounds):
+            return paired_effect(np.ones(d.size), np.exp(d), offset=offset)
+        others = [self._log_ratios(r) for pair, r in self.rounds.items() if pair not in own and self._steady(r)]
+        return paired_effect(np.ones(d.size), np.exp(d), offset=offset, prior=pooled_pair_noise(others))
+
+    def _steady(self, rounds: list[tuple[Visit, Visit]]) -> bool:
+        """Every round's two visits were taken in one state of the machine: the run's drift profile moved
+        by less than STEADY_ROUND between them (live, visits back to back; a replay whose recording had
+        them apart while the machine drifted fast fails)."""
+        self._log_ratios(rounds)  # fills the drift cache
+        g = self._drift[1]
+        return all(abs(g[id(a)] - g[id(b)]) < STEADY_ROUND for a, b in rounds)
+
+    def _log_ratios(self, rounds: list[tuple[Visit, Visit]]) -> np.ndarray:
+        """log(low / high) of each round, each visit corrected for the drift at its time."""
+        key = len(self.visits())
+        if self._drift is None or self._drift[0] != key:
+            everything = self.visits()
+            _, drift_log = drift_profile(everything)
+            self._drift = (key, {id(v): g for v, g in zip(everything, drift_log, strict=True)})
+        g = self._drift[1]
+        return np.array([math.log(a.median_ms / b.median_ms) - g[id(a)] + g[id(b)] for a, b in rounds])
 
     def record(self, reference_visits: int = 1) -> list[Visit]:
         """Every grid count in `passes` shuffled passes, nothing judged: a dense trace (`pomt record`)."""
@@ -436,7 +594,8 @@ class LatencySearch:
         try:
             self._calibrate()
             if self.adaptive:
-                self.measure_passes(self.coarse, s.coarse_passes)
+                self.measure_units(self.coarse, s.coarse_passes)
+                self.judge_anchors()
             else:
                 self.measure_passes(self.grid, s.passes)
             confirmations = self.examine()
@@ -464,6 +623,23 @@ class LatencySearch:
         )
 
 
+def expected_levels(points: list[CurvePoint]) -> dict[int, float]:
+    """The curve's smooth trend at each of its counts (`pomt.steps.trend`, noise from the points)."""
+    t = np.array([p.tokens for p in points], dtype=float)
+    smooth = trend(t, np.array([p.latency_ms for p in points]), float(np.median([p.se_ms for p in points])))
+    return dict(zip([p.tokens for p in points], smooth.tolist(), strict=True))
+
+
+def level_change(points: list[CurvePoint], low: int, high: int) -> tuple[float, float]:
+    """The curve's level change from `high` to `low` tokens over the trend's (a fraction, negative for
+    a drop) and its standard error."""
+    level = {p.tokens: p for p in points}
+    expected = expected_levels(points)
+    change = (level[low].latency_ms / expected[low]) / (level[high].latency_ms / expected[high]) - 1.0
+    se = math.hypot(level[low].se_ms / level[low].latency_ms, level[high].se_ms / level[high].latency_ms)
+    return change, se
+
+
 def confirmed_steps(points: list[CurvePoint], confirmations: list[Confirmation]) -> list[Step]:
     """A `Step` for every accepted confirmation, its levels from the pooled curve."""
     level = {p.tokens: p.latency_ms for p in points}
@@ -475,5 +651,6 @@ def confirmed_steps(points: list[CurvePoint], confirmations: list[Confirmation])
 
 
 __all__ = [
-    "Confirmation", "LatencySearch", "SearchResult", "SearchSettings", "confirmed_steps", "token_grid",
+    "Confirmation", "LatencySearch", "SearchResult", "SearchSettings", "confirmed_steps", "expected_levels",
+    "level_change", "token_grid",
 ]

@@ -169,6 +169,10 @@ def test_a_recorded_trace_replays_through_the_whole_computation(tmp_path):
     assert data["device"]["replayed_from"] == str(trace) and data["measurement"]["replay"] == str(trace)
     assert "verified" not in data  # nothing was measured here
     assert (tmp_path / f"{stem}.png").stat().st_size > 0
+    measured = data["measurement"]
+    screened = measured["screened_edges"]  # aligned edges (a - 1, a) its coarse rounds showed to be no step
+    assert measured["align"] == 8 and screened and all(high % 8 == 0 and low == high - 1 for low, high in screened)
+    assert f"{len(screened)} aligned edges no step by their coarse rounds" in result.stdout
     again = run_script("offline_computation.py", "--replay", str(trace), "--output-dir", str(tmp_path / "again"),
                        "--no-progress", "--passes", "2", "--confirm-rounds", "3")
     assert again.returncode == 0, again.stderr  # a replay is deterministic: the same steps again

@@ -37,8 +37,10 @@ def print_report(result: OfflineResult, batch_size: int) -> None:
             d = search.drift
             echo(f"drift      reference {d.reference_tokens} tokens read {min(d.reference_ms):.2f}-"
                  f"{max(d.reference_ms):.2f} ms over {len(d.reference_ms)} passes (max/min {d.max_over_min:.2f})")
-        rejected = [c for c in search.candidates if not c.accepted]
-        echo(f"steps      {len(search.steps)} confirmed by paired measurement, {len(rejected)} candidates not")
+        rejected = search.rejected_candidates
+        screened = f"; {len(search.screened)} aligned edges no step by their coarse rounds" if search.screened else ""
+        echo(f"steps      {len(search.steps)} confirmed by paired measurement, {len(rejected)} candidates not"
+             f"{screened}")
         for s in search.steps:
             low, high = s.paired_ci_pct
             echo(f"  {s.upper_tokens:>5d} -> {s.tokens:<5d} {s.before_ms:9.3f} -> {s.after_ms:9.3f} ms  {s.kind}: "
