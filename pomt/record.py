@@ -1,7 +1,9 @@
 """`pomt record`: a dense latency trace of one workload on this machine, for the curve bank.
 
 Every grid count is visited in `passes` shuffled passes, the reference N `reference_visits` times in each
-(a search visits it in every one of its many short passes, and a replay serves each recorded visit once).
+(a search visits it in every one of its many short passes, and a replay serves each recorded visit once),
+each multiple of `align` right beside the count below it (alternating order), as a search's coarse scan
+visits them, so a replay can serve those pairs back to back.
 Every timed forward is kept with its count, pass and time in `<stem>.record.csv`, the device fingerprint
 in its JSON sidecar; a killed recording continues with `--resume`. The trace is then analysed as the
 bank's ground truth is (`pomt.steps.steps_in_trace`) and drawn; `offline_computation.py --replay` runs
@@ -31,6 +33,9 @@ class RecordSettings:
     visit_s: float = option(0.1, "Seconds of timing a visit aims at, when --reps is not given.")
     reference_visits: int = option(3, "Visits of the reference (N) in each pass: a search visits it in every one of "
                                       "its many short passes, so a replayed search needs more of it.", min=1)
+    align: int = option(8, "Each multiple of it is visited right beside the count below, in alternating order, as "
+                           "an adaptive search's coarse scan does, so a replay serves those pairs as they were "
+                           "measured live (0: every count on its own).", min=0)
     min_step: float = option(0.05, "Smallest step the summary reports (fraction, beyond the trend).")
 
 
@@ -51,10 +56,11 @@ class Recording:
 def record(workload: Workload, settings: RecordSettings) -> Recording:
     """Record the workload's dense trace (see the module docstring)."""
     prepared = prepare(workload)
-    search_settings = SearchSettings(passes=settings.passes, reps=settings.reps, visit_s=settings.visit_s).check()
+    search_settings = SearchSettings(passes=settings.passes, reps=settings.reps, visit_s=settings.visit_s,
+                                     align=settings.align).check()
     journal = open_journal(workload, prepared, "record", "whole model, tokens truncated after embedding",
                            {"passes": settings.passes, "reps": settings.reps, "visit_s": settings.visit_s,
-                            "reference_visits": settings.reference_visits})
+                            "reference_visits": settings.reference_visits, "align": settings.align})
     session = live_session(workload, prepared, journal)
     started = time.perf_counter()
     search = LatencySearch(session, prepared.grid, prepared.geometry.num_tokens, search_settings, adaptive=False,
@@ -64,7 +70,7 @@ def record(workload: Workload, settings: RecordSettings) -> Recording:
     n = prepared.geometry.num_tokens
     seen = drift(visits, n)
     journal.update_meta(passes=settings.passes, reps=search.reps, stride=workload.grid_token_stride,
-                        drift=None if seen is None else seen.to_dict())
+                        align=settings.align, drift=None if seen is None else seen.to_dict())
     steps = steps_in_trace(visits, min_step=settings.min_step)
     stem = f"{prepared.setup.stem}.record"
     title = (f"{prepared.geometry.model} on {prepared.setup.fingerprint.get('name')}, batch {prepared.setup.batch_size}"

@@ -581,9 +581,13 @@ class LatencySearch:
         return np.array([math.log(a.median_ms / b.median_ms) - g[id(a)] + g[id(b)] for a, b in rounds])
 
     def record(self, reference_visits: int = 1) -> list[Visit]:
-        """Every grid count in `passes` shuffled passes, nothing judged: a dense trace (`pomt record`)."""
+        """Every grid count in `passes` shuffled passes, the aligned edges' two counts back to back as in
+        an adaptive search's coarse scan, nothing judged: a dense trace (`pomt record`)."""
         self._calibrate()
-        self.measure_passes(self.grid, self.settings.passes, reference_visits)
+        pairs = self._anchor_pairs()
+        paired = {n for pair in pairs for n in pair}
+        units = [*pairs, *((n,) for n in self.grid if n not in paired)]
+        self.measure_units(units, self.settings.passes, reference_visits)
         self._bar.close()
         return self.visits()
 

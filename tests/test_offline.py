@@ -151,7 +151,13 @@ def test_a_killed_recording_resumes_and_replays(tmp_path):
     assert len(trace.visits) == 4 * (35 + 3)  # every count in every pass, N three times (--reps: no calibration)
     assert trace.path.read_text().splitlines()[: len(before) - 2] == before[: len(before) - 2]
     assert {v.pass_index for v in trace.visits} == {1, 2, 3, 4}
-    assert trace.meta["passes"] == 4 and trace.meta["device"]["kind"] == "cpu"
+    assert trace.meta["passes"] == 4 and trace.meta["device"]["kind"] == "cpu" and trace.meta["align"] == 8
+    order = [v.tokens for v in trace.visits]
+    for p in range(4):  # each multiple of 8 right beside the count below, in alternating order
+        sequence = order[p * 38:(p + 1) * 38]
+        for n in range(8, 36, 8):
+            i = sequence.index(n)
+            assert sequence[i - 1 if p % 2 == 0 else i + 1] == n - 1
     assert (tmp_path / f"{STEM}.record.png").stat().st_size > 0
     replayed = _offline("--replay", str(path), "--passes", "2", out=tmp_path)
     assert replayed.returncode == 0, replayed.stderr
