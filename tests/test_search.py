@@ -204,7 +204,7 @@ def test_token_grid_errors(start, stop, stride):
 
 DATA = Path(__file__).parent / "data"
 DEEP = ["deit_tiny_bs1_amd_shuffled", "deit_small_bs1_amd_shuffled", "deit_tiny_bs4_amd_shuffled",
-        "deit_small_bs4_amd_shuffled"]
+        "deit_small_bs4_amd_shuffled", "deit_tiny_bs1_amd_aligned_shuffled", "deit_small_bs1_amd_aligned_shuffled"]
 SHALLOW = {"passes": 2, "coarse_passes": 2, "confirm_rounds": 3}  # what a 5-6 pass trace can serve
 
 
