@@ -5,7 +5,8 @@ Prints, per run: the confirmed steps (paired effect and interval), the removal R
 predicted gain and the verified speedup, the drift seen, and the visits used against the full grid's.
 Goal (issue 9): the same confirmed steps (+-2 tokens) and the same R (+-2) in every run, or every run
 removing 0 for the same reason; <= 1/5 of the full grid's evaluations in every run.
-Usage: python benchmarks/reproducibility.py [--runs 3] [--model deit_small] [--batch-size 4] [-- extra options]
+Usage: python benchmarks/reproducibility.py [--runs 3] [--model deit_small] [--batch-size 4] [--keep DIR]
+       [-- extra options]
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 2
 
 
-def run_once(model: str, batch_size: int, extra: list[str]) -> tuple[dict, float]:
-    with tempfile.TemporaryDirectory() as out:
+def run_once(model: str, batch_size: int, extra: list[str], keep: Path | None = None) -> tuple[dict, float]:
+    with tempfile.TemporaryDirectory() as scratch:
+        out = scratch if keep is None else str(keep)
         command = [sys.executable, str(ROOT / "offline_computation.py"), "--model", model, "--batch-size",
                    str(batch_size), "--output-dir", out, "--no-progress", *extra]
         start = time.perf_counter()
@@ -46,11 +48,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--model", default="deit_small")
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep each run's outputs (schedule, trace, plot) in KEEP/run-<i> to inspect or replay")
     parser.add_argument("extra", nargs="*", help="further offline_computation.py options (after --)")
     args = parser.parse_args()
     results = []
     for i in range(args.runs):
-        schedule, wall = run_once(args.model, args.batch_size, args.extra)
+        keep = None if args.keep is None else args.keep / f"run-{i + 1}"
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+        schedule, wall = run_once(args.model, args.batch_size, args.extra, keep)
         results.append(schedule)
         m, v, p = schedule["measurement"], schedule.get("verified") or {}, schedule["policy"]
         remove = sum(item["remove"] for item in schedule["prune"])
