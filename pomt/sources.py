@@ -105,11 +105,10 @@ class ReplaySource:
     A virtual clock starts at the trace's first timestamp and advances by what each served visit cost
     (its samples plus one untimed forward). A visit gets the recorded visit of its count nearest in time
     to that clock that has not been served yet. A paired round (`begin_pass` with two counts, or a pair
-    of counts a pass visits back to back, `begin_unit`) is served
-    the two unused recorded visits closest in time to each other (nearer the clock breaking ties): the
-    two sides of a pair come from as nearly the same moment of the recording as it allows, as live.
-    Served visits keep
-    their recorded time, so `pomt.stats.drift_profile` sees the recording's own drift. A recorded visit
+    of counts a pass visits back to back, `begin_unit`) is served the two unused recorded visits closest
+    in time to each other (nearer the clock breaking ties): the two sides of a pair come from as nearly
+    the same moment of the recording as it allows, as live. Served visits keep their recorded time, so
+    `pomt.stats.drift_profile` sees the recording's own drift. A recorded visit
     is never served twice: when a count's visits are used up the replay raises `TraceExhausted` (a
     replay cannot invent measurements). A visit keeps its recorded length whatever `reps` asks
     (`preferred_reps` tells a search the trace's own).

@@ -38,7 +38,8 @@ def print_report(result: OfflineResult, batch_size: int) -> None:
             echo(f"drift      reference {d.reference_tokens} tokens read {min(d.reference_ms):.2f}-"
                  f"{max(d.reference_ms):.2f} ms over {len(d.reference_ms)} passes (max/min {d.max_over_min:.2f})")
         rejected = search.rejected_candidates
-        screened = f"; {len(search.screened)} aligned edges no step by their coarse rounds" if search.screened else ""
+        edges = len(search.screened)
+        screened = f"; {edges} aligned edges showed none in their coarse rounds" if edges else ""
         echo(f"steps      {len(search.steps)} confirmed by paired measurement, {len(rejected)} candidates not"
              f"{screened}")
         for s in search.steps:
