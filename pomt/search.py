@@ -494,7 +494,9 @@ class LatencySearch:
         inside = [p.tokens for p in curve if low <= p.tokens <= high]
         if len(inside) <= 2:
             return low, high
-        size, a, b = max((abs(level_change(curve, a, b)[0]), a, b) for a, b in zip(inside, inside[1:], strict=False))
+        expected = expected_levels(curve)  # one trend fit for every interval inside
+        size, a, b = max((abs(level_change(curve, a, b, expected)[0]), a, b)
+                         for a, b in zip(inside, inside[1:], strict=False))
         return (a, b) if size >= self.settings.min_step else (low, high)
 
     def _next_counts(self, low: int, high: int) -> list[int]:
@@ -566,18 +568,21 @@ class LatencySearch:
         """Every round's two visits were taken in one state of the machine: the run's drift profile moved
         by less than STEADY_ROUND between them (live, visits back to back; a replay whose recording had
         them apart while the machine drifted fast fails)."""
-        self._log_ratios(rounds)  # fills the drift cache
-        g = self._drift[1]
+        g = self._drift_log()
         return all(abs(g[id(a)] - g[id(b)]) < STEADY_ROUND for a, b in rounds)
 
-    def _log_ratios(self, rounds: list[tuple[Visit, Visit]]) -> np.ndarray:
-        """log(low / high) of each round, each visit corrected for the drift at its time."""
+    def _drift_log(self) -> dict[int, float]:
+        """The log drift at every visit so far (by the visit's id), from `drift_profile`; cached per visit."""
         key = len(self.visits())
         if self._drift is None or self._drift[0] != key:
             everything = self.visits()
             _, drift_log = drift_profile(everything)
             self._drift = (key, {id(v): g for v, g in zip(everything, drift_log, strict=True)})
-        g = self._drift[1]
+        return self._drift[1]
+
+    def _log_ratios(self, rounds: list[tuple[Visit, Visit]]) -> np.ndarray:
+        """log(low / high) of each round, each visit corrected for the drift at its time."""
+        g = self._drift_log()
         return np.array([math.log(a.median_ms / b.median_ms) - g[id(a)] + g[id(b)] for a, b in rounds])
 
     def record(self, reference_visits: int = 1) -> list[Visit]:
@@ -634,11 +639,12 @@ def expected_levels(points: list[CurvePoint]) -> dict[int, float]:
     return dict(zip([p.tokens for p in points], smooth.tolist(), strict=True))
 
 
-def level_change(points: list[CurvePoint], low: int, high: int) -> tuple[float, float]:
+def level_change(points: list[CurvePoint], low: int, high: int,
+                 expected: dict[int, float] | None = None) -> tuple[float, float]:
     """The curve's level change from `high` to `low` tokens over the trend's (a fraction, negative for
-    a drop) and its standard error."""
+    a drop) and its standard error; `expected`: the curve's `expected_levels`, when already known."""
     level = {p.tokens: p for p in points}
-    expected = expected_levels(points)
+    expected = expected if expected is not None else expected_levels(points)
     change = (level[low].latency_ms / expected[low]) / (level[high].latency_ms / expected[high]) - 1.0
     se = math.hypot(level[low].se_ms / level[low].latency_ms, level[high].se_ms / level[high].latency_ms)
     return change, se

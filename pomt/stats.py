@@ -168,17 +168,8 @@ def relative_noise(values_by_count: dict[int, list[float]]) -> float:
     three or four visits per count; each residual is scaled by sqrt(m / (m - 1)) for the count's own
     median having absorbed part of it.
     """
-    residuals = []
-    for values in values_by_count.values():
-        m = len(values)
-        if m < 2:
-            continue
-        logs = np.log(np.asarray(values, dtype=float))
-        residuals.extend((logs - np.median(logs)) * math.sqrt(m / (m - 1)))
-    if not residuals:
-        return 0.0
-    r = np.asarray(residuals)
-    return float(MAD_TO_SD * np.median(np.abs(r - np.median(r))))
+    logs = [np.log(np.asarray(values, dtype=float)) for values in values_by_count.values()]
+    return pooled_pair_noise(logs)[0]
 
 
 def pool_visits(visits: Sequence[Visit], reference: int, window: int = DRIFT_WINDOW) -> list[CurvePoint]:
@@ -286,8 +277,9 @@ class PairedEffect:
 
 
 def pooled_pair_noise(log_ratios: Iterable[Sequence[float]]) -> tuple[float, int]:
-    """(robust SD of one paired log-ratio around its own pair's median, degrees of freedom), pooled over
-    pairs of two or more rounds the way `relative_noise` pools counts; (0, 0) without any."""
+    """(robust SD of one value around its own group's median, degrees of freedom), pooled over groups of
+    two or more values as `relative_noise` pools counts; (0, 0) without any. For a search's pairs, each
+    group is one pair's paired log-ratios."""
     residuals, df = [], 0
     for values in log_ratios:
         d = np.asarray(values, dtype=float)
