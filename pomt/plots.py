@@ -68,7 +68,8 @@ def plot_offline(
     notes = []
     if drift is not None:
         notes.append(f"drift during measurement: {drift.pct:.0f}% (reference {drift.reference_tokens})")
-    notes.append(f"{len(steps)} step{'s' if len(steps) != 1 else ''} confirmed, {len(rejected)} rejected")
+    plural = "s" if len(steps) != 1 else ""
+    notes.append(f"{len(steps)} step{plural} confirmed, {len(rejected)} rejected by paired test")
     for step in list(steps)[:STEPS_LISTED]:
         low, high = step.paired_ci_pct or (step.paired_pct, step.paired_pct)
         notes.append(f"  {step.upper_tokens}->{step.tokens}: {-step.paired_pct:+.1f}% [{-high:+.1f}, {-low:+.1f}]")
