@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from pomt.errors import CurveError, DatasetError
 from pomt.io import atomic_write_csv
+from pomt.runtime import parameter_dtype
 from pomt.tokens import truncate_tokens
 
 TOP1 = "top1"
@@ -132,14 +133,16 @@ def evaluate(
     reference: Forward,
     device: str = "cpu",
     progress: bool = True,
+    dtype: torch.dtype | None = None,
 ) -> tuple[dict, int]:
     """({key: fraction of images whose top-1 under forwards[key] equals the label (TOP1) or the reference
-    forward's top-1 (AGREEMENT)}, images seen); every image is loaded once for all forwards."""
+    forward's top-1 (AGREEMENT)}, images seen); every image is loaded once for all forwards, and cast to
+    `dtype` (the models' own, e.g. float16) when one is given."""
     correct = dict.fromkeys(forwards, 0)
     total = 0
     with torch.inference_mode():
         for index, (images, labels) in enumerate(_batches(loader, progress)):
-            images = images.to(device)
+            images = images.to(device, dtype)
             target = labels.to(device) if kind == TOP1 else _top1(reference(images, index), labels)
             for key, forward in forwards.items():
                 same = kind == AGREEMENT and forward is reference
@@ -194,7 +197,7 @@ def measure_accuracy(
 
     counts = sorted(set(token_counts))
     values, total = evaluate({n: pruned_to(n) for n in counts}, loader, kind, lambda images, _: model(images),
-                             device, progress)
+                             device, progress, dtype=parameter_dtype(model))
     return AccuracyCurve(values, kind, total)
 
 

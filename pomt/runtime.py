@@ -277,10 +277,16 @@ def _inference(model: nn.Module | Callable, example: torch.Tensor) -> Callable[[
     return run
 
 
-def _check_inputs(model: nn.Module, example: torch.Tensor, device: str) -> None:
+def parameter_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype of the model's weights, which its inputs must match; None for a model without any."""
     parameter = next(model.parameters(), None)
-    if parameter is not None and parameter.dtype != example.dtype:
-        raise ValueError(f"model parameters are {parameter.dtype} but the example is {example.dtype}; cast both")
+    return None if parameter is None else parameter.dtype
+
+
+def _check_inputs(model: nn.Module, example: torch.Tensor, device: str) -> None:
+    dtype = parameter_dtype(model)
+    if dtype is not None and dtype != example.dtype:
+        raise ValueError(f"model parameters are {dtype} but the example is {example.dtype}; cast both")
     if example.device.type != torch.device(device).type:
         raise ValueError(f"the example is on {example.device}, not on {device}")
 

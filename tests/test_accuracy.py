@@ -52,6 +52,15 @@ def test_agreement_on_unlabelled_folder(trained, tmp_path):
     assert curve.values[2] < 0.8
 
 
+def test_accuracy_of_a_half_precision_model_casts_the_images(tmp_path):
+    """Images load as float32; a model in bfloat16 (float16 on CUDA) is fed its own dtype, not an error."""
+    model = create_model(MODEL, input_size=SIZE).to(torch.bfloat16).eval()
+    folder = make_image_folder(tmp_path / "flat", per_class=2, seed=3, labelled=False)
+    loader, kind = loader_for(folder, model)
+    curve = measure_accuracy(model, loader, [2, 37], kind, progress=False)
+    assert curve.samples == 8 and curve.values[37] == 1.0 and 0 <= curve.values[2] <= 1
+
+
 def _same(x, _index):
     return x
 

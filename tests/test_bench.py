@@ -149,6 +149,16 @@ def test_end_to_end_schedule_and_reducers(tmp_path, capsys):
     assert "schedule" in out and "power is measured on NVIDIA GPUs only" in out
 
 
+def test_half_precision_benchmark_measures_accuracy(tmp_path):
+    """--dtype bfloat16 (float16 on CUDA): the accuracy images are cast to the models' dtype."""
+    args = "--model test_vit --input-size 96 --methods none,topk --remove 10 --rounds 2 --warmup 0 --threads 1"
+    main(["bench", *args.split(), "--dtype", "bfloat16", "--accuracy-samples", "4", "--no-profile",
+          "--output-dir", str(tmp_path)])
+    _, rows = read_csv(tmp_path / "test_vit_cpu_bs1_is96.benchmark.csv")
+    by = {r["method"]: r for r in rows}
+    assert float(by["none"]["accuracy"]) == 1.0 and 0 <= float(by["topk"]["accuracy"]) <= 1
+
+
 @pytest.mark.slow
 def test_match_flops_within_two_percent(tmp_path):
     schedule = write_schedule(tmp_path / "s.schedule.json", {3: 60})

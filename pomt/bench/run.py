@@ -40,7 +40,7 @@ from pomt.options import option
 from pomt.patching import token_counts
 from pomt.policy import predict_from_counts
 from pomt.run_setup import RunSetup, output_stem, prepare_run
-from pomt.runtime import Backend, backend_info, build_forward, check_backend, resolve_dtype
+from pomt.runtime import Backend, backend_info, build_forward, check_backend, parameter_dtype, resolve_dtype
 from pomt.schedule import Schedule, load_schedule
 from pomt.verify import cost_function
 from pomt.workload import BACKENDS, DTYPES
@@ -273,7 +273,8 @@ def _add_accuracy(
         dataset, kind = acc.random_images(samples, size, config.seed), acc.AGREEMENT
     loader = acc.whole_batches(dataset, samples, batch, config.seed)
     forwards = {v.name: lambda images, _, model=v.model: model(images) for v in variants}
-    scores, samples = acc.evaluate(forwards, loader, kind, forwards[BASELINE], device, progress=False)
+    scores, samples = acc.evaluate(forwards, loader, kind, forwards[BASELINE], device, progress=False,
+                                   dtype=parameter_dtype(variants[0].model))
     for name, score in scores.items():
         rows[name]["accuracy"] = score
     return kind, samples
