@@ -87,6 +87,7 @@ class OfflineResult:
 
     geometry: Geometry
     device: dict
+    batch_size: int  # the run's: a replay's is its trace's, whatever --batch-size says
     search: SearchResult | None = None
     accuracy: acc.AccuracyCurve | None = None
     decision: Decision | None = None
@@ -367,7 +368,7 @@ def run_offline(workload: Workload, config: OfflineConfig | None = None,
     validate(config, settings)
     run = prepare_replay(workload, config) if config.replay is not None else prepare_live(workload, config, settings)
     out, stem = Path(workload.output_dir), run.setup.stem
-    result = OfflineResult(geometry=run.geometry, device=run.setup.fingerprint)
+    result = OfflineResult(geometry=run.geometry, device=run.setup.fingerprint, batch_size=run.setup.batch_size)
     if config.accuracy_curve is not None:
         result.accuracy = acc.load_accuracy_curve(config.accuracy_curve, (run.geometry.min_tokens,
                                                                          run.geometry.num_tokens))

@@ -179,6 +179,7 @@ def test_a_recorded_trace_replays_through_the_whole_computation(tmp_path):
     screened = measured["screened_edges"]  # aligned edges (a - 1, a) its coarse rounds showed to be no step
     assert measured["align"] == 8 and screened and all(high % 8 == 0 and low == high - 1 for low, high in screened)
     assert f"{len(screened)} aligned edges showed none in their coarse rounds" in result.stdout
+    assert "224x224 px  batch 1  " in result.stdout  # the trace's batch, not --batch-size's default of 4
     again = run_script("offline_computation.py", "--replay", str(trace), "--output-dir", str(tmp_path / "again"),
                        "--no-progress", "--passes", "2", "--confirm-rounds", "3")
     assert again.returncode == 0, again.stderr  # a replay is deterministic: the same steps again

@@ -16,14 +16,14 @@ from pomt.workload import Workload
 def offline_command(workload: Workload, config: OfflineConfig, settings: SearchSettings) -> None:
     """Measure latency against kept tokens in shuffled passes, confirm its steps by paired measurement, choose a
     removal, verify it on the patched model, and save the schedule."""
-    print_report(run_offline(workload, config, settings), workload.batch_size)
+    print_report(run_offline(workload, config, settings))
 
 
-def print_report(result: OfflineResult, batch_size: int) -> None:
+def print_report(result: OfflineResult) -> None:
     """A short human report: geometry, measurement and drift, steps judged, choice, verification, files."""
     g, echo = result.geometry, typer.echo
     device = result.device
-    echo(f"model      {g.model}  {g.input_size[0]}x{g.input_size[1]} px  batch {batch_size}  "
+    echo(f"model      {g.model}  {g.input_size[0]}x{g.input_size[1]} px  batch {result.batch_size}  "
          f"N={g.num_tokens} (prefix {g.prefix_tokens})  depth {g.depth}")
     where = f"replay of {device['replayed_from']}, measured on " if device.get("replayed_from") else ""
     echo(f"device     {where}{device.get('name')}  threads {device.get('threads')}  "
