@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# The suite tests pomt where its answers are deterministic, on the CPU: a GPU on the machine stays hidden,
+# from the CLI subprocesses too, so that "auto" means cpu everywhere (file names, fingerprints, timings).
+# The CUDA paths are run by benchmarks/gpu_check.sh on an NVIDIA machine.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from tiny_data import make_image_folder, train_tiny_vit
 

@@ -179,7 +179,8 @@ def test_onnxruntime_sessions_do_not_spin_between_runs(tmp_path):
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
     path = tmp_path / "relu.onnx"
-    onnx.save(helper.make_model(graph), path)
+    # an opset and IR version every onnxruntime pomt supports reads, whatever onnx writes by default
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     session = onnxruntime_session(path, "cpu", threads=2)
     options = session.get_session_options()
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
