@@ -1,44 +1,77 @@
 #!/usr/bin/env bash
-# The CUDA paths in one go, for a machine with an NVIDIA GPU: device state through NVML, the clock script's
-# status (lock/unlock as dry runs only: nothing is changed), the runtimes that run there, the offline
-# computation in float32 and float16, and the side-by-side benchmark at 224 and 448 px with pomt, top-k
-# and ToMe. Everything it prints also goes to OUT/gpu_log.txt; results land in OUT/bin.
-# Usage: bash benchmarks/gpu_check.sh [OUT]   (default OUT: bin/gpu_check; PYTHON overrides the interpreter)
+# The CUDA paths, for a machine with an NVIDIA GPU, in three parts that each fit in a few minutes:
+#   setup:   device state through NVML, the clock script's status (lock/unlock as dry runs only: nothing is
+#            changed), the runtimes that run there, and the fast tests with the GPU present;
+#   offline: the offline computation in float32 (deit_base batch 4) and float16 (batch 64), and a dense
+#            recorded trace of the float16 workload replayed through the offline computation;
+#   bench:   the side-by-side benchmark at 224 and 448 px with pomt, top-k and ToMe, and the float32
+#            schedule against FLOP-matched top-k and ToMe (needs the offline part's schedule in OUT/bin).
+# Everything it prints also goes to OUT/gpu_log_PART.txt; results land in OUT/bin.
+# Usage: bash benchmarks/gpu_check.sh [OUT] [setup|offline|bench|all]
+#        (default OUT: bin/gpu_check, part: all; PYTHON overrides the interpreter)
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=$(realpath -m "${1:-$ROOT/bin/gpu_check}")
+PART=${2:-all}
 cd "$ROOT" || exit 2
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 mkdir -p "$OUT/bin"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-exec > >(tee "$OUT/gpu_log.txt") 2>&1
+exec > >(tee -a "$OUT/gpu_log_$PART.txt") 2>&1
 
-step() { echo; echo "== $*"; }
-step environment
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,persistence_mode --format=csv
-"$PYTHON" -c "import torch, timm; print('torch', torch.__version__, 'timm', timm.__version__, 'cuda', torch.cuda.is_available())"
-step "pomt device (NVML)"
-"$PYTHON" -m pomt device --device cuda --json
-step "clock script (status; lock and unlock as dry runs)"
-bash scripts/lock_clocks.sh status
-bash scripts/lock_clocks.sh --dry-run lock
-bash scripts/lock_clocks.sh --dry-run unlock
-step backends
-"$PYTHON" -m pomt backend --device cuda
-"$PYTHON" -m pomt backend tensorrt --device cuda
-step "offline: deit_base batch 4, float32"
-timeout 600 "$PYTHON" offline_computation.py --model deit_base --batch-size 4 --device cuda --output-dir "$OUT/bin" \
-  --no-progress
-step "offline: deit_base batch 64, float16"
-timeout 600 "$PYTHON" offline_computation.py --model deit_base --batch-size 64 --device cuda --dtype float16 \
-  --output-dir "$OUT/bin" --no-progress
-step "benchmark: 224 px, batch 64"
-timeout 600 "$PYTHON" benchmark.py --model deit_base --batch-size 64 --device cuda --methods none,pomt,topk,tome \
-  --remove 98 --r 8 --rounds 20 --power-seconds 1 --output-dir "$OUT/bin"
-step "benchmark: 448 px, batch 16"
-timeout 600 "$PYTHON" benchmark.py --model deit_base --batch-size 16 --input-size 448 --device cuda \
-  --methods none,pomt,topk,tome --remove 392 --r 32 --rounds 20 --power-seconds 1 --output-dir "$OUT/bin"
-step "benchmark: the float32 schedule against FLOP-matched top-k and ToMe"
-timeout 600 "$PYTHON" benchmark.py --schedule "$OUT/bin/deit_base_patch16_224_cuda_bs4_is224.schedule.json" \
-  --device cuda --methods none,topk,tome --match-flops --rounds 20 --power-seconds 1 --output-dir "$OUT/bin"
+step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
+
+setup() {
+  step environment
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,persistence_mode \
+    --format=csv
+  "$PYTHON" -c "import torch, timm; print('torch', torch.__version__, 'timm', timm.__version__, 'cuda', torch.cuda.is_available())"
+  step "pomt device (NVML)"
+  "$PYTHON" -m pomt device --device cuda --json
+  step "clock script (status; lock and unlock as dry runs)"
+  bash scripts/lock_clocks.sh status
+  bash scripts/lock_clocks.sh --dry-run lock
+  bash scripts/lock_clocks.sh --dry-run unlock
+  step backends
+  "$PYTHON" -m pomt backend --device cuda
+  "$PYTHON" -m pomt backend tensorrt --device cuda
+  step "fast tests with the GPU present"
+  timeout 240 "$PYTHON" -m pytest -q -p no:cacheprovider -m "not slow"
+}
+
+offline() {
+  step "offline: deit_base batch 4, float32"
+  timeout 200 "$PYTHON" offline_computation.py --model deit_base --batch-size 4 --device cuda --output-dir "$OUT/bin" \
+    --no-progress
+  step "offline: deit_base batch 64, float16"
+  timeout 200 "$PYTHON" offline_computation.py --model deit_base --batch-size 64 --device cuda --dtype float16 \
+    --output-dir "$OUT/bin" --no-progress
+  step "record: deit_base batch 64, float16, every count in 6 shuffled passes"
+  timeout 200 "$PYTHON" -m pomt record --model deit_base --batch-size 64 --device cuda --dtype float16 --passes 6 \
+    --output-dir "$OUT/bin" --no-progress
+  step "offline on the recorded trace (replay)"
+  trace=$(find "$OUT/bin" -maxdepth 1 -name "*.record.csv" | head -1)
+  [ -n "$trace" ] && timeout 120 "$PYTHON" offline_computation.py --replay "$trace" --output-dir "$OUT/bin/replay" \
+    --no-progress
+}
+
+bench() {
+  step "benchmark: 224 px, batch 64"
+  timeout 200 "$PYTHON" benchmark.py --model deit_base --batch-size 64 --device cuda --methods none,pomt,topk,tome \
+    --remove 98 --r 8 --rounds 20 --power-seconds 1 --output-dir "$OUT/bin"
+  step "benchmark: 448 px, batch 16"
+  timeout 200 "$PYTHON" benchmark.py --model deit_base --batch-size 16 --input-size 448 --device cuda \
+    --methods none,pomt,topk,tome --remove 392 --r 32 --rounds 20 --power-seconds 1 --output-dir "$OUT/bin"
+  step "benchmark: the float32 schedule against FLOP-matched top-k and ToMe"
+  timeout 150 "$PYTHON" benchmark.py --schedule "$OUT/bin/deit_base_patch16_224_cuda_bs4_is224.schedule.json" \
+    --device cuda --methods none,topk,tome --match-flops --rounds 20 --power-seconds 1 --output-dir "$OUT/bin"
+}
+
+case "$PART" in
+  setup) setup ;;
+  offline) offline ;;
+  bench) bench ;;
+  all) setup; offline; bench ;;
+  *) echo "gpu_check.sh: unknown part '$PART' (setup, offline, bench or all)"; exit 2 ;;
+esac
 ls -la "$OUT/bin"
