@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -34,6 +33,7 @@ from pomt.trace import Visit
 MEDIAN_SE = 1.2533  # standard error of a median relative to that of a mean, for normal samples
 MAD_TO_SD = 1.4826  # median absolute deviation of a normal distribution in standard deviations
 DRIFT_WINDOW = 8  # visits on each side that estimate the drift at a visit
+STEADY_SPREADS = 4.0  # counts are unlike when some scatter this many times more than the steadiest quarter
 OUTLIER_SD = 5.0  # paired log-ratios this many robust SDs from their median are interference, not signal
 SCREEN_MIN_PAIRS = 6  # fewer pairs cannot tell an interfered pair from an unlucky one (without a prior)
 PRIOR_ROUNDS = 20  # most degrees of freedom a pooled noise prior lends one paired test
@@ -113,9 +113,10 @@ def drift_profile(visits: Sequence[Visit], window: int = DRIFT_WINDOW,
     """(log level per count, log drift per visit in the given order); see the module docstring.
 
     The drift at a visit is the median, over up to `window` visits on each side in time (itself left
-    out), of what their counts' levels do not explain; only counts visited at least twice inform it.
-    Its median over the run is 0, so levels are latencies at the run's typical speed. Valid for
-    shuffled visit orders only: in one ascending sweep, time and token count are the same axis.
+    out), of what their counts' levels do not explain; only counts visited at least twice inform it, each
+    weighted by how steady its own visits are (`_steadiness`). Its median over the run is 0, so levels
+    are latencies at the run's typical speed. Valid for shuffled visit orders only: in one ascending
+    sweep, time and token count are the same axis.
     """
     if not visits:
         return {}, np.zeros(0)
@@ -128,7 +129,7 @@ def drift_profile(visits: Sequence[Visit], window: int = DRIFT_WINDOW,
     for _ in range(iterations):
         level = {n: float(np.median(y[m] - g[m])) for n, m in members.items()}
         residual = np.where(informative, y - np.array([level[n] for n in tokens]), np.nan)
-        new = _neighbour_median(residual, window)
+        new = _neighbour_median(residual, window, _steadiness(residual, members))
         new -= np.median(new)
         if np.allclose(new, g, atol=1e-6):
             g = new
@@ -140,16 +141,51 @@ def drift_profile(visits: Sequence[Visit], window: int = DRIFT_WINDOW,
     return level, drift_at
 
 
-def _neighbour_median(values: np.ndarray, window: int) -> np.ndarray:
-    """For each position, the median of the non-NaN values within `window` on each side, itself left out
-    (0 where there are none)."""
-    padded = np.concatenate([np.full(window, np.nan), values, np.full(window, np.nan)])
-    around = np.lib.stride_tricks.sliding_window_view(padded, 2 * window + 1).copy()
+def _steadiness(residual: np.ndarray, members: dict) -> np.ndarray:
+    """Weight of each visit's residual in the drift estimate. Where counts are alike (a CPU's robust
+    spreads s_n lie within a few times of each other: the upper quartile under STEADY_SPREADS times the
+    lower) every weight is 1. Where they are not (a GPU's launch-bound counts flip between a fast and a
+    slow host state visit by visit, while its compute-bound counts hold within 1%), a count scattering
+    more than c = STEADY_SPREADS times the lower quartile weighs (c / s_n)^2, so those flips do not
+    leak into the drift that corrects the steady counts."""
+    weight = np.ones(residual.size)
+    spread = {n: MAD_TO_SD * float(np.nanmedian(np.abs(residual[m] - np.nanmedian(residual[m]))))
+              for n, m in members.items() if np.isfinite(residual[m]).sum() >= 2}
+    if not spread:
+        return weight
+    lower, upper = np.percentile(list(spread.values()), [25, 75])
+    cut = STEADY_SPREADS * float(lower)
+    if upper <= cut:
+        return weight
+    for n, m in members.items():
+        if spread.get(n, 0.0) > cut:
+            weight[m] = (cut / spread[n]) ** 2
+    return weight
+
+
+def _neighbour_median(values: np.ndarray, window: int, weights: np.ndarray | None = None) -> np.ndarray:
+    """For each position, the (weighted) median of the non-NaN values within `window` on each side,
+    itself left out (0 where there are none). With equal weights it is the plain median."""
+    if weights is None:
+        weights = np.ones(values.size)
+    pad = np.full(window, np.nan)
+    around = np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, values, pad]), 2 * window + 1).copy()
+    mass = np.lib.stride_tricks.sliding_window_view(
+        np.concatenate([np.zeros(window), weights, np.zeros(window)]), 2 * window + 1).copy()
     around[:, window] = np.nan
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows
-        medians = np.nanmedian(around, axis=1)
-    return np.nan_to_num(medians, nan=0.0)
+    mass[np.isnan(around)] = 0.0
+    order = np.argsort(np.where(np.isnan(around), np.inf, around), axis=1, kind="stable")
+    ranked = np.take_along_axis(around, order, axis=1)
+    cumulative = np.cumsum(np.take_along_axis(mass, order, axis=1), axis=1)
+    half = 0.5 * cumulative[:, -1:]
+    below = np.argmax(cumulative >= half * (1 - 1e-12), axis=1)  # first value holding half the weight
+    rows = np.arange(values.size)
+    lower = ranked[rows, below]
+    # exactly half the weight at or below it (an even count of equal weights): the midpoint, as np.median
+    tie = np.isclose(cumulative[rows, below], half[:, 0], rtol=1e-9, atol=0) & (below + 1 < ranked.shape[1])
+    upper = ranked[rows, np.minimum(below + 1, ranked.shape[1] - 1)]
+    medians = np.where(tie & np.isfinite(upper), 0.5 * (lower + upper), lower)
+    return np.where(cumulative[:, -1] > 0, np.nan_to_num(medians, nan=0.0), 0.0)
 
 
 def corrected_values(visits: Sequence[Visit], window: int = DRIFT_WINDOW) -> dict[int, list[float]]:
