@@ -155,7 +155,7 @@ def _steadiness(residual: np.ndarray, members: dict) -> np.ndarray:
         return weight
     lower, upper = np.percentile(list(spread.values()), [25, 75])
     cut = STEADY_SPREADS * float(lower)
-    if upper <= cut:
+    if upper <= cut or cut <= 0:  # alike, or a quarter of the counts without any spread to scale by
         return weight
     for n, m in members.items():
         if spread.get(n, 0.0) > cut:
