@@ -5,8 +5,12 @@ Prints, per run: the confirmed steps (paired effect and interval), the removal R
 predicted gain and the verified speedup, the drift seen, and the visits used against the full grid's.
 Goal (issue 9): the same confirmed steps (+-2 tokens) and the same R (+-2) in every run, or every run
 removing 0 for the same reason; <= 1/5 of the full grid's evaluations in every run.
+
+Against a recorded trace (`-- --replay TRACE.csv`) the same seed replays the same visits, so the answer is
+the same by construction: `--vary-seed` gives run i `--seed i` (its own pass orders and so its own recorded
+visits), which asks without any timing whether the answer depends on which visits a run happened to get.
 Usage: python benchmarks/reproducibility.py [--runs 3] [--model deit_small] [--batch-size 4] [--keep DIR]
-       [-- extra options]
+       [--vary-seed] [-- extra options]
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep each run's outputs (schedule, trace, plot) in KEEP/run-<i> to inspect or replay")
+    parser.add_argument("--vary-seed", action="store_true",
+                        help="run i gets --seed i (for --replay, where one seed replays the same visits)")
     parser.add_argument("extra", nargs="*", help="further offline_computation.py options (after --)")
     args = parser.parse_args()
     results = []
@@ -57,7 +63,8 @@ def main() -> None:
         keep = None if args.keep is None else args.keep / f"run-{i + 1}"
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
-        schedule, wall = run_once(args.model, args.batch_size, args.extra, keep)
+        extra = [*args.extra, "--seed", str(i)] if args.vary_seed else args.extra
+        schedule, wall = run_once(args.model, args.batch_size, extra, keep)
         results.append(schedule)
         m, v, p = schedule["measurement"], schedule.get("verified") or {}, schedule["policy"]
         remove = sum(item["remove"] for item in schedule["prune"])

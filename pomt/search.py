@@ -19,8 +19,10 @@ Measurement design (so that a machine whose speed drifts does not shape the curv
   alternately at its two counts (A B, B A, ... for `confirm_rounds` rounds, in the same warm state; rounds
   the design already holds count). It is accepted when the paired log-ratio, less what the smooth trend
   predicts across it, differs from 0 by a t-test at `alpha`, by at least `min_step`, on at least
-  MIN_ROUNDS rounds. The test borrows the noise of the other pairs measured (a moderated t-test,
-  `pomt.stats.paired_effect`) when all its rounds were taken in one state of the machine (`_steady`).
+  MIN_ROUNDS rounds, at up to three looks that share `alpha` (`confirmation_looks`; the third, at twice
+  `confirm_rounds`, only for a candidate still promising). The test borrows the noise of the other
+  pairs measured (a moderated t-test, `pomt.stats.paired_effect`) when all its rounds were taken in one
+  state of the machine (`_steady`).
   Only confirmed steps are reported; a non-monotone edge (fewer tokens, more time) is confirmed the same
   way. The curve a search returns is reconciled with its paired rounds (`pomt.stats.reconcile_levels`).
 A visit is one untimed forward at the new count and `reps` timed forwards; the budget, the full grid's
@@ -56,7 +58,8 @@ from pomt.steps import Step, detect_steps, paired_step, trend
 from pomt.trace import Visit
 
 CALIBRATION_REPS = 3
-FIRST_LOOK = 0.5  # share of alpha spent on the early look of a confirmation
+LOOK_ALPHAS = (0.5, 0.4, 0.1)  # shares of alpha at a confirmation's looks (half, all, twice its rounds)
+PROMISING = 0.1  # p below which a candidate of at least the minimum step earns the extra look
 LEAST_CANDIDATES = 3  # candidates the smallest adaptive budget can still examine
 FOCUS = 3  # candidates an adaptive round works on at once, most significant first
 STEADY_ROUND = 0.03  # drift (log) between a round's two visits below which it counts as taken in one state
@@ -403,12 +406,13 @@ class LatencySearch:
 
     def judge_anchors(self) -> None:
         """Judge each anchor pair on the paired rounds the coarse passes hold, at confirmation's first look:
-        a step significant at FIRST_LOOK x alpha and at least `min_step` is confirmed; one whose estimate
-        lies clearly below `min_step` (by 2 standard errors), or less than `candidate_k` standard errors
-        from the trend (the detector's bar for a candidate), is rejected; the rest stay candidates
-        (`pending`, with that ratio as significance), confirmed like any other by more rounds."""
+        a step significant at that look's share of alpha (LOOK_ALPHAS) and at least `min_step` is
+        confirmed; one whose estimate lies clearly below `min_step` (by 2 standard errors), or less than
+        `candidate_k` standard errors from the trend (the detector's bar for a candidate), is rejected;
+        the rest stay candidates (`pending`, with that ratio as significance), confirmed like any other
+        by more rounds."""
         s = self.settings
-        first_alpha = FIRST_LOOK * s.step_alpha
+        first_alpha = LOOK_ALPHAS[0] * s.step_alpha
         for pair in self.anchors:
             rounds = self.design_rounds(*pair)
             if len(rounds) >= 3:
@@ -508,18 +512,25 @@ class LatencySearch:
     def confirm(self, low: int, high: int, z: float) -> Confirmation:
         """Measure `low` and `high` alternately and judge the step between them (see the module doc).
 
-        Two looks: after half the rounds at FIRST_LOOK x alpha, and after all of them at the rest of
-        alpha (so the two together keep the false-step rate at alpha); a clear step stops at the first. Each visit is
-        taken with the drift at its time divided out (the profile of every visit so far): live, the two
-        visits of a round are adjacent and the correction barely moves their ratio; in a replay, where
-        they may come from different moments of the recording, it restores the pairing.
+        Up to three looks (`confirmation_looks`): after half the rounds, after all of them, and - only for
+        a candidate still promising then (at least `min_step`, p below PROMISING) and while the budget
+        allows - after twice as many; each look tests at its share of alpha, so together they keep the
+        false-step rate at alpha. A clear step stops at the first look; a real step that its rounds leave
+        just short of significance gets more rounds instead of a verdict that the next run may reverse.
+        Each visit is taken with the drift at its time divided out (the profile of every visit so far):
+        live, the two visits of a round are adjacent and the correction barely moves their ratio; in a
+        replay, where they may come from different moments of the recording, it restores the pairing.
         """
         s = self.settings
-        looks = sorted({max(3, s.confirm_rounds // 2), s.confirm_rounds})
-        alphas = [s.step_alpha] if len(looks) == 1 else [FIRST_LOOK * s.step_alpha, (1 - FIRST_LOOK) * s.step_alpha]
         rounds = self.design_rounds(low, high)
         offset = self._trend_offset(low, high)
-        for look, alpha in zip(looks, alphas, strict=True):
+        effect, alpha = None, s.step_alpha
+        looks = confirmation_looks(s.confirm_rounds)
+        for i, (look, share) in enumerate(looks):
+            if i == len(looks) - 1 and not (effect.p_value < PROMISING and abs(effect.excess - 1.0) >= s.min_step
+                               and self._left() >= 2 * (look - len(rounds))):
+                break
+            alpha = share * s.step_alpha
             while len(rounds) < look:
                 order = (high, low) if len(rounds) % 2 == 0 else (low, high)
                 self.session.begin_pass(self._new_pass(), order)
@@ -528,11 +539,11 @@ class LatencySearch:
                 self.rounds[(low, high)] = rounds
                 self.paired.extend(taken.values())
             effect = self._paired(rounds, offset)
-            change = effect.excess - 1.0
             if self._convincing(effect, alpha):
                 return self._accepted(low, high, effect, len(rounds), z)
-        if effect.p_value >= alphas[-1]:
-            reason = f"not significant (p = {effect.p_value:.2g} >= {alphas[-1]:.2g})"
+        change = effect.excess - 1.0
+        if effect.p_value >= alpha:
+            reason = f"not significant (p = {effect.p_value:.2g} >= {alpha:.2g}, {len(rounds)} rounds)"
         elif effect.pairs < MIN_ROUNDS:
             reason = f"too few rounds left after interference screening ({effect.pairs} < {MIN_ROUNDS})"
         else:
@@ -632,6 +643,17 @@ class LatencySearch:
         )
 
 
+def confirmation_looks(confirm_rounds: int) -> list[tuple[int, float]]:
+    """(rounds, share of alpha) of each look of a confirmation: half the rounds (at least three), all of
+    them, and twice as many for a candidate still promising (LOOK_ALPHAS; the first two merge, shares
+    added, when they coincide). The shares sum to 1: a Bonferroni split over the looks."""
+    looks: dict[int, float] = {}
+    for rounds, share in zip((max(3, confirm_rounds // 2), confirm_rounds, 2 * confirm_rounds), LOOK_ALPHAS,
+                             strict=True):
+        looks[rounds] = looks.get(rounds, 0.0) + share
+    return sorted(looks.items())
+
+
 def expected_levels(points: list[CurvePoint]) -> dict[int, float]:
     """The curve's smooth trend at each of its counts (`pomt.steps.trend`, noise from the points)."""
     t = np.array([p.tokens for p in points], dtype=float)
@@ -661,6 +683,6 @@ def confirmed_steps(points: list[CurvePoint], confirmations: list[Confirmation])
 
 
 __all__ = [
-    "Confirmation", "LatencySearch", "SearchResult", "SearchSettings", "confirmed_steps", "expected_levels",
-    "level_change", "token_grid",
+    "LOOK_ALPHAS", "Confirmation", "LatencySearch", "SearchResult", "SearchSettings", "confirmation_looks",
+    "confirmed_steps", "expected_levels", "level_change", "token_grid",
 ]
