@@ -250,6 +250,16 @@ def test_a_gpu_trace_whose_launch_bound_counts_flip_host_states_shows_no_step():
     assert not steps_in_trace(trace.visits, min_step=0.05)
 
 
+def test_a_replayed_round_far_from_its_pair_cannot_carry_a_step_alone():
+    """The H100 trace holds only its aligned edges back to back: a replayed round of 174 and 175 pairs
+    visits recorded seconds apart, one of them (seed 2) in a slow host state. Its three rounds read -2.4%,
+    -3.6% and -12.3% (p = 0.002), a false 5.6% step that shipped R = 23 where every other seed shipped 0;
+    without that round the rest read less than the minimum step, so three rounds do not settle it."""
+    trace = read_trace(DATA / "deit_base_bs64_fp16_h100_shuffled.csv")
+    found, _ = search(trace, seed=2, focus_from=148)
+    assert not [s for s in found.steps if s.tokens >= 148], [(s.upper_tokens, s.tokens) for s in found.steps]
+
+
 @pytest.mark.parametrize(("seed", "focus_from"), [(0, None), (1, 148), (3, 148)])
 def test_the_cliff_next_to_n_is_confirmed_and_one_more_token_pays(seed, focus_from):
     """deit_small at batch 4 on the AMD VM runs about 9% faster at 194 kept tokens than at 196-197, whatever
