@@ -21,9 +21,8 @@ Measurement design (so that a machine whose speed drifts does not shape the curv
   predicts across it, differs from 0 by a t-test at `alpha`, by at least `min_step`, on at least
   MIN_ROUNDS rounds, at up to three looks that share `alpha` (`confirmation_looks`; the third, at twice
   `confirm_rounds`, only for a candidate still promising); while the rounds are few, no single round
-  may carry the verdict. The test borrows the noise of the other
-  pairs measured (a moderated t-test, `pomt.stats.paired_effect`) when all its rounds were taken in one
-  state of the machine (`_steady`).
+  may carry the verdict. The test borrows the noise of the other pairs measured (a moderated t-test,
+  `pomt.stats.paired_effect`) when all its rounds were taken in one state of the machine (`_steady`).
   Only confirmed steps are reported; a non-monotone edge (fewer tokens, more time) is confirmed the same
   way. The curve a search returns is reconciled with its paired rounds (`pomt.stats.reconcile_levels`).
 A visit is one untimed forward at the new count and `reps` timed forwards; the budget, the full grid's
@@ -529,8 +528,7 @@ class LatencySearch:
         effect, alpha = None, s.step_alpha
         looks = confirmation_looks(s.confirm_rounds)
         for i, (look, share) in enumerate(looks):
-            if i == len(looks) - 1 and not (effect.p_value < PROMISING and abs(effect.excess - 1.0) >= s.min_step
-                               and self._left() >= 2 * (look - len(rounds))):
+            if i == len(looks) - 1 and not self._earns_extra_look(effect, 2 * (look - len(rounds))):
                 break
             alpha = share * s.step_alpha
             while len(rounds) < look:
@@ -553,6 +551,12 @@ class LatencySearch:
         else:
             reason = f"carried by one of its {len(rounds)} rounds: without it the rest read less than the minimum step"
         return Confirmation(low, high, effect, False, "none", reason, z)
+
+    def _earns_extra_look(self, effect: PairedEffect, cost: int) -> bool:
+        """Still promising after the regular looks (at least `min_step`, p below PROMISING), and the budget
+        can pay the `cost` visits of the extra rounds."""
+        return (effect.p_value < PROMISING and abs(effect.excess - 1.0) >= self.settings.min_step
+                and self._left() >= cost)
 
     def _convincing(self, effect: PairedEffect, alpha: float, rounds: list[tuple[Visit, Visit]]) -> bool:
         """Significant at `alpha`, at least `min_step`, carried by at least MIN_ROUNDS rounds that
