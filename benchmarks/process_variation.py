@@ -6,7 +6,8 @@ about 9% faster one token below N in one offline run and showed no step there in
 measurement agreed with itself within each run (paired rounds, then the patched model verified), so the
 step itself moved between processes. This benchmark measures that directly: per process, each count's
 level relative to N (pooled over shuffled passes, drift-corrected) and the steps its trace confirms
-(`pomt.steps.steps_in_trace`); then whether the steps agree across processes within +-2 tokens.
+(`pomt.steps.steps_in_trace`); then each step with the number of processes that confirmed it
+(within +-2 tokens, same kind).
 Usage: python benchmarks/process_variation.py [--processes 4] [--model deit_small] [--batch-size 4]
        [--below 8] [--passes 10] [--min-step 0.03] [-- extra pomt record options]
 """
@@ -41,10 +42,17 @@ def record_band(model: str, batch_size: int, lowest: int, passes: int, extra: li
     return trace
 
 
-def agree(a: list[Step], b: list[Step]) -> bool:
-    def match(s: Step, others: list[Step]) -> bool:
-        return any(abs(s.tokens - o.tokens) <= TOLERANCE and s.kind == o.kind for o in others)
-    return all(match(s, b) for s in a) and all(match(s, a) for s in b)
+def match(step: Step, others: list[Step]) -> bool:
+    return any(abs(step.tokens - o.tokens) <= TOLERANCE and step.kind == o.kind for o in others)
+
+
+def persistence(found: list[list[Step]]) -> list[tuple[Step, int]]:
+    """Each distinct step (the first process's reading of it, by kind and +-TOLERANCE tokens) with the
+    number of processes that confirmed it."""
+    distinct: list[Step] = []
+    for steps in found:
+        distinct += [s for s in steps if not match(s, distinct)]
+    return [(s, sum(match(s, steps) for steps in found)) for s in sorted(distinct, key=lambda s: -s.tokens)]
 
 
 def main() -> None:
@@ -71,8 +79,11 @@ def main() -> None:
         listed = ", ".join(f"{s.upper_tokens}->{s.tokens} {-s.paired_pct:+.1f}%" for s in steps) or "none"
         print(f"process {i + 1}: level / level at N = {shown}")
         print(f"           steps of {100 * args.min_step:g}% or more its trace confirms: {listed}")
-    same = all(agree(found[0], s) for s in found[1:])
-    print(f"\nsteps {'agree' if same else 'DIFFER'} across {args.processes} processes within +-{TOLERANCE} tokens")
+    print(f"\nsteps, and the processes (of {args.processes}) that confirmed each within +-{TOLERANCE} tokens:")
+    for step, seen in persistence(found):
+        print(f"  {step.upper_tokens}->{step.tokens} {step.kind}: {seen}/{args.processes}")
+    every = sum(seen == args.processes for _, seen in persistence(found))
+    print(f"steps every process confirmed: {every}; steps only some did: {len(persistence(found)) - every}")
 
 
 if __name__ == "__main__":
