@@ -20,14 +20,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from reproducibility import ROOT, TOLERANCE, seen_in
+
 from pomt.geometry import model_geometry
 from pomt.models import create_model
 from pomt.stats import pool_visits
 from pomt.steps import Step, steps_in_trace
 from pomt.trace import read_trace
-
-ROOT = Path(__file__).resolve().parents[1]
-TOLERANCE = 2
 
 
 def record_band(model: str, batch_size: int, lowest: int, passes: int, extra: list[str], out: Path) -> Path:
@@ -42,17 +41,14 @@ def record_band(model: str, batch_size: int, lowest: int, passes: int, extra: li
     return trace
 
 
-def match(step: Step, others: list[Step]) -> bool:
-    return any(abs(step.tokens - o.tokens) <= TOLERANCE and step.kind == o.kind for o in others)
-
-
-def persistence(found: list[list[Step]]) -> list[tuple[Step, int]]:
-    """Each distinct step (the first process's reading of it, by kind and +-TOLERANCE tokens) with the
-    number of processes that confirmed it."""
-    distinct: list[Step] = []
-    for steps in found:
-        distinct += [s for s in steps if not match(s, distinct)]
-    return [(s, sum(match(s, steps) for steps in found)) for s in sorted(distinct, key=lambda s: -s.tokens)]
+def persistence(found: list[list[Step]]) -> list[tuple[dict, int]]:
+    """Each distinct step (the first process's reading of it; the same step as `reproducibility.py` judges
+    it) with the number of processes that confirmed it."""
+    readings = [[s.to_dict() for s in steps] for steps in found]
+    distinct: list[dict] = []
+    for steps in readings:
+        distinct += [s for s in steps if not seen_in(s, distinct)]
+    return [(s, sum(seen_in(s, steps) for steps in readings)) for s in sorted(distinct, key=lambda s: -s["tokens"])]
 
 
 def main() -> None:
@@ -80,10 +76,11 @@ def main() -> None:
         print(f"process {i + 1}: level / level at N = {shown}")
         print(f"           steps of {100 * args.min_step:g}% or more its trace confirms: {listed}")
     print(f"\nsteps, and the processes (of {args.processes}) that confirmed each within +-{TOLERANCE} tokens:")
-    for step, seen in persistence(found):
-        print(f"  {step.upper_tokens}->{step.tokens} {step.kind}: {seen}/{args.processes}")
-    every = sum(seen == args.processes for _, seen in persistence(found))
-    print(f"steps every process confirmed: {every}; steps only some did: {len(persistence(found)) - every}")
+    table = persistence(found)
+    for step, seen in table:
+        print(f"  {step['upper_tokens']}->{step['tokens']} {step['kind']}: {seen}/{args.processes}")
+    every = sum(seen == args.processes for _, seen in table)
+    print(f"steps every process confirmed: {every}; steps only some did: {len(table) - every}")
 
 
 if __name__ == "__main__":

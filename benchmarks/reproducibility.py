@@ -41,10 +41,13 @@ def run_once(model: str, batch_size: int, extra: list[str], keep: Path | None = 
         return json.loads(schedule.read_text()), wall
 
 
+def seen_in(step: dict, others: list[dict]) -> bool:
+    """The same step (a schedule's or `Step.to_dict()`'s) is among `others`: same kind, within TOLERANCE."""
+    return any(abs(step["tokens"] - o["tokens"]) <= TOLERANCE and step["kind"] == o["kind"] for o in others)
+
+
 def same_steps(a: list[dict], b: list[dict]) -> bool:
-    def match(s, others):
-        return any(abs(s["tokens"] - o["tokens"]) <= TOLERANCE and s["kind"] == o["kind"] for o in others)
-    return all(match(s, b) for s in a) and all(match(s, a) for s in b)
+    return all(seen_in(s, b) for s in a) and all(seen_in(s, a) for s in b)
 
 
 def main() -> None:
