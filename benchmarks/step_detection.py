@@ -8,9 +8,9 @@ default settings. Ground truth is what the dense trace itself confirms by paired
 recall = truth steps with a confirmed step within +-2 tokens; precision = confirmed steps of 5% or more
 lying within +-2 tokens of a step the dense trace confirms at 3% or more. Evaluations are visits against
 the full grid's (passes x counts). It also counts the candidates that paired rounds rejected across which
-the saved curve shows a shift of the minimum step or more outside the paired interval (issue 9's "no
-saved curve shows a level shift that its own paired confirmation rejected"). No timing: everything
-replays recorded samples.
+the saved curve shows a shift of the minimum step or more outside the paired interval of that ratio
+(issue 9's "no saved curve shows a level shift that its own paired confirmation rejected"). No timing:
+everything replays recorded samples.
 
 Goals (issue 9): recall >= 0.9 and precision >= 0.9 with <= 1/5 of the full grid's evaluations.
 Usage: python benchmarks/step_detection.py [--seeds 3] [--inject 3] [--budget 0.2] [--align 8] [--traces NAME ...]
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pomt.search import Confirmation, LatencySearch, SearchSettings, level_change
+from pomt.search import Confirmation, LatencySearch, SearchSettings
 from pomt.sources import ReplaySource, Session
 from pomt.steps import Step, steps_in_trace
 from pomt.trace import Trace, inject_steps, read_trace
@@ -37,11 +37,14 @@ def near(step: Step, others: list[Step]) -> bool:
                for o in others)
 
 
-def contradicted(candidate: Confirmation, saved_change: float, min_step: float) -> bool:
-    """The saved curve shows a shift of at least `min_step` across a rejected candidate that lies outside
-    the interval its paired rounds measured."""
-    low, high = candidate.effect.saving_pct[1]
-    return abs(saved_change) >= min_step and not low <= -100 * saved_change <= high
+def contradicted(candidate: Confirmation, levels: dict[int, float], min_step: float) -> bool:
+    """The saved curve shows a shift of at least `min_step` across a rejected candidate, and its ratio
+    L(low) / L(high) lies outside the interval its paired rounds measured for that ratio. Both sides are
+    measured ratios: the verdict's test subtracts the trend fitted when it was judged, which moves as
+    later counts arrive, so a saved level over the final trend would compare two different trends."""
+    saved = levels[candidate.low] / levels[candidate.high]
+    low, high = candidate.effect.ci
+    return abs(saved - 1.0) >= min_step and not low <= saved <= high
 
 
 def injections(trace: Trace, count: int, rng: np.random.Generator, avoid: list[Step]) -> dict[int, float]:
@@ -88,8 +91,8 @@ def main() -> None:
             result = LatencySearch(Session(source), trace.counts, trace.num_tokens, settings, seed=seed,
                                    progress=False).run()
             tested = [c for c in result.rejected if c.effect is not None]
-            shown = [c for c in tested if contradicted(c, level_change(result.points, c.low, c.high)[0],
-                                                       settings.min_step)]
+            levels = {p.tokens: p.latency_ms for p in result.points}
+            shown = [c for c in tested if contradicted(c, levels, settings.min_step)]
             totals["rejected"] += len(tested)
             totals["shown"] += len(shown)
             big = [s for s in result.steps if abs(s.paired_pct) >= 100 * BIG]

@@ -15,16 +15,18 @@ Measurement design (so that a machine whose speed drifts does not shape the curv
   reference - until no candidate has an unmeasured count inside, or the budget (a fraction of the full
   grid's visits, never less than the coarse scan plus room for three candidates) is spent. A one-point
   feature (a spike) is bisected on both sides.
-- Confirmation, the one test for a step. Each candidate, most significant first, is measured
-  alternately at its two counts (A B, B A, ... for `confirm_rounds` rounds, in the same warm state; rounds
-  the design already holds count). It is accepted when the paired log-ratio, less what the smooth trend
+- Confirmation, the one test for a step. Each candidate (the aligned edges left open first, as their
+  verdict costs least; then the most significant first) is measured alternately at its two counts (A B,
+  B A, ... for `confirm_rounds` rounds, in the same warm state; rounds the design already holds count).
+  It is accepted when the paired log-ratio, less what the smooth trend
   predicts across it, differs from 0 by a t-test at `alpha`, by at least `min_step`, on at least
   MIN_ROUNDS rounds, at up to three looks that share `alpha` (`confirmation_looks`; the third, at twice
   `confirm_rounds`, only for a candidate still promising); while the rounds are few, no single round
   may carry the verdict. The test borrows the noise of the other pairs measured (a moderated t-test,
   `pomt.stats.paired_effect`) when all its rounds were taken in one state of the machine (`_steady`).
   Only confirmed steps are reported; a non-monotone edge (fewer tokens, more time) is confirmed the same
-  way. The curve a search returns is reconciled with its paired rounds (`pomt.stats.reconcile_levels`).
+  way. The curve a search returns is reconciled with its paired rounds (`pomt.stats.reconcile_levels`),
+  a judged pair with the effect its verdict rests on.
 A visit is one untimed forward at the new count and `reps` timed forwards; the budget, the full grid's
 cost and every figure the search reports count visits. Given its seed and what it measures the search
 is deterministic, so a run resumed from its journal (`pomt.sources.Session`) continues exactly.
@@ -305,16 +307,20 @@ class LatencySearch:
 
     def curve(self) -> list[CurvePoint]:
         """The pooled, drift-corrected curve of every visit so far, reconciled with the paired rounds of
-        every pair tested (`pomt.stats.reconcile_levels`); cached per visit and pair count.
+        every pair tested (`pomt.stats.reconcile_levels`); cached per visit, pair and verdict count.
 
         Confirmation visits count too: when a bisection was misled by one disturbed visit, the rounds
-        of its (rejected) confirmation correct the levels and the detector moves the candidate."""
-        key = (len(self.visits()), len(self.rounds))
+        of its (rejected) confirmation correct the levels and the detector moves the candidate. A pair
+        already judged enters with the effect its verdict rests on, so the saved curve shows across it
+        what the verdict saw, even where later visits move the drift profile (and with it whether its
+        rounds count as steady, which decides the noise they borrow)."""
+        key = (len(self.visits()), len(self.rounds), len(self.judged))
         if self._curve is None or self._curve[0] != key:
             pooled = pool_visits(self.visits(), self.reference)
             pairs = []
             for (low, high), rounds in self.rounds.items():
-                effect = self._paired(rounds, 0.0)
+                verdict = self.judged.get((low, high))
+                effect = verdict.effect if verdict and verdict.effect else self._paired(rounds, 0.0)
                 pairs.append((low, high, math.log(effect.ratio), effect.standard_error))
             self._curve = (key, reconcile_levels(pooled, pairs, self.reference))
         return self._curve[1]
@@ -325,10 +331,12 @@ class LatencySearch:
     def candidates(self) -> list[tuple[int, int, float]]:
         """(low, high, z) of every candidate the detector sees at `candidate_k` on the pooled,
         drift-corrected curve (each point with its own standard error) with the confirmed steps taken
-        out: those within reach of the caller's policy (`focus_from`) first, then the rest, each most
-        significant first; a spike gives one candidate on each side; a candidate that ends at a
-        confirmed step is trimmed to its other side. Anchor pairs the coarse rounds left open
-        (`judge_anchors`) join them."""
+        out, and the anchor pairs the coarse rounds left open (`judge_anchors`): those within reach of
+        the caller's policy (`focus_from`) first, then the rest; within each, the open anchor pairs
+        first (their counts are settled and half their rounds taken, so a verdict costs a few visits
+        where a detector candidate still needs bisection and all its rounds), then most significant
+        first. A spike gives one candidate on each side; a candidate that ends at a confirmed step is
+        trimmed to its other side."""
         points = self.curve()
         out = [(low, high, z) for (low, high), z in self.pending.items()]
         if len(points) >= 4:
@@ -346,7 +354,7 @@ class LatencySearch:
             out += [(*span, z) for low, high, z in found if (span := self._outside_confirmed(low, high))]
         reach = self.focus_from if self.focus_from is not None else 0
         unique = {c[:2]: c for c in sorted(out, key=lambda c: c[2])}  # the most significant of each span
-        return sorted(unique.values(), key=lambda c: (c[0] < reach, -c[2], c[0]))
+        return sorted(unique.values(), key=lambda c: (c[0] < reach, c[:2] not in self.pending, -c[2], c[0]))
 
     def _accepted_steps(self) -> list[Confirmation]:
         return [c for c in self.judged.values() if c.accepted and c.effect is not None]
@@ -436,11 +444,12 @@ class LatencySearch:
                 self.pending[(low, high)] = z
 
     def examine(self) -> list[Confirmation]:
-        """Refine and confirm candidates, most significant first, as far as the budget goes.
+        """Refine and confirm candidates in the order of `candidates` (open aligned edges, then the most
+        significant), as far as the budget goes.
 
         Each round re-runs the detector on every visit so far. A candidate is ready when no grid count
-        inside it is unmeasured and its counts are settled (`_unsettled`); the most significant ready
-        one of the FOCUS most significant is judged (first at its sharpest part, `_sharpest`): rejected
+        inside it is unmeasured and its counts are settled (`_unsettled`); the first ready one of the
+        FOCUS first candidates is judged (first at its sharpest part, `_sharpest`): rejected
         at once when the curve's own estimate is clearly below `min_step`, else confirmed by paired
         measurement. When none is ready, one shuffled pass measures what the FOCUS most significant
         candidates need next (a midpoint, or counts to settle), as far as the remaining budget can carry
@@ -464,7 +473,7 @@ class LatencySearch:
                               f"({100 * abs(change):.1f}% +- {200 * se:.1f}% < {100 * self.settings.min_step:.1f}%)")
                     judged[(low, high)] = Confirmation(low, high, None, False, "none", reason, z)
                     continue
-                if self._left() < confirm_cost:
+                if self._left() < self._rounds_cost(low, high):
                     break
                 try:
                     judged[(low, high)] = self.confirm(low, high, z)
@@ -489,6 +498,11 @@ class LatencySearch:
         skipped = [Confirmation(lo, hi, None, False, "none", "not examined: the visit budget is spent", z)
                    for lo, hi, z in unjudged]
         return list(judged.values()) + skipped
+
+    def _rounds_cost(self, low: int, high: int) -> int:
+        """Visits a candidate's paired rounds take to reach its regular verdict: the rounds the design
+        already holds count (an aligned edge has one in every coarse pass)."""
+        return 2 * max(0, self.settings.confirm_rounds - len(self.design_rounds(low, high)))
 
     def _sharpest(self, low: int, high: int) -> tuple[int, int]:
         """The adjacent measured counts inside a candidate with the largest change over the trend, when
