@@ -43,6 +43,7 @@ from pomt.trace import Visit
 
 NOISE_FLOOR = 1e-4  # relative: no timer resolves a curve to better than 0.01 %
 JUMP_GUESS = 3.0  # noise units of a single-interval change that count as a step for the first trend
+STEP_SHARE = 0.5  # most of the curve's span the intervals set aside as steps may cover (steps are outliers)
 LOW_QUARTILE_ABS_NORMAL = 0.3186  # 25th percentile of |N(0, 1)|
 PASSES = 4
 
@@ -142,9 +143,12 @@ def trend(t: np.ndarray, y: np.ndarray, sigma: float | None = None, floor: float
 
     First in slope space: a repeated-median line (Siegel's, weighted by interval length) through the
     intervals' per-token slopes, refitted without the intervals whose change departs from it by more
-    than JUMP_GUESS noise units; steps are outliers there, so a coarse staircase does not tilt it. Then
-    least squares in level space with those intervals' changes taken out as offsets, which is far more
-    precise than slopes of short intervals. `sigma` defaults to a lower-quartile spread of the changes.
+    than JUMP_GUESS noise units; steps are outliers there, so a coarse staircase does not tilt it. The
+    refits stop before the intervals set aside cover more than STEP_SHARE of the span: on a sawtooth of
+    aligned pairs each refit set aside more of the rising intervals, until the "steps" covered 177 of
+    195 tokens and the trend fell below zero. Then least squares in level space with those intervals'
+    changes taken out as offsets, which is far more precise than slopes of short intervals. `sigma`
+    defaults to a lower-quartile spread of the changes.
     """
     t = np.asarray(t, dtype=float)
     y = np.asarray(y, dtype=float)
@@ -163,7 +167,7 @@ def trend(t: np.ndarray, y: np.ndarray, sigma: float | None = None, floor: float
         centred = change - np.median(change[use]) if use.any() else change
         noise = sigma if sigma is not None else low_quartile_sd(centred) / math.sqrt(2.0)
         again = np.abs(centred) < JUMP_GUESS * max(noise, floor, 1e-12) * math.sqrt(2.0)
-        if np.array_equal(again, use):
+        if np.array_equal(again, use) or gap[~again].sum() > STEP_SHARE * gap.sum():
             break
         use = again
     # the smooth part by least squares in level space (far more precise than slopes of short intervals),
