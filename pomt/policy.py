@@ -170,15 +170,17 @@ class Setting:
 def rank_step(setting: Setting, steps: Sequence[Step], min_gain: float) -> list[Decision]:
     """Removals that land just below a confirmed drop and pay at least `min_gain`, nearest to N first.
 
-    A drop's low side is skipped when a measured count between it and N is faster (it would sit in a
-    non-monotone region: keeping more tokens would cost less), when its predicted gain (method cost
-    included) is below `min_gain`, or when its accuracy is below the minimum.
+    A drop's low side is skipped when a measured count between it and N is not slower by at least
+    `min_gain` (it would sit in a non-monotone region or on a level with a count that keeps more tokens:
+    they would cost no more, and which of two counts that close reads faster changes with the visits a
+    run gets), when its predicted gain (method cost included) is below `min_gain`, or when its accuracy
+    is below the minimum.
     """
     limit, n, curve = setting.limit, setting.num_tokens, setting.curve
     ranked = []
     for step in sorted((s for s in steps if s.kind == "drop" and n - limit <= s.tokens < n), key=lambda s: -s.tokens):
         kept = step.tokens
-        if kept not in curve or any(kept < m <= n and curve[m] < curve[kept] for m in curve):
+        if kept not in curve or any(kept < m <= n and curve[m] < curve[kept] * (1 + min_gain) for m in curve):
             continue
         if not setting.accurate_enough(kept):
             continue
