@@ -79,6 +79,11 @@ def main() -> None:
         print(f"       confirmed steps: {steps or 'none'}; rejected candidates: {len(m['rejected'])}")
         verified = (f"verified {v['speedup']:.3f}x [{v['speedup_ci'][0]:.3f}, {v['speedup_ci'][1]:.3f}]"
                     if v else "not verified")
+        fresh = (v.get("fresh_process") or {}).get("candidates", [])
+        if fresh:
+            verified += "; in a fresh process " + ", ".join(
+                f"removing {c['remove']} {c['speedup']:.3f}x [{c['speedup_ci'][0]:.3f}, {c['speedup_ci'][1]:.3f}]"
+                for c in fresh)
         print(f"       R = {remove} ({p['reason_code']}); predicted gain {100 * schedule['predicted']['gain']:.1f}%; "
               f"{verified}")
         print(f"       reason: {p['reason']}")

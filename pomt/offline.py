@@ -5,7 +5,8 @@ verified against the unpruned one on this device, and the schedule written.
 Stages, one function each: `prepare_live` / `prepare_replay` (the run, the model, the grid and where
 latency comes from: this machine through the journal `<stem>.trace.csv`, or a recorded trace with
 `--replay`), `pomt.search.LatencySearch.run`, `estimate_accuracy`, `rank` (policies, with
-`pomt.verify.method_cost`), `pomt.verify.verify` (journal `<stem>.verify.csv`), `write_outputs`.
+`pomt.verify.method_cost`), `pomt.verify.verify` (journal `<stem>.verify.csv`), the same again in a fresh
+process (`pomt.fresh`, `--no-verify-fresh` skips it; not journalled: a resumed run repeats it), `write_outputs`.
 `run_offline` strings them together for the CLI and `offline_computation.py`.
 """
 
@@ -20,6 +21,7 @@ from pomt.checks import METHODS, check_method, check_prune_block
 from pomt.curve import rounded, write_curve
 from pomt.device import fingerprint_hash
 from pomt.errors import DatasetError, GridError, PolicyError, TraceError
+from pomt.fresh import FreshJob, held_in_both, verify_in_fresh_process
 from pomt.geometry import Geometry, model_geometry
 from pomt.models import create_model, resolve_model_name
 from pomt.options import option
@@ -32,7 +34,7 @@ from pomt.search import LatencySearch, SearchResult, SearchSettings
 from pomt.sources import LiveSource, ReplaySource, Session, journal_end_s
 from pomt.stats import corrected_values
 from pomt.trace import check_trace_geometry, read_trace
-from pomt.verify import Verification, cost_function, method_cost, schedule_forward_at, verify
+from pomt.verify import CandidateResult, Verification, choose, cost_function, method_cost, schedule_forward_at, verify
 from pomt.workload import Prepared, Workload, live_session, open_journal, prepare, settings_keys, workload_grid
 
 SEARCHES = ("adaptive", "full")
@@ -76,6 +78,9 @@ class OfflineConfig:
     verify_rounds: int = option(10, "Rounds of the verification (every candidate once per round).", min=3)
     verify_candidates: int = option(2, "Best-ranked removals verified (plus the other side of a targeted step).",
                                     min=1)
+    verify_fresh: bool = option(True, "Verify the removals that qualified once more in a fresh process (a step "
+                                      "near N can sit elsewhere there); ship only what qualifies in both.",
+                                negatable=True)
     latency_only: bool = option(False, "Measure latency only (no accuracy).")
     accuracy_only: bool = option(False, "Estimate accuracy only; write its CSV.")
     accuracy_curve: Path | None = option(None, "Accuracy CSV from an --accuracy-only run.")
@@ -92,6 +97,7 @@ class OfflineResult:
     accuracy: acc.AccuracyCurve | None = None
     decision: Decision | None = None
     verification: Verification | None = None
+    fresh_verification: Verification | None = None  # the same candidates measured in a new process
     method_cost: dict[int, float] = field(default_factory=dict)
     schedule: Schedule | None = None
     paths: dict[str, Path] = field(default_factory=dict)
@@ -354,11 +360,37 @@ def verify_decision(workload: Workload, config: OfflineConfig, settings: SearchS
     chosen = result.verification.chosen
     if chosen is None:
         return nothing(setting, config, search, result.verification.reason, "not_faster")
+    fresh_reason = ""
+    if config.verify_fresh:
+        chosen, fresh_reason = verify_fresh(workload, config, settings, search, schedules, result)
+        if chosen is None:
+            return nothing(setting, config, search, f"verified here, not {fresh_reason}", "not_in_fresh_process")
     by_remove = {d.remove: d for d in ranked}
     beside = f"the other side of the step the policy's first choice targets ({ranked[0].reason})"
     decision = by_remove.get(chosen.remove) or setting.decision(n - chosen.remove, ranked[0].policy, beside,
                                                                 ranked[0].code)
-    return replace(decision, reason=f"{decision.reason}; verified: {result.verification.reason}", code="verified")
+    verified = "; ".join(filter(None, [decision.reason, f"verified: {result.verification.reason}", fresh_reason]))
+    return replace(decision, reason=verified, code="verified")
+
+
+def verify_fresh(workload: Workload, config: OfflineConfig, settings: SearchSettings, search: SearchResult,
+                 schedules: dict[int, Schedule], result: OfflineResult) -> tuple[CandidateResult | None, str]:
+    """Measure the candidates that qualified here once more in a fresh process (`pomt.fresh`); the one that
+    qualified in both to ship (None: none did) and the fresh verdict. `result.verification` is narrowed to
+    the shipped candidate (or to none), so the schedule's `verified` speaks of what ships."""
+    here = result.verification
+    qualified = [c.remove for c in here.candidates if c.qualifies]
+    n = result.geometry.num_tokens
+    job = FreshJob(workload, {n - r: schedules[n - r] for r in qualified}, qualified, search.reps,
+                   config.verify_rounds, config.min_gain, settings.min_step, settings.step_alpha)
+    result.fresh_verification = verify_in_fresh_process(job)
+    chosen, reason = held_in_both(here, result.fresh_verification, config.min_gain, settings.min_step)
+    if chosen is None:
+        result.verification = replace(here, chosen=None, reason=f"{here.reason}; not {reason}")
+        return None, reason
+    mine = next(c for c in here.candidates if c.remove == chosen.remove)
+    result.verification = replace(here, chosen=mine, reason=choose([mine], config.min_gain, settings.min_step)[1])
+    return chosen, reason
 
 
 def run_offline(workload: Workload, config: OfflineConfig | None = None,
@@ -427,6 +459,8 @@ def write_outputs(workload: Workload, config: OfflineConfig, settings: SearchSet
     if result.verification is not None:
         verified = result.verification.record(fingerprint_hash(run.setup.fingerprint))
         verified["method_cost_ms"] = {str(r): round(c, 4) for r, c in result.method_cost.items()} or None
+        fresh = result.fresh_verification
+        verified["fresh_process"] = None if fresh is None else fresh.record(fingerprint_hash(run.setup.fingerprint))
     measurement = measurement_record(search, run, decision, config, settings)
     result.schedule = build_schedule(workload, config, run, decision, search, result.accuracy, measurement, verified)
     result.paths["schedule"] = save_schedule(result.schedule, out / f"{stem}.schedule.json")

@@ -94,13 +94,19 @@ def test_a_removal_is_shipped_only_as_measured(tmp_path):
     verified = data["verified"]
     assert verified["device_fingerprint_hash"] and verified["candidates"]
     assert "verified" in result.stdout and (tmp_path / f"{STEM}.verify.csv").exists()
+    fresh = verified["fresh_process"]  # the candidates that qualified here, measured again in a new process
     if data["prune"]:
         assert verified["speedup_ci"][0] > 1 and verified["speedup"] >= 1 + data["policy"]["min_gain"]
         assert data["policy"]["reason_code"] == "verified" and verified["prediction_error"] is not None
         assert data["prune"][0]["remove"] in [c["remove"] for c in verified["candidates"]]
+        held = [c for c in fresh["candidates"] if c["remove"] == data["prune"][0]["remove"]]
+        assert held and held[0]["qualifies"] and "fresh process" in data["policy"]["reason"]
+        assert "fresh" in result.stdout
     else:
-        assert data["policy"]["reason_code"] in ("not_faster", "method_cost")
+        assert data["policy"]["reason_code"] in ("not_faster", "method_cost", "not_in_fresh_process")
         assert verified["speedup"] == 1.0
+        if data["policy"]["reason_code"] == "not_in_fresh_process":
+            assert not any(c["qualifies"] for c in fresh["candidates"])
 
 
 def _kill_when(command, path: Path, lines: int, cwd=ROOT):

@@ -63,6 +63,12 @@ def print_report(result: OfflineResult) -> None:
             predicted = f", predicted {c.predicted_ms:.3f} ms" if c.predicted_ms is not None else ""
             echo(f"  remove {c.remove:>4d}: {c.pruned_ms:9.3f} ms  {c.speedup:.3f}x [{c.speedup_ci[0]:.3f}, "
                  f"{c.speedup_ci[1]:.3f}]{predicted}{'  qualifies' if c.qualifies else ''}")
+    if result.fresh_verification is not None:
+        v = result.fresh_verification
+        echo(f"fresh      the same in a new process: unpruned {v.unpruned_ms:.3f} ms")
+        for c in v.candidates:
+            echo(f"  remove {c.remove:>4d}: {c.pruned_ms:9.3f} ms  {c.speedup:.3f}x [{c.speedup_ci[0]:.3f}, "
+                 f"{c.speedup_ci[1]:.3f}]{'  qualifies' if c.qualifies else ''}")
     if result.decision:
         d = result.decision
         echo(f"schedule   remove {d.remove} tokens at block {d.block} -> keep {d.kept_tokens}  "
