@@ -2,7 +2,8 @@
 times in a row as a user runs it (a child process each, fresh output folder, live measurement).
 
 Prints, per run: the confirmed steps (paired effect and interval), the removal R shipped and why, the
-predicted gain and the verified speedup, the drift seen, and the visits used against the full grid's.
+predicted gain and the verified speedups (each candidate, here and in a fresh process), the drift seen,
+and the visits used against the full grid's.
 Goal (issue 9): the same confirmed steps (+-2 tokens) and the same R (+-2) in every run, or every run
 removing 0 for the same reason; <= 1/5 of the full grid's evaluations in every run.
 
@@ -77,13 +78,13 @@ def main() -> None:
         print(f"run {i + 1}: wall {wall:.0f} s; visits {m['visits']}/{m['full_grid_visits']} "
               f"({m['evaluation_ratio']:.3f} of the full grid); drift {drift:.1f}%; noise {m['noise_pct']:.2f}%")
         print(f"       confirmed steps: {steps or 'none'}; rejected candidates: {len(m['rejected'])}")
-        verified = (f"verified {v['speedup']:.3f}x [{v['speedup_ci'][0]:.3f}, {v['speedup_ci'][1]:.3f}]"
-                    if v else "not verified")
-        fresh = (v.get("fresh_process") or {}).get("candidates", [])
-        if fresh:
-            verified += "; in a fresh process " + ", ".join(
+        verified = "not verified"
+        if v:
+            measured = [("verified", v["candidates"]),
+                        ("in a fresh process", (v.get("fresh_process") or {}).get("candidates", []))]
+            verified = "; ".join(f"{where} " + ", ".join(
                 f"removing {c['remove']} {c['speedup']:.3f}x [{c['speedup_ci'][0]:.3f}, {c['speedup_ci'][1]:.3f}]"
-                for c in fresh)
+                for c in candidates) for where, candidates in measured if candidates)
         print(f"       R = {remove} ({p['reason_code']}); predicted gain {100 * schedule['predicted']['gain']:.1f}%; "
               f"{verified}")
         print(f"       reason: {p['reason']}")
