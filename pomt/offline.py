@@ -362,7 +362,7 @@ def verify_decision(workload: Workload, config: OfflineConfig, settings: SearchS
         return nothing(setting, config, search, result.verification.reason, "not_faster")
     fresh_reason = ""
     if config.verify_fresh:
-        chosen, fresh_reason = verify_fresh(workload, config, settings, search, schedules, result)
+        chosen, fresh_reason = reverify_in_fresh_process(workload, config, settings, search, schedules, result)
         if chosen is None:
             return nothing(setting, config, search, f"verified here, not {fresh_reason}", "not_in_fresh_process")
     by_remove = {d.remove: d for d in ranked}
@@ -373,8 +373,9 @@ def verify_decision(workload: Workload, config: OfflineConfig, settings: SearchS
     return replace(decision, reason=verified, code="verified")
 
 
-def verify_fresh(workload: Workload, config: OfflineConfig, settings: SearchSettings, search: SearchResult,
-                 schedules: dict[int, Schedule], result: OfflineResult) -> tuple[CandidateResult | None, str]:
+def reverify_in_fresh_process(workload: Workload, config: OfflineConfig, settings: SearchSettings,
+                              search: SearchResult, schedules: dict[int, Schedule],
+                              result: OfflineResult) -> tuple[CandidateResult | None, str]:
     """Measure the candidates that qualified here once more in a fresh process (`pomt.fresh`); the one that
     qualified in both to ship (None: none did) and the fresh verdict. `result.verification` is narrowed to
     the shipped candidate (or to none), so the schedule's `verified` speaks of what ships."""

@@ -18,15 +18,15 @@ Measurement design (so that a machine whose speed drifts does not shape the curv
 - Confirmation, the one test for a step. Each candidate (the aligned edges left open first, as their
   verdict costs least; then the most significant first) is measured alternately at its two counts (A B,
   B A, ... for `confirm_rounds` rounds, in the same warm state; rounds the design already holds count).
-  It is accepted when the paired log-ratio, less what the smooth trend
-  predicts across it, differs from 0 by a t-test at `alpha`, by at least `min_step`, on at least
-  MIN_ROUNDS rounds, at up to three looks that share `alpha` (`confirmation_looks`; the third, at twice
-  `confirm_rounds`, only for a candidate still promising); while the rounds are few, no single round
-  may carry the verdict. The test borrows the noise of the other pairs measured (a moderated t-test,
-  `pomt.stats.paired_effect`) when all its rounds were taken in one state of the machine (`_steady`).
-  Only confirmed steps are reported; a non-monotone edge (fewer tokens, more time) is confirmed the same
-  way. The curve a search returns is reconciled with its paired rounds (`pomt.stats.reconcile_levels`),
-  a judged pair with the effect its verdict rests on.
+  It is accepted when the paired log-ratio, less what the smooth trend predicts across it, differs from 0
+  by a t-test at `alpha`, by at least `min_step`, on at least MIN_ROUNDS rounds, at up to three looks
+  that share `alpha` (`confirmation_looks`; the third, at twice `confirm_rounds`, only for a candidate
+  still promising); while the rounds are few, no single round may carry the verdict. The test borrows
+  the noise of the other pairs measured (a moderated t-test, `pomt.stats.paired_effect`) when all its
+  rounds were taken in one state of the machine (`_steady`). Only confirmed steps are reported; a
+  non-monotone edge (fewer tokens, more time) is confirmed the same way. The curve a search returns is
+  reconciled with its paired rounds (`pomt.stats.reconcile_levels`), a judged pair with the effect its
+  verdict rests on.
 A visit is one untimed forward at the new count and `reps` timed forwards; the budget, the full grid's
 cost and every figure the search reports count visits. Given its seed and what it measures the search
 is deterministic, so a run resumed from its journal (`pomt.sources.Session`) continues exactly.
@@ -451,8 +451,8 @@ class LatencySearch:
         inside it is unmeasured and its counts are settled (`_unsettled`); the first ready one of the
         FOCUS first candidates is judged (first at its sharpest part, `_sharpest`): rejected
         at once when the curve's own estimate is clearly below `min_step`, else confirmed by paired
-        measurement. When none is ready, one shuffled pass measures what the FOCUS most significant
-        candidates need next (a midpoint, or counts to settle), as far as the remaining budget can carry
+        measurement. When none is ready, one shuffled pass measures what the FOCUS first candidates
+        need next (a midpoint, or counts to settle), as far as the remaining budget can carry
         them to a verdict: the budget goes to the clearest candidates first.
         """
         confirm_cost = 2 * self.settings.confirm_rounds
