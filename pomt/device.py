@@ -373,6 +373,7 @@ def device_fingerprint(device: str = "cpu", threads: int | None = None) -> dict[
         "numpy": _version("numpy"),
         "platform": platform.platform(),
         "pomt_lock": lock,
+        "allocator": allocator_settings(),
         "cpu_clocks_locked": cpu_locked,
         "clocks_locked": cpu_locked if kind == "cpu" else None,
     }
@@ -383,6 +384,19 @@ def device_fingerprint(device: str = "cpu", threads: int | None = None) -> dict[
         fp["name"] = (gpu or {}).get("name") or torch.cuda.get_device_name(index)
         fp["clocks_locked"] = clocks_locked_gpu(gpu, lock["targets"] if lock["active"] else ())
     return fp
+
+
+ALLOCATOR_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX",
+                 "LD_PRELOAD")
+
+
+def allocator_settings() -> dict[str, str]:
+    """The host allocator's settings this process started with (glibc malloc tunables, a preloaded
+    jemalloc or tcmalloc): on the 2-core VM, under glibc's dynamic mmap threshold some placements of
+    deit_small at batch 4 ran 6-11% slower at N than at N - 3, and none did with the threshold fixed
+    (`benchmarks/placement.py`), so a schedule's steps near N hold only under the allocator settings they
+    were measured with."""
+    return {name: os.environ[name] for name in ALLOCATOR_ENV if os.environ.get(name)}
 
 
 IDENTITY = ("kind", "name", "cpu_name", "threads", "cores_logical", "torch", "backend")

@@ -121,7 +121,7 @@ def test_fingerprint_is_json_and_has_the_keys(fake_root):
     assert json.loads(json.dumps(fp)) == fp
     for key in ("kind", "name", "threads", "cores_logical", "cores_physical", "governor", "turbo",
                 "cpu_freq_mhz", "python", "torch", "timm", "numpy", "platform", "clocks_locked",
-                "cpu_clocks_locked", "pomt_lock"):
+                "cpu_clocks_locked", "pomt_lock", "allocator"):
         assert key in fp, key
     assert fp["kind"] == "cpu"
     assert fp["threads"] == 3
@@ -294,3 +294,19 @@ def test_cuda_fingerprint_uses_gpu_verdict(fake_nvml, tmp_path: Path):
     state.parent.mkdir()
     state.write_text("nvidia\tpersistence\tDisabled\nnvidia\tgpu_clocks\tlocked\n")
     assert dev.device_fingerprint("cuda")["clocks_locked"] is True
+
+
+def test_the_allocator_settings_are_recorded_and_leave_the_device_identity_alone(monkeypatch):
+    """glibc's dynamic mmap threshold moved a 10% cliff near N between processes (benchmarks/placement.py):
+    a fingerprint says which allocator settings a curve was measured under, without making the machine
+    another device for `apply_schedule`'s check."""
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    before = dev.device_fingerprint("cpu")
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "1073741824")
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    after = dev.device_fingerprint("cpu")
+    assert "MALLOC_MMAP_THRESHOLD_" not in before["allocator"]
+    assert after["allocator"] == {"MALLOC_MMAP_THRESHOLD_": "1073741824",
+                                  "LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}
+    assert dev.fingerprint_hash(before) == dev.fingerprint_hash(after)
