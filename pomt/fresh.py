@@ -68,4 +68,15 @@ def held_in_both(here: Verification, fresh: Verification, min_gain: float,
     return chosen, f"in a fresh process: {reason}"
 
 
-__all__ = ["FreshJob", "held_in_both", "verify_in_fresh_process"]
+def placement_hint(fingerprint: dict) -> str | None:
+    """What to tell a CPU user whose removal did not hold in a fresh process while the host allocator ran
+    with its defaults (`benchmarks/placement.py`: under glibc's adaptive mmap threshold some placements ran
+    N 6-11% slower than N - 3, none with the threshold fixed); None elsewhere."""
+    if fingerprint.get("kind") != "cpu" or fingerprint.get("allocator"):
+        return None
+    return ("the removal held only in the process that found its step: on CPU that can be memory placement "
+            "under glibc's adaptive mmap threshold; measure and serve with MALLOC_MMAP_THRESHOLD_ set "
+            "(or another fixed allocator) to compare like with like (benchmarks/placement.py)")
+
+
+__all__ = ["FreshJob", "held_in_both", "placement_hint", "verify_in_fresh_process"]

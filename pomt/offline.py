@@ -21,7 +21,7 @@ from pomt.checks import METHODS, check_method, check_prune_block
 from pomt.curve import rounded, write_curve
 from pomt.device import fingerprint_hash
 from pomt.errors import DatasetError, GridError, PolicyError, TraceError
-from pomt.fresh import FreshJob, held_in_both, verify_in_fresh_process
+from pomt.fresh import FreshJob, held_in_both, placement_hint, verify_in_fresh_process
 from pomt.geometry import Geometry, model_geometry
 from pomt.models import create_model, resolve_model_name
 from pomt.options import option
@@ -388,6 +388,8 @@ def reverify_in_fresh_process(workload: Workload, config: OfflineConfig, setting
     chosen, reason = held_in_both(here, result.fresh_verification, config.min_gain, settings.min_step)
     if chosen is None:
         result.verification = replace(here, chosen=None, reason=f"{here.reason}; not {reason}")
+        if hint := placement_hint(result.device):
+            result.notes.append(hint)
         return None, reason
     mine = next(c for c in here.candidates if c.remove == chosen.remove)
     result.verification = replace(here, chosen=mine, reason=choose([mine], config.min_gain, settings.min_step)[1])

@@ -2,7 +2,7 @@
 
 import math
 
-from pomt.fresh import FreshJob, held_in_both, verify_in_fresh_process
+from pomt.fresh import FreshJob, held_in_both, placement_hint, verify_in_fresh_process
 from pomt.geometry import model_geometry
 from pomt.models import create_model
 from pomt.schedule import BlockRemoval, Schedule
@@ -52,3 +52,9 @@ def test_the_fresh_process_rebuilds_the_workload_and_measures_the_patched_model(
     assert [c.remove for c in found.candidates] == [20] and found.rounds == 3
     (candidate,) = found.candidates
     assert candidate.pruned_ms > 0 and candidate.speedup_ci[0] <= candidate.speedup <= candidate.speedup_ci[1]
+
+
+def test_a_cpu_user_under_the_default_allocator_is_told_about_placement():
+    assert "MALLOC_MMAP_THRESHOLD_" in placement_hint({"kind": "cpu", "allocator": {}})
+    assert placement_hint({"kind": "cpu", "allocator": {"MALLOC_MMAP_THRESHOLD_": "1073741824"}}) is None
+    assert placement_hint({"kind": "cuda", "allocator": {}}) is None
