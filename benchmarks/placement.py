@@ -6,12 +6,14 @@ kept tokens in paired rounds (A B, B A, ...; `pomt.stats.paired_effect` on the p
 in a child process per allocator setting: glibc's defaults (its mmap threshold adapts to what was freed),
 and the threshold fixed low and high (`MALLOC_MMAP_THRESHOLD_`, which also turns the adaptation off).
 
-On the 2-core VM (deit_small, batch 4, 2 threads), with glibc's defaults one placement of five read N / 194
-= 1.061 [1.040, 1.082] and the others 1.013-1.017 (a first version of this loop, timing with perf_counter:
-two of five at 1.09-1.11, N at 210-211 ms, the level of the offline run whose cliff by N a fresh process did
-not have, `pomt.fresh`); with the threshold fixed either way every placement read 1.010-1.027. A schedule's
-steps near N hold only under the allocator settings they were measured with; the device fingerprint records
-them (`allocator`). No timing threshold: it prints what it measured.
+On the 2-core VM (deit_small, batch 4, 2 threads), which placements run slow depends on the heap's whole
+history, so on the code that runs before them too. Under glibc's defaults, a loop timing with perf_counter
+found one or two of five placements at N / 194 = 1.09-1.11 (N at 210-211 ms, the level of the offline run
+whose cliff by N a fresh process did not have, `pomt.fresh`) in each of four runs, a version timing with
+`time_calls` one of five at 1.061 [1.040, 1.082], and this version (visits through `LiveSource`) none of five
+(1.009-1.034). With the threshold fixed either way, no placement of any version ran slow (1.010-1.027). A
+schedule's steps near N hold only under the allocator settings they were measured with; the device
+fingerprint records them (`allocator`). No timing threshold: it prints what it measured.
 Usage: python benchmarks/placement.py [--model deit_small] [--batch-size 4] [--remove 3] [--placements 5]
        [--rounds 8] [--threads 2]
 """
@@ -27,9 +29,8 @@ import numpy as np
 import torch
 
 from pomt.geometry import model_geometry
-from pomt.measure import time_calls
 from pomt.models import create_model, resolve_model_name
-from pomt.sources import forward_at_tokens
+from pomt.sources import LiveSource, forward_at_tokens
 from pomt.stats import paired_effect
 
 SETTINGS = {"glibc defaults": {}, "mmap threshold fixed at 128 KiB": {"MALLOC_MMAP_THRESHOLD_": "131072"},
@@ -48,14 +49,11 @@ def placements(args: argparse.Namespace) -> None:
         geometry = model_geometry(model)
         n, low = geometry.num_tokens, geometry.num_tokens - args.remove
         x = torch.randn(args.batch_size, 3, *geometry.input_size)
-        forward_at = forward_at_tokens(model, x, threads=args.threads)
+        source = LiveSource(forward_at_tokens(model, x, threads=args.threads), "cpu", args.threads)
         medians: dict[int, list[float]] = {n: [], low: []}
-        with torch.inference_mode():
-            for r in range(args.rounds):
-                for k in (n, low) if r % 2 == 0 else (low, n):
-                    with forward_at(k) as forward:
-                        forward()  # untimed, as every visit
-                        medians[k].append(float(np.median(time_calls(forward, "cpu", 2, args.threads))))
+        for r in range(args.rounds):
+            for k in (n, low) if r % 2 == 0 else (low, n):
+                medians[k].append(source.visit(k, 2, r).median_ms)  # one untimed forward, two timed
         effect = paired_effect(medians[low], medians[n])  # N's latency over N - remove's
         print(f"  placement {placement}: N = {n} at {np.median(medians[n]):.1f} ms, {low} at "
               f"{np.median(medians[low]):.1f} ms; N / {low} = {effect.ratio:.3f} [{effect.ci[0]:.3f}, "

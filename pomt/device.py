@@ -394,8 +394,8 @@ def allocator_settings() -> dict[str, str]:
     """The host allocator's settings this process started with (glibc malloc tunables, a preloaded
     jemalloc or tcmalloc): on the 2-core VM, under glibc's dynamic mmap threshold some placements of
     deit_small at batch 4 ran 6-11% slower at N than at N - 3, and none did with the threshold fixed
-    (`benchmarks/placement.py`), so a schedule's steps near N hold only under the allocator settings they
-    were measured with."""
+    (`benchmarks/placement.py`), so a schedule's steps near N may hold only under the allocator settings
+    they were measured with."""
     return {name: os.environ[name] for name in ALLOCATOR_ENV if os.environ.get(name)}
 
 

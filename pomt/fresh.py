@@ -23,12 +23,11 @@ from pomt.workload import Workload, prepare
 
 @dataclass(frozen=True)
 class FreshJob:
-    """What the fresh process needs: the workload to rebuild, the candidate schedules (by kept tokens) and
-    the verification's settings."""
+    """What the fresh process needs: the workload to rebuild, the candidate schedules (by kept tokens: the
+    removals verified) and the verification's settings."""
 
     workload: Workload
     schedules: dict[int, Schedule]
-    removals: list[int]
     reps: int
     rounds: int
     min_gain: float
@@ -52,8 +51,8 @@ def _verify_here(job: FreshJob) -> Verification:
                                      device=prepared.setup.device, threads=workload.threads,
                                      cache_dir=Path(workload.output_dir) / prepared.cache_dir)
     session = Session(LiveSource(forward_at, prepared.setup.device, workload.threads))
-    return verify(session, n, job.removals, reps=job.reps, rounds=job.rounds, min_gain=job.min_gain,
-                  min_step=job.min_step, alpha=job.alpha, seed=workload.seed, progress=False)
+    return verify(session, n, [n - kept for kept in job.schedules], reps=job.reps, rounds=job.rounds,
+                  min_gain=job.min_gain, min_step=job.min_step, alpha=job.alpha, seed=workload.seed, progress=False)
 
 
 def held_in_both(here: Verification, fresh: Verification, min_gain: float,

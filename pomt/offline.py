@@ -382,8 +382,8 @@ def reverify_in_fresh_process(workload: Workload, config: OfflineConfig, setting
     here = result.verification
     qualified = [c.remove for c in here.candidates if c.qualifies]
     n = result.geometry.num_tokens
-    job = FreshJob(workload, {n - r: schedules[n - r] for r in qualified}, qualified, search.reps,
-                   config.verify_rounds, config.min_gain, settings.min_step, settings.step_alpha)
+    job = FreshJob(workload, {n - r: schedules[n - r] for r in qualified}, search.reps, config.verify_rounds,
+                   config.min_gain, settings.min_step, settings.step_alpha)
     result.fresh_verification = verify_in_fresh_process(job)
     chosen, reason = held_in_both(here, result.fresh_verification, config.min_gain, settings.min_step)
     if chosen is None:

@@ -46,8 +46,8 @@ def test_the_fresh_process_rebuilds_the_workload_and_measures_the_patched_model(
                         num_tokens=geometry.num_tokens, prefix_tokens=geometry.prefix_tokens, depth=geometry.depth,
                         method="pomt", prune=(BlockRemoval(1, 20),))
     workload = Workload(model=MODEL, batch_size=2, input_size=SIZE, threads=1, output_dir=tmp_path, progress=False)
-    job = FreshJob(workload, {geometry.num_tokens - 20: schedule}, [20], reps=2, rounds=3, min_gain=0.03,
-                   min_step=0.03, alpha=0.01)
+    job = FreshJob(workload, {geometry.num_tokens - 20: schedule}, reps=2, rounds=3, min_gain=0.03, min_step=0.03,
+                   alpha=0.01)
     found = verify_in_fresh_process(job)
     assert [c.remove for c in found.candidates] == [20] and found.rounds == 3
     (candidate,) = found.candidates
