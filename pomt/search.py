@@ -290,8 +290,11 @@ class LatencySearch:
     def measure_units(self, units: list[tuple[int, ...]], passes: int, reference_visits: int = 1) -> None:
         """`passes` passes over `units` plus the reference (`reference_visits` times in each): the units in
         a shuffled order, each unit's counts back to back, reversed every other pass (A B, then B A), so a
-        unit of two counts is a paired round in every pass."""
+        unit of two counts is a paired round in every pass. A replay whose trace holds no more visits of the
+        reference goes on without it: every visit is corrected by the drift profile of all of them."""
         members = sorted(u for u in set(units) if u != (self.reference,)) + [(self.reference,)] * reference_visits
+        if not self.session.can_visit(self.reference):
+            members = [u for u in members if u != (self.reference,)]
         for p in range(passes):
             ordered = [members[i][:: 1 if p % 2 == 0 else -1] for i in self.rng.permutation(len(members))]
             pass_index = self._new_pass()

@@ -34,7 +34,8 @@ PAIR_PROGRESS = 0.1  # seconds of pair gap a replay trades for each second neare
 class Source(Protocol):
     """Anything that can time forwards at a kept-token count. It may also have `begin_pass(pass_index,
     members)`, told the counts a pass will visit before it starts, and `begin_unit(pass_index, members)`,
-    told the counts it will visit next back to back (a replay uses them; a device needs not)."""
+    told the counts it will visit next back to back (a replay uses them; a device needs not), and
+    `left(tokens)`, the visits of a count it can still serve (a replay's trace holds a finite number)."""
 
     def visit(self, tokens: int, reps: int, pass_index: int) -> Visit: ...
 
@@ -149,6 +150,10 @@ class ReplaySource:
         i, j = np.unravel_index(np.argmin(gap), gap.shape)
         self._plan = (pass_index, {a: int(free[0][i]), b: int(free[1][j])})
 
+    def left(self, tokens: int) -> int:
+        """Recorded visits of `tokens` not served yet."""
+        return int(self._free[tokens].sum()) if tokens in self._free else 0
+
     def visit(self, tokens: int, reps: int, pass_index: int) -> Visit:
         if tokens not in self._visits:
             raise KeyError(f"the trace has no samples at {tokens} tokens")
@@ -198,6 +203,11 @@ class Session:
         begin = getattr(self.source, what, None)
         if begin is not None and self._replayed >= self._resumable:  # not while the journal serves
             begin(pass_index, members)
+
+    def can_visit(self, tokens: int) -> bool:
+        """Whether the source can serve a visit of `tokens` (a replay only as long as its trace holds one)."""
+        left = getattr(self.source, "left", None)
+        return left is None or self._replayed < self._resumable or left(tokens) > 0
 
     def visit(self, tokens: int, reps: int, pass_index: int) -> Visit:
         visit = self._from_journal(tokens, reps, pass_index)

@@ -330,3 +330,19 @@ def test_the_trend_of_a_sawtooth_stays_a_rising_curve_through_it(name):
     assert all(b > a > 0 for a, b in zip(levels, levels[1:], strict=False))
     assert all(0.67 < expected[p.tokens] / p.latency_ms < 1.5 for p in found.points)
     assert all(abs(s.paired_pct) < 20 for s in found.steps), [(s.upper_tokens, s.paired_pct) for s in found.steps]
+
+
+def test_a_replay_whose_reference_visits_are_used_up_goes_on_without_it():
+    """deit_tiny_bs1_shuffled holds 6 visits of N, one per recorded pass; the coarse passes and three rounds
+    of refinement used them all, and the search stopped at 177 of its 235 visits, its best candidate (56 -> 57,
+    -20%) never examined. A refinement pass has the drift profile of every visit to correct it; it goes on
+    without the reference the trace no longer holds, so the search continues."""
+    trace = read_trace(DATA / "deit_tiny_bs1_shuffled.csv")
+    source = ReplaySource(trace)
+    run = LatencySearch(Session(source), trace.counts, N, SearchSettings(), progress=False)
+    found = run.run()
+    assert source.left(N) == 0
+    assert not any(f"visits of {N} tokens" in c.reason for c in found.candidates)
+    passes = {v.pass_index for v in run.design}  # coarse and refinement passes (confirmation rounds apart)
+    with_reference = {v.pass_index for v in run.design if v.tokens == N}
+    assert passes - with_reference  # refinement passes measured after the trace had no more of N
