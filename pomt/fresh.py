@@ -7,18 +7,35 @@ the same process, so a removal it ships can rest on a step that the serving proc
 offline computation therefore measures its candidates once more in a new interpreter (`spawn`): the model
 built afresh from the workload (random weights: latency does not depend on them), the same input seed, the
 same paired rounds and criterion (`pomt.verify.verify`). A removal ships only when it qualified in both.
+
+The steps a removal could land below are checked the same way before the policy sees them: the confirmed
+steps within the policy's reach are measured in paired rounds (A B, B A, ...) in a fresh process, and a step
+counts only when that process shows it too (significant at the search's alpha, in the same direction). A step
+that one process's memory layout makes is not a property of the model, batch, input and device, and a run
+that happened to get it would otherwise answer differently from the runs that did not.
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
 
 from pomt.schedule import Schedule
-from pomt.sources import LiveSource, Session
+from pomt.sources import LiveSource, Session, forward_at_tokens
+from pomt.stats import PairedEffect, paired_effect
+from pomt.trace import Visit
 from pomt.verify import CandidateResult, Verification, choose, schedule_forward_at, verify
-from pomt.workload import Workload, prepare
+from pomt.workload import Prepared, Workload, prepare
+
+Pair = tuple[int, int]
+Job = TypeVar("Job")
+Answer = TypeVar("Answer")
 
 
 @dataclass(frozen=True)
@@ -35,17 +52,74 @@ class FreshJob:
     alpha: float
 
 
-def verify_in_fresh_process(job: FreshJob) -> Verification:
-    """Run `job` in a new interpreter and return its verification (errors there are raised here)."""
+@dataclass(frozen=True)
+class StepJob:
+    """The steps to check in a fresh process: the workload to rebuild, each step's (low, high) counts, the
+    visit length and the paired rounds per step."""
+
+    workload: Workload
+    pairs: tuple[Pair, ...]
+    reps: int
+    rounds: int
+
+
+def in_fresh_process(work: Callable[[Job], Answer], job: Job) -> Answer:
+    """`work(job)` in a new interpreter (`spawn`); errors there are raised here."""
     context = multiprocessing.get_context("spawn")
     with context.Pool(1) as pool:
-        return pool.apply(_verify_here, (job,))
+        return pool.apply(work, (job,))
+
+
+def verify_in_fresh_process(job: FreshJob) -> Verification:
+    """The candidates' verification, run in a new interpreter."""
+    return in_fresh_process(_verify_here, job)
+
+
+def step_rounds_in_fresh_process(job: StepJob) -> dict[Pair, list[tuple[Visit, Visit]]]:
+    """Each step's paired rounds ((low visit, high visit) per round), measured in a new interpreter."""
+    return in_fresh_process(_step_rounds_here, job)
+
+
+def _prepared_here(workload: Workload) -> tuple[Workload, Prepared]:
+    """The workload built afresh in this process (never resumed, no progress bars)."""
+    workload = replace(workload, resume=False, progress=False)
+    return workload, prepare(workload)
+
+
+def _step_rounds_here(job: StepJob) -> dict[Pair, list[tuple[Visit, Visit]]]:
+    """The fresh process's side of a step check: the model with tokens truncated after embedding (as the
+    search measured it), each step's two counts visited back to back, every step once per round in a seeded
+    order, the order within a pair reversed every other round."""
+    workload, prepared = _prepared_here(job.workload)
+    forward_at = forward_at_tokens(prepared.model, prepared.x, backend=workload.backend,
+                                   device=prepared.setup.device, threads=workload.threads,
+                                   cache_dir=Path(workload.output_dir) / prepared.cache_dir)
+    session = Session(LiveSource(forward_at, prepared.setup.device, workload.threads))
+    rng = np.random.default_rng(workload.seed)
+    rounds: dict[Pair, list[tuple[Visit, Visit]]] = {pair: [] for pair in job.pairs}
+    for index in range(job.rounds):
+        for i in rng.permutation(len(job.pairs)):
+            low, high = job.pairs[i]
+            order = (high, low) if index % 2 == 0 else (low, high)
+            session.begin_pass(index, order)
+            taken = {n: session.visit(n, job.reps, index) for n in order}
+            rounds[(low, high)].append((taken[low], taken[high]))
+    return rounds
+
+
+def step_holds(here: PairedEffect, rounds: list[tuple[Visit, Visit]], alpha: float) -> tuple[PairedEffect, bool]:
+    """The step's paired effect in the fresh process's `rounds` (the trend offset of its verdict here), and
+    whether it holds there: significant at `alpha` in the direction confirmed here. Its size is not asked
+    again: the verdict here decided that, and a real step near the minimum reads a little under it half
+    the time."""
+    fresh = paired_effect([b.median_ms for _, b in rounds], [a.median_ms for a, _ in rounds], offset=here.offset)
+    same_side = math.copysign(1.0, fresh.excess - 1.0) == math.copysign(1.0, here.excess - 1.0)
+    return fresh, fresh.p_value < alpha and same_side
 
 
 def _verify_here(job: FreshJob) -> Verification:
     """The fresh process's side: build the workload, patch through each candidate schedule, verify."""
-    workload = replace(job.workload, resume=False, progress=False)
-    prepared = prepare(workload)
+    workload, prepared = _prepared_here(job.workload)
     n = prepared.geometry.num_tokens
     forward_at = schedule_forward_at(prepared.model, prepared.x, job.schedules, backend=workload.backend,
                                      device=prepared.setup.device, threads=workload.threads,
@@ -78,4 +152,5 @@ def placement_hint(fingerprint: dict) -> str | None:
             "(or another fixed allocator) to compare like with like (benchmarks/placement.py)")
 
 
-__all__ = ["FreshJob", "held_in_both", "placement_hint", "verify_in_fresh_process"]
+__all__ = ["FreshJob", "StepJob", "held_in_both", "in_fresh_process", "placement_hint", "step_holds",
+           "step_rounds_in_fresh_process", "verify_in_fresh_process"]

@@ -21,7 +21,15 @@ from pomt.checks import METHODS, check_method, check_prune_block
 from pomt.curve import rounded, write_curve
 from pomt.device import fingerprint_hash
 from pomt.errors import DatasetError, GridError, PolicyError, TraceError
-from pomt.fresh import FreshJob, held_in_both, placement_hint, verify_in_fresh_process
+from pomt.fresh import (
+    FreshJob,
+    StepJob,
+    held_in_both,
+    placement_hint,
+    step_holds,
+    step_rounds_in_fresh_process,
+    verify_in_fresh_process,
+)
 from pomt.geometry import Geometry, model_geometry
 from pomt.models import create_model, resolve_model_name
 from pomt.options import option
@@ -30,7 +38,7 @@ from pomt.policy import POLICIES, Decision, Setting, rank_budget, rank_step, ran
 from pomt.run_setup import RunSetup
 from pomt.runtime import Backend
 from pomt.schedule import BlockRemoval, Schedule, save_schedule, utc_now
-from pomt.search import LatencySearch, SearchResult, SearchSettings
+from pomt.search import LatencySearch, SearchResult, SearchSettings, confirmed_steps
 from pomt.sources import LiveSource, ReplaySource, Session, journal_end_s
 from pomt.stats import corrected_values
 from pomt.trace import check_trace_geometry, read_trace
@@ -98,6 +106,7 @@ class OfflineResult:
     decision: Decision | None = None
     verification: Verification | None = None
     fresh_verification: Verification | None = None  # the same candidates measured in a new process
+    fresh_steps: list[dict] = field(default_factory=list)  # the steps within reach, checked in a new process
     method_cost: dict[int, float] = field(default_factory=dict)
     schedule: Schedule | None = None
     paths: dict[str, Path] = field(default_factory=dict)
@@ -293,7 +302,7 @@ def build_schedule(workload: Workload, config: OfflineConfig, run: Run, decision
 
 
 def measurement_record(search: SearchResult, run: Run, decision: Decision, config: OfflineConfig,
-                       settings: SearchSettings) -> dict:
+                       settings: SearchSettings, fresh_steps: list[dict]) -> dict:
     """How the curve was measured and judged, for the schedule (the drift warning included)."""
     effects = [abs(s.paired_pct) for s in search.steps] + ([100 * decision.gain] if decision.remove else [])
     return {
@@ -310,6 +319,7 @@ def measurement_record(search: SearchResult, run: Run, decision: Decision, confi
         "drift": None if search.drift is None else search.drift.to_dict(),
         "confirmed": len(search.steps),
         "rejected": [{"low": c.low, "high": c.high, "reason": c.reason} for c in search.rejected_candidates],
+        "fresh_process_steps": fresh_steps or None,
         "align": settings.align if config.search == "adaptive" else None,
         "screened_edges": [[c.low, c.high] for c in search.screened],
         "warning": search.drift_exceeds(effects),
@@ -396,6 +406,36 @@ def reverify_in_fresh_process(workload: Workload, config: OfflineConfig, setting
     return chosen, reason
 
 
+def check_steps_in_fresh_process(workload: Workload, settings: SearchSettings, search: SearchResult, reach: int,
+                                 result: OfflineResult) -> SearchResult:
+    """The search's result with its confirmed steps at `reach` kept tokens or more (those a removal could land
+    below) measured again in a fresh process (`pomt.fresh`); a step that does not hold there is rejected,
+    its reason saying both measurements. `result.fresh_steps` records every check."""
+    within = [c for c in search.candidates if c.accepted and c.effect is not None and c.low >= reach]
+    if not within:
+        return search
+    job = StepJob(workload, tuple((c.low, c.high) for c in within), search.reps, settings.confirm_rounds)
+    rounds = step_rounds_in_fresh_process(job)
+    verdicts = {}
+    for c in within:
+        fresh, held = step_holds(c.effect, rounds[(c.low, c.high)], settings.step_alpha)
+        here_pct, fresh_pct = c.effect.saving_pct[0], fresh.saving_pct
+        result.fresh_steps.append({"low": c.low, "high": c.high, "held": held, "paired_pct": round(here_pct, 3),
+                                   "fresh_pct": round(fresh_pct[0], 3),
+                                   "fresh_ci_pct": [round(fresh_pct[1][0], 3), round(fresh_pct[1][1], 3)],
+                                   "fresh_p_value": float(f"{fresh.p_value:.3g}"), "rounds": fresh.pairs})
+        if not held:
+            verdicts[(c.low, c.high)] = replace(
+                c, accepted=False, kind="none",
+                reason=(f"{c.reason}, here only: in a fresh process {-fresh_pct[0]:+.1f}% "
+                        f"[{-fresh_pct[1][1]:+.1f}, {-fresh_pct[1][0]:+.1f}] (p = {fresh.p_value:.2g}, "
+                        f"{fresh.pairs} rounds)"))
+    if not verdicts:
+        return search
+    candidates = [verdicts.get((c.low, c.high), c) for c in search.candidates]
+    return replace(search, candidates=candidates, steps=confirmed_steps(search.points, candidates))
+
+
 def run_offline(workload: Workload, config: OfflineConfig | None = None,
                 settings: SearchSettings | None = None) -> OfflineResult:
     """Run every stage the configuration asks for and write the outputs; see the module docstring."""
@@ -426,6 +466,8 @@ def run_offline(workload: Workload, config: OfflineConfig | None = None,
         result.paths["trace"] = run.session.journal.path
         run.session.journal.update_meta(passes=settings.passes, reps=search.reps,
                                         drift=None if search.drift is None else search.drift.to_dict())
+    if run.replay is None and config.verify_fresh:
+        search = result.search = check_steps_in_fresh_process(workload, settings, search, reach, result)
 
     if needs_accuracy_model(config):
         extra = [s.tokens for s in search.steps] + [s.upper_tokens for s in search.steps]
@@ -464,7 +506,7 @@ def write_outputs(workload: Workload, config: OfflineConfig, settings: SearchSet
         verified["method_cost_ms"] = {str(r): round(c, 4) for r, c in result.method_cost.items()} or None
         fresh = result.fresh_verification
         verified["fresh_process"] = None if fresh is None else fresh.record(fingerprint_hash(run.setup.fingerprint))
-    measurement = measurement_record(search, run, decision, config, settings)
+    measurement = measurement_record(search, run, decision, config, settings, result.fresh_steps)
     result.schedule = build_schedule(workload, config, run, decision, search, result.accuracy, measurement, verified)
     result.paths["schedule"] = save_schedule(result.schedule, out / f"{stem}.schedule.json")
     utility = utility_values(setting, config.alpha) if setting.accuracy is not None else None

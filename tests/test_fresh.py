@@ -2,11 +2,17 @@
 
 import math
 
-from pomt.fresh import FreshJob, held_in_both, placement_hint, verify_in_fresh_process
+import numpy as np
+
+from pomt.fresh import FreshJob, held_in_both, placement_hint, step_holds, verify_in_fresh_process
 from pomt.geometry import model_geometry
 from pomt.models import create_model
+from pomt.offline import OfflineResult, check_steps_in_fresh_process
 from pomt.schedule import BlockRemoval, Schedule
+from pomt.search import Confirmation, SearchResult, SearchSettings
 from pomt.sources import ReplaySource, Session
+from pomt.stats import CurvePoint, paired_effect
+from pomt.trace import Visit
 from pomt.verify import verify
 from pomt.workload import Workload
 
@@ -58,3 +64,54 @@ def test_a_cpu_user_under_the_default_allocator_is_told_about_placement():
     assert "MALLOC_MMAP_THRESHOLD_" in placement_hint({"kind": "cpu", "allocator": {}})
     assert placement_hint({"kind": "cpu", "allocator": {"MALLOC_MMAP_THRESHOLD_": "1073741824"}}) is None
     assert placement_hint({"kind": "cuda", "allocator": {}}) is None
+
+
+def rounds_of(low_ms: list[float], high_ms: list[float]) -> list[tuple[Visit, Visit]]:
+    return [(Visit(10, i, 2.0 * i, (a,)), Visit(11, i, 2.0 * i + 1.0, (b,)))
+            for i, (a, b) in enumerate(zip(low_ms, high_ms, strict=True))]
+
+
+def test_a_step_holds_in_a_fresh_process_only_when_it_shows_there_in_the_same_direction():
+    """Confirmed here: 10 tokens 8% faster than 11 beyond a trend that predicts 1%."""
+    offset = math.log(0.99)
+    here = paired_effect([20.0] * 6, list(np.array([18.3, 18.5, 18.4, 18.2, 18.4, 18.3])), offset=offset)
+    noise = np.array([0.003, -0.002, 0.001, -0.003, 0.002, -0.001])
+    step = rounds_of(list(18.4 * (1 + noise)), list(20.0 * (1 - noise)))
+    flat = rounds_of(list(19.8 * (1 + noise)), list(20.0 * (1 - noise)))
+    reversed_ = rounds_of(list(21.0 * (1 + noise)), list(20.0 * (1 - noise)))
+    fresh, held = step_holds(here, step, alpha=0.01)
+    assert held and fresh.excess < 0.95
+    assert not step_holds(here, flat, alpha=0.01)[1]
+    assert not step_holds(here, reversed_, alpha=0.01)[1]
+
+
+def claimed(low: int, high: int, ratio: float) -> Confirmation:
+    effect = paired_effect([1.0] * 6, [ratio * (1 + e) for e in (0.01, -0.01, 0.005, -0.005, 0.0, 0.002)])
+    kind = "drop" if ratio < 1 else "rise"
+    return Confirmation(low, high, effect, True, kind, f"confirmed: {kind}", 10.0)
+
+
+def point(tokens: int, ms: float) -> CurvePoint:
+    return CurvePoint(tokens=tokens, latency_ms=ms, median_ms=ms, relative=1.0, spread_ms=0.0, min_ms=ms, visits=3,
+                      samples=6, se_ms=0.01 * ms)
+
+
+def test_a_confirmed_step_the_fresh_process_does_not_show_is_rejected_before_the_policy_sees_it(tmp_path):
+    """Two claims within the policy's reach on test_vit at 224 px (197 tokens), measured again in a new
+    process: 100 tokens far faster than 197 (true) and 101 far slower (false). The false one leaves the
+    steps, rejected with both measurements in its reason; a claim out of reach (3 -> 2) is not measured."""
+    workload = Workload(model=MODEL, batch_size=2, input_size=224, threads=1, output_dir=tmp_path, progress=False)
+    true, false, beyond = claimed(100, 197, 0.5), claimed(101, 197, 2.0), claimed(2, 3, 0.9)
+    search = SearchResult(points=[point(n, ms) for n, ms in ((2, 1.8), (3, 2.0), (100, 2.5), (101, 10.0),
+                                                               (197, 5.0))],
+                          steps=[], candidates=[true, false, beyond], drift=None, noise=0.01, reps=2, visits=10,
+                          measured=10, full_grid_visits=100, budget_visits=20, budget_spent=False)
+    result = OfflineResult(geometry=model_geometry(create_model(MODEL, input_size=224)), device={}, batch_size=2)
+    checked = check_steps_in_fresh_process(workload, SearchSettings(), search, reach=100, result=result)
+    assert {(s.tokens, s.upper_tokens) for s in checked.steps} == {(100, 197), (2, 3)}
+    (rejected,) = checked.rejected_candidates
+    assert (rejected.low, rejected.high) == (101, 197) and "here only: in a fresh process" in rejected.reason
+    records = {(f["low"], f["high"]): f for f in result.fresh_steps}
+    assert records.keys() == {(100, 197), (101, 197)}
+    assert records[(100, 197)]["held"] and not records[(101, 197)]["held"]
+    assert records[(100, 197)]["rounds"] >= 3 and records[(100, 197)]["fresh_pct"] > 20

@@ -49,6 +49,10 @@ def print_report(result: OfflineResult) -> None:
                  f"{s.pairs} pairs")
         for c in rejected:
             echo(f"  {c.high:>5d} -> {c.low:<5d} {c.reason}")
+        if result.fresh_steps:
+            held = sum(f["held"] for f in result.fresh_steps)
+            echo(f"fresh      {len(result.fresh_steps)} confirmed steps within reach measured again in a new "
+                 f"process: {held} held there")
     if result.accuracy:
         values = result.accuracy.values
         echo(f"accuracy   {result.accuracy.kind} on {result.accuracy.samples} images: "
