@@ -520,6 +520,7 @@ def write_outputs(workload: Workload, config: OfflineConfig, settings: SearchSet
         drift=search.drift, accuracy=result.accuracy.values if result.accuracy else None,
         accuracy_kind=result.accuracy.kind if result.accuracy else None, utility=utility,
         verified=result.verification,
+        here_only=[(f["low"], f["high"]) for f in result.fresh_steps if not f["held"]],
     )
 
 

@@ -33,10 +33,12 @@ def plot_offline(
     accuracy_kind: str | None = None,
     utility: Mapping[int, float] | None = None,
     verified=None,
+    here_only: Sequence[tuple[int, int]] = (),
 ) -> Path:
     """Latency vs kept tokens: every visit (drift-corrected) as a dot, the pooled curve with its 95% band,
-    confirmed steps with their paired effect and interval, candidates the paired test rejected, the choice
-    and what verification measured; accuracy and utility below when known."""
+    confirmed steps with their paired effect and interval, candidates the paired test rejected, steps
+    confirmed here that a fresh process did not show (`here_only`, (low, high) each), the choice and what
+    verification measured; accuracy and utility below when known."""
     points = sorted(points, key=lambda p: p.tokens)
     tokens = np.array([p.tokens for p in points])
     latency = np.array([p.latency_ms for p in points])
@@ -59,17 +61,23 @@ def plot_offline(
         ax.annotate(f"{-step.paired_pct:+.1f}%", (edge, on_curve(edge)), xytext=(4, 14 + 10 * (i % 3)),
                     textcoords="offset points", fontsize=7, color=colour, ha="left", va="bottom",
                     bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
+    elsewhere = [0.5 * (low + high) for low, high in here_only]
+    rejected = [c for c in rejected if (c.low, c.high) not in set(here_only)]
     if rejected:
         middles = [0.5 * (c.low + c.high) for c in rejected]
         ax.plot(middles, [on_curve(x) for x in middles], "x", color="0.15", ms=7, mew=1.5, zorder=5,
                 label="candidate rejected by paired test")
+    if elsewhere:
+        ax.plot(elsewhere, [on_curve(x) for x in elsewhere], "o", mfc="none", color="tab:orange", ms=9, mew=1.5,
+                zorder=5, label="step in this process only (not in a fresh one)")
     if chosen_tokens is not None:
         ax.axvline(chosen_tokens, color="tab:green", lw=2, label=f"chosen: keep {chosen_tokens}")
     notes = []
     if drift is not None:
         notes.append(f"drift during measurement: {drift.pct:.0f}% (reference {drift.reference_tokens})")
     plural = "s" if len(steps) != 1 else ""
-    notes.append(f"{len(steps)} step{plural} confirmed, {len(rejected)} rejected by paired test")
+    notes.append(f"{len(steps)} step{plural} confirmed, {len(rejected)} rejected by paired test"
+                 + (f", {len(elsewhere)} in this process only" if elsewhere else ""))
     for step in list(steps)[:STEPS_LISTED]:
         low, high = step.paired_ci_pct or (step.paired_pct, step.paired_pct)
         notes.append(f"  {step.upper_tokens}->{step.tokens}: {-step.paired_pct:+.1f}% [{-high:+.1f}, {-low:+.1f}]")
