@@ -1,7 +1,8 @@
 """Does the same command give the same answer on this drifting machine? One offline command, run several
 times in a row as a user runs it (a child process each, fresh output folder, live measurement).
 
-Prints, per run: the confirmed steps (paired effect and interval), the removal R shipped and why, the
+Prints, per run: the confirmed steps (paired effect and interval), those within reach measured again in a
+fresh process (`measurement.fresh_process_steps`), the removal R shipped and why, the
 predicted gain and the verified speedups (each candidate, here and in a fresh process), the drift seen,
 and the visits used against the full grid's.
 Goal (issue 9): the same confirmed steps (+-2 tokens) and the same R (+-2) in every run, or every run
@@ -78,6 +79,12 @@ def main() -> None:
         print(f"run {i + 1}: wall {wall:.0f} s; visits {m['visits']}/{m['full_grid_visits']} "
               f"({m['evaluation_ratio']:.3f} of the full grid); drift {drift:.1f}%; noise {m['noise_pct']:.2f}%")
         print(f"       confirmed steps: {steps or 'none'}; rejected candidates: {len(m['rejected'])}")
+        checks = m.get("fresh_process_steps") or []
+        if checks:
+            print("       steps within reach in a fresh process: " + ", ".join(
+                f"{f['high']}->{f['low']} here {-f['paired_pct']:+.1f}%, fresh {-f['fresh_pct']:+.1f}% "
+                f"[{-f['fresh_ci_pct'][1]:+.1f}, {-f['fresh_ci_pct'][0]:+.1f}] {'held' if f['held'] else 'NOT held'}"
+                for f in checks))
         verified = "not verified"
         if v:
             measured = [("verified", v["candidates"]),
