@@ -10,7 +10,8 @@ same paired rounds and criterion (`pomt.verify.verify`). A removal ships only wh
 
 The steps a removal could land below are checked the same way before the policy sees them: the confirmed
 steps within the policy's reach are measured in paired rounds (A B, B A, ...) in a fresh process, and a step
-counts only when that process shows it too (significant at the search's alpha, in the same direction). A step
+counts only when that process shows it too (in the same direction, significant at the search's alpha
+one-sided, and at least half the minimum step). A step
 that one process's memory layout makes is not a property of the model, batch, input and device, and a run
 that happened to get it would otherwise answer differently from the runs that did not.
 """
@@ -107,14 +108,17 @@ def _step_rounds_here(job: StepJob) -> dict[Pair, list[tuple[Visit, Visit]]]:
     return rounds
 
 
-def step_holds(here: PairedEffect, rounds: list[tuple[Visit, Visit]], alpha: float) -> tuple[PairedEffect, bool]:
+def step_holds(here: PairedEffect, rounds: list[tuple[Visit, Visit]], alpha: float,
+               min_step: float) -> tuple[PairedEffect, bool]:
     """The step's paired effect in the fresh process's `rounds` (the trend offset of its verdict here), and
-    whether it holds there: significant at `alpha` in the direction confirmed here. Its size is not asked
-    again: the verdict here decided that, and a real step near the minimum reads a little under it half
-    the time."""
+    whether it holds there: in the direction confirmed here, significant at `alpha` one-sided (the direction
+    is known before these rounds: a replication), and at least half of `min_step`. The full minimum is not
+    asked again, as the verdict here decided the size and a real step near it reads under it about half the
+    time; half of it keeps out a step that is real there but too small to matter."""
     fresh = paired_effect([b.median_ms for _, b in rounds], [a.median_ms for a, _ in rounds], offset=here.offset)
-    same_side = math.copysign(1.0, fresh.excess - 1.0) == math.copysign(1.0, here.excess - 1.0)
-    return fresh, fresh.p_value < alpha and same_side
+    change, confirmed = fresh.excess - 1.0, here.excess - 1.0
+    same_side = math.copysign(1.0, change) == math.copysign(1.0, confirmed)
+    return fresh, same_side and fresh.p_value / 2.0 < alpha and abs(change) >= min_step / 2.0
 
 
 def _verify_here(job: FreshJob) -> Verification:

@@ -418,7 +418,7 @@ def check_steps_in_fresh_process(workload: Workload, settings: SearchSettings, s
     rounds = step_rounds_in_fresh_process(job)
     verdicts = {}
     for c in within:
-        fresh, held = step_holds(c.effect, rounds[(c.low, c.high)], settings.step_alpha)
+        fresh, held = step_holds(c.effect, rounds[(c.low, c.high)], settings.step_alpha, settings.min_step)
         here_pct, fresh_pct = c.effect.saving_pct[0], fresh.saving_pct
         result.fresh_steps.append({"low": c.low, "high": c.high, "held": held, "paired_pct": round(here_pct, 3),
                                    "fresh_pct": round(fresh_pct[0], 3),

@@ -72,17 +72,23 @@ def rounds_of(low_ms: list[float], high_ms: list[float]) -> list[tuple[Visit, Vi
 
 
 def test_a_step_holds_in_a_fresh_process_only_when_it_shows_there_in_the_same_direction():
-    """Confirmed here: 10 tokens 8% faster than 11 beyond a trend that predicts 1%."""
+    """Confirmed here: 10 tokens 8% faster than 11 beyond a trend that predicts 1%. Fresh readings: the step
+    again; no step; the other way; a real but tiny 1% (significant, under half the 3% minimum); and 2.8%
+    from noisy rounds, significant one-sided only (the direction is known before the rounds: 192 -> 191 of
+    deit_small bs4 read +2.7% [+1.0, +4.5] fresh and was turned away by the two-sided test)."""
     offset = math.log(0.99)
-    here = paired_effect([20.0] * 6, list(np.array([18.3, 18.5, 18.4, 18.2, 18.4, 18.3])), offset=offset)
+    here = paired_effect([20.0] * 6, [18.3, 18.5, 18.4, 18.2, 18.4, 18.3], offset=offset)
     noise = np.array([0.003, -0.002, 0.001, -0.003, 0.002, -0.001])
-    step = rounds_of(list(18.4 * (1 + noise)), list(20.0 * (1 - noise)))
-    flat = rounds_of(list(19.8 * (1 + noise)), list(20.0 * (1 - noise)))
-    reversed_ = rounds_of(list(21.0 * (1 + noise)), list(20.0 * (1 - noise)))
-    fresh, held = step_holds(here, step, alpha=0.01)
-    assert held and fresh.excess < 0.95
-    assert not step_holds(here, flat, alpha=0.01)[1]
-    assert not step_holds(here, reversed_, alpha=0.01)[1]
+    wide = np.array([0.012, -0.008, 0.004, -0.012, 0.008, -0.004])
+
+    def holds(low_ms: float, spread: np.ndarray = noise) -> bool:
+        return step_holds(here, rounds_of(list(low_ms * (1 + spread)), list(20.0 * (1 - spread))), alpha=0.01,
+                          min_step=0.03)[1]
+
+    assert holds(18.4) and not holds(19.8) and not holds(21.0)
+    assert not holds(19.6)  # 1% beyond the trend, however significant
+    fresh = step_holds(here, rounds_of(list(19.25 * (1 + wide)), list(20.0 * (1 - wide))), 0.01, 0.03)[0]
+    assert 0.01 < fresh.p_value < 0.02 and holds(19.25, wide)
 
 
 def claimed(low: int, high: int, ratio: float) -> Confirmation:
