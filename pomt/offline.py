@@ -86,8 +86,9 @@ class OfflineConfig:
     verify_rounds: int = option(10, "Rounds of the verification (every candidate once per round).", min=3)
     verify_candidates: int = option(2, "Best-ranked removals verified (plus the other side of a targeted step).",
                                     min=1)
-    verify_fresh: bool = option(True, "Verify the removals that qualified once more in a fresh process (a step "
-                                      "near N can sit elsewhere there); ship only what qualifies in both.",
+    verify_fresh: bool = option(True, "Measure the confirmed steps within reach, and the removals that qualified, "
+                                      "once more in a fresh process (a step near N can sit elsewhere there); "
+                                      "keep only what holds in both.",
                                 negatable=True)
     latency_only: bool = option(False, "Measure latency only (no accuracy).")
     accuracy_only: bool = option(False, "Estimate accuracy only; write its CSV.")

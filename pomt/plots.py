@@ -62,7 +62,7 @@ def plot_offline(
                     textcoords="offset points", fontsize=7, color=colour, ha="left", va="bottom",
                     bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
     elsewhere = [0.5 * (low + high) for low, high in here_only]
-    rejected = [c for c in rejected if (c.low, c.high) not in set(here_only)]
+    rejected = [c for c in rejected if (c.low, c.high) not in here_only]
     if rejected:
         middles = [0.5 * (c.low + c.high) for c in rejected]
         ax.plot(middles, [on_curve(x) for x in middles], "x", color="0.15", ms=7, mew=1.5, zorder=5,

@@ -293,9 +293,9 @@ class LatencySearch:
         unit of two counts is a paired round in every pass. A replay whose trace holds no more visits of the
         reference goes on without it: every visit is corrected by the drift profile of all of them."""
         members = sorted(u for u in set(units) if u != (self.reference,)) + [(self.reference,)] * reference_visits
-        if not self.session.can_visit(self.reference):
-            members = [u for u in members if u != (self.reference,)]
         for p in range(passes):
+            if not self.session.can_visit(self.reference):
+                members = [u for u in members if u != (self.reference,)]
             ordered = [members[i][:: 1 if p % 2 == 0 else -1] for i in self.rng.permutation(len(members))]
             pass_index = self._new_pass()
             self.session.begin_pass(pass_index, [n for unit in ordered for n in unit])
