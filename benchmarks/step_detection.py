@@ -10,11 +10,10 @@ lying within +-2 tokens of a truth step or of one the dense trace confirms at 3%
 `steps_in_trace` of the injected trace (the truth before 2026-11-23) is printed too: injecting moves the
 trace's trend, and at the low counts, where the curve bends, edges of 4-5% beyond the old trend then read
 5% beyond the new one (deit_tiny bs4: 4 -> 6, 6 -> 8, 16 -> 18 in two of three seeds), steps of neither the
-device nor the injection. Evaluations are visits against
-the full grid's (passes x counts). It also counts the candidates that paired rounds rejected across which
-the saved curve shows a shift of the minimum step or more outside the paired interval of that ratio
-(issue 9's "no saved curve shows a level shift that its own paired confirmation rejected"). No timing:
-everything replays recorded samples.
+device nor the injection. Evaluations are visits against the full grid's (passes x counts). It also counts
+the candidates that paired rounds rejected across which the saved curve shows a shift of the minimum step or
+more outside the paired interval of that ratio (issue 9's "no saved curve shows a level shift that its own
+paired confirmation rejected"). No timing: everything replays recorded samples.
 
 `--oracle` replaces detection by knowledge: after the same coarse scan and aligned-edge verdicts, it
 measures each truth step's two counts (one pass) and confirms it directly, the largest first, while the budget
