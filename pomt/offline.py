@@ -220,14 +220,14 @@ def estimate_accuracy(workload: Workload, config: OfflineConfig, run: Run, extra
                                 progress=workload.progress)
 
 
-def policy_name(config: OfflineConfig, accuracy: dict[int, float] | None) -> str:
+def policy_name(config: OfflineConfig, accuracy_known: bool) -> str:
     return config.policy or ("budget" if config.latency_budget_ms is not None else
-                             "utility" if accuracy is not None else "step")
+                             "utility" if accuracy_known else "step")
 
 
 def rank(config: OfflineConfig, setting: Setting, search: SearchResult) -> list[Decision]:
     """The policy's candidates that remove something, best first (see `pomt.policy`)."""
-    policy = policy_name(config, setting.accuracy)
+    policy = policy_name(config, setting.accuracy is not None)
     if policy == "utility":
         if setting.accuracy is None:
             raise PolicyError("the utility policy needs accuracy: give --dataset-root or --accuracy-curve")
@@ -240,7 +240,7 @@ def rank(config: OfflineConfig, setting: Setting, search: SearchResult) -> list[
 def nothing(setting: Setting, config: OfflineConfig, search: SearchResult, reason: str | None = None,
             code: str | None = None) -> Decision:
     """The decision to remove nothing, with the policy's reason unless given."""
-    policy = policy_name(config, setting.accuracy)
+    policy = policy_name(config, setting.accuracy is not None)
     if reason is None:
         confirmed = len(search.steps)
         reason = (f"no confirmed step within {setting.limit} removed tokens pays at least {config.min_gain:.1%} at "
@@ -409,9 +409,11 @@ def reverify_in_fresh_process(workload: Workload, config: OfflineConfig, setting
 
 def check_steps_in_fresh_process(workload: Workload, settings: SearchSettings, search: SearchResult, reach: int,
                                  result: OfflineResult) -> SearchResult:
-    """The search's result with its confirmed steps at `reach` kept tokens or more (those a removal could land
-    below) measured again in a fresh process (`pomt.fresh`); a step that does not hold there is rejected,
-    its reason saying both measurements. `result.fresh_steps` records every check."""
+    """The search's result with its confirmed steps at `reach` kept tokens or more (those the step policy
+    could land below) measured again in a fresh process (`pomt.fresh`); a step that does not hold there is
+    rejected, its reason saying both measurements. `result.fresh_steps` records every check. The other
+    policies choose from the curve, not from its steps: their removal is checked in the fresh process by
+    the verification alone."""
     within = [c for c in search.candidates if c.accepted and c.effect is not None and c.low >= reach]
     if not within:
         return search
@@ -467,7 +469,7 @@ def run_offline(workload: Workload, config: OfflineConfig | None = None,
         result.paths["trace"] = run.session.journal.path
         run.session.journal.update_meta(passes=settings.passes, reps=search.reps,
                                         drift=None if search.drift is None else search.drift.to_dict())
-    if run.replay is None and config.verify_fresh:
+    if run.replay is None and config.verify_fresh and policy_name(config, will_know_accuracy) == "step":
         search = result.search = check_steps_in_fresh_process(workload, settings, search, reach, result)
 
     if needs_accuracy_model(config):
