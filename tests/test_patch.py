@@ -14,7 +14,7 @@ import torch
 
 from pomt.errors import PatchError, ScheduleError
 from pomt.geometry import model_geometry, transformer_blocks
-from pomt.patching import METHODS, apply_schedule, patch, patch_state, token_counts, unpatch
+from pomt.patching import METHODS, apply_schedule, attention, patch, patch_state, token_counts, unpatch
 from pomt.patching.api import UnverifiedScheduleWarning
 from pomt.patching.attention import call_layer
 from pomt.schedule import BlockRemoval, Schedule
@@ -144,8 +144,14 @@ def _block_output(model, x, block_index):
     return outputs[block_index]
 
 
-@pytest.mark.parametrize("name", ["deit_small", "dinov2_reg4"])
-def test_pomt_fuses_the_mean_of_the_discarded_tokens(models, name):
+@pytest.mark.parametrize(("name", "probs_bytes"), [("deit_small", None), ("dinov2_reg4", None),
+                                                   ("dinov2_reg4", 1), ("deit_small", 20_000)])
+def test_pomt_fuses_the_mean_of_the_discarded_tokens(models, name, probs_bytes, monkeypatch):
+    """The whole attention matrix at once, and in chunks of query rows (1 byte: one row at a time, the
+    first rows prefix tokens; 20 kB: 3 rows of deit_small's 2 x 6 x 197 keys): the same tokens, the same
+    output, as the definition computed here on the whole matrix."""
+    if probs_bytes is not None:
+        monkeypatch.setattr(attention, "PROBS_BYTES", probs_bytes)
     model, remove, at = models[name], 30, 3
     x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(2))
     prefix = model_geometry(model).prefix_tokens

@@ -12,6 +12,7 @@ from pomt.errors import PatchError
 from pomt.patching import token_counts
 from pomt.patching.plan import check_method, resolve_removal
 from pomt.patching.scores import (
+    attention_received,
     best_indices,
     class_attention_scores,
     gather_kept,
@@ -80,7 +81,9 @@ def test_pomt_scores_follow_the_definition():
     batch, heads, tokens, prefix = 2, 3, 7, 2
     probs = torch.randn(batch, heads, tokens, tokens).softmax(-1)
     v = torch.randn(batch, heads, tokens, 4)
-    got = pomt_scores(probs, v, prefix)
+    got = pomt_scores(attention_received(probs, prefix), v, prefix)
+    in_chunks = sum(attention_received(probs[:, :, r : r + 3], prefix, r) for r in range(0, tokens, 3))
+    assert torch.allclose(pomt_scores(in_chunks, v, prefix), got, atol=1e-6)
     for b in range(batch):
         received = [
             sum(max(probs[b, h, i, j].item() for h in range(heads)) for i in range(prefix, tokens))

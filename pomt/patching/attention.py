@@ -12,6 +12,7 @@ from torch import nn
 
 from pomt.errors import PatchError
 
+PROBS_BYTES = 16 * 2**20  # explicit attention probabilities a patched block holds at once, at most
 
 def _supported_classes(attn: nn.Module) -> tuple[type, ...]:
     """Supported classes of the layer's own package (imports DINOv2 only for DINOv2 layers)."""
@@ -59,6 +60,16 @@ def probabilities(attn: nn.Module, q: torch.Tensor, k: torch.Tensor) -> torch.Te
     q3, k3 = q.reshape(batch * heads, queries, dim), k.reshape(batch * heads, -1, dim)
     logits = torch.baddbmm(q3.new_empty(()), q3, k3.transpose(1, 2), beta=0, alpha=attn.scale)
     return logits.softmax(dim=-1).view(batch, heads, queries, -1)
+
+
+def query_chunks(q: torch.Tensor, keys: int, budget: int | None = None) -> list[tuple[int, int]]:
+    """Ranges of query rows whose explicit probabilities (B, H, rows, keys) take at most `budget` bytes each
+    (default PROBS_BYTES): one range where the whole matrix fits, as at 224 px; at 448 px and a large batch
+    the (B, H, N, N) matrix alone would take hundreds of MB more than the fused attention beside it."""
+    batch, heads, queries, _ = q.shape
+    per_row = max(1, batch * heads * keys * q.element_size())
+    rows = max(1, (PROBS_BYTES if budget is None else budget) // per_row)
+    return [(start, min(start + rows, queries)) for start in range(0, queries, rows)]
 
 
 def apply_probabilities(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

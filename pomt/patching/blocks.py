@@ -87,15 +87,21 @@ def _kept(x: torch.Tensor, plan: BlockPlan) -> int:
 
 
 def run_pomt(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
-    """Explicit attention; keep the best patch tokens, fuse the other R + 1 into their mean."""
+    """Explicit attention, over chunks of query rows where the whole matrix would be large
+    (`attention.query_chunks`); keep the best patch tokens, fuse the other R + 1 into their mean."""
     prefix, attn = plan.state.prefix_tokens, block.attn
     keep = _kept(x, plan) - 1
     y = block.norm1(x)
     q, k, v = attention.split_heads(attn, y)
-    probs = attention.probabilities(attn, q, k)
-    out = attention.apply_probabilities(attention.call_layer(attn.attn_drop, probs), v)
+    outs, received = [], None
+    for start, stop in attention.query_chunks(q, k.shape[2]):
+        probs = attention.probabilities(attn, q[:, :, start:stop], k)
+        outs.append(attention.apply_probabilities(attention.call_layer(attn.attn_drop, probs), v))
+        part = scores.attention_received(probs, prefix, start)
+        received = part if received is None else received + part
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
     x = _attn_residual(block, x, attention.project(attn, out, y))
-    kept, dropped = scores.split_best(scores.pomt_scores(probs, v, prefix), keep)
+    kept, dropped = scores.split_best(scores.pomt_scores(received, v, prefix), keep)
     return _mlp_residual(block, scores.keep_and_fuse(x, prefix, kept, dropped))
 
 

@@ -1,8 +1,8 @@
 """Token scores and selection on plain tensors: scores -> indices -> gathered tokens.
 
-Shapes: x (B, N, C) tokens with `prefix` leading prefix tokens; probs (B, H, N, N) attention
-probabilities; v (B, H, N, d) value vectors. Scores cover patch tokens only, shape (B, N - prefix);
-patch indices are 0-based among the patch tokens. Kept tokens stay in their original order.
+Shapes: x (B, N, C) tokens with `prefix` leading prefix tokens; probs (B, H, rows, N) attention
+probabilities (all N rows, or a chunk of them); v (B, H, N, d) value vectors. Scores cover patch tokens only,
+shape (B, N - prefix); patch indices are 0-based among the patch tokens. Kept tokens stay in their original order.
 """
 
 from __future__ import annotations
@@ -10,11 +10,18 @@ from __future__ import annotations
 import torch
 
 
-def pomt_scores(probs: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
-    """POMT importance: attention received (patch rows/columns, max over heads, summed over rows,
-    divided by the sample's largest) plus value magnitude (max over heads, summed over features,
-    softmax over all N tokens, prefix entries dropped)."""
-    received = probs.amax(dim=1)[:, prefix:, prefix:].sum(dim=1)
+def attention_received(probs: torch.Tensor, prefix: int, first_row: int = 0) -> torch.Tensor:
+    """The attention each patch token receives from the patch rows of `probs` (B, H, rows, N), whose rows
+    start at query `first_row`: max over heads, summed over rows, (B, N - prefix). Summed over row chunks
+    it gives the whole matrix's."""
+    skip = max(0, prefix - first_row)
+    return probs.amax(dim=1)[:, skip:, prefix:].sum(dim=1)
+
+
+def pomt_scores(received: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
+    """POMT importance: attention received (`attention_received`: patch rows/columns, max over heads,
+    summed over rows), divided by the sample's largest, plus value magnitude (max over heads, summed over
+    features, softmax over all N tokens, prefix entries dropped)."""
     received = received / received.amax(dim=-1, keepdim=True)
     magnitude = v.amax(dim=1).sum(dim=-1).softmax(dim=-1)[:, prefix:]
     return received + magnitude
