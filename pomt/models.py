@@ -34,6 +34,7 @@ ALIASES: dict[str, str] = {
 }
 
 HUB_HOST = ("huggingface.co", 443)
+RANDOM_INIT_SEED = 0  # random weights are the same in every process
 
 
 class PomtWarning(UserWarning):
@@ -118,7 +119,9 @@ def create_model(
 ) -> nn.Module:
     """Create a timm model in eval mode at `input_size`, with weights from the hub, a file, or random init.
 
-    When pretrained weights cannot be fetched, falls back to random init with one `PomtWarning`.
+    When pretrained weights cannot be fetched, falls back to random init with one `PomtWarning`. Random init
+    is seeded (RANDOM_INIT_SEED): the same model in every process, so what depends on its weights (agreement
+    with the unpruned model, the tokens a reducer keeps) repeats from run to run.
     A checkpoint's classifier size is read from the checkpoint, so fine-tuned heads load as they are.
     """
     resolved = resolve_model_name(name)
@@ -153,7 +156,9 @@ def create_model(
                 stacklevel=2,
             )
     if model is None:
-        model = timm.create_model(resolved.partition(".")[0], pretrained=False, **kwargs)
+        with torch.random.fork_rng(devices=[]):  # seeded here, the caller's generator left as it was
+            torch.manual_seed(RANDOM_INIT_SEED)
+            model = timm.create_model(resolved.partition(".")[0], pretrained=False, **kwargs)
     check_divisible(size, model)
     if state is not None:
         _load_state(model, state, Path(checkpoint))
