@@ -28,11 +28,11 @@ from typing import TypeVar
 import numpy as np
 
 from pomt.schedule import Schedule
-from pomt.sources import LiveSource, Session, forward_at_tokens
+from pomt.sources import LiveSource, Session
 from pomt.stats import PairedEffect, paired_effect
 from pomt.trace import Visit
 from pomt.verify import CandidateResult, Verification, choose, schedule_forward_at, verify
-from pomt.workload import Prepared, Workload, prepare
+from pomt.workload import Prepared, Workload, live_session, prepare
 
 Pair = tuple[int, int]
 Job = TypeVar("Job")
@@ -92,10 +92,7 @@ def _step_rounds_here(job: StepJob) -> dict[Pair, list[tuple[Visit, Visit]]]:
     search measured it), each step's two counts visited back to back, every step once per round in a seeded
     order, the order within a pair reversed every other round."""
     workload, prepared = _prepared_here(job.workload)
-    forward_at = forward_at_tokens(prepared.model, prepared.x, backend=workload.backend,
-                                   device=prepared.setup.device, threads=workload.threads,
-                                   cache_dir=Path(workload.output_dir) / prepared.cache_dir)
-    session = Session(LiveSource(forward_at, prepared.setup.device, workload.threads))
+    session = live_session(workload, prepared)
     rng = np.random.default_rng(workload.seed)
     rounds: dict[Pair, list[tuple[Visit, Visit]]] = {pair: [] for pair in job.pairs}
     for index in range(job.rounds):

@@ -114,8 +114,9 @@ def open_journal(workload: Workload, prepared: Prepared, name: str, what: str, s
     return TraceWriter(path, trace_meta(prepared, workload, what), keys, resume=workload.resume)
 
 
-def live_session(workload: Workload, prepared: Prepared, journal: TraceWriter) -> Session:
-    """Measure the model at a token count on this machine, through the workload's runtime, into the journal."""
+def live_session(workload: Workload, prepared: Prepared, journal: TraceWriter | None = None) -> Session:
+    """Measure the model at a token count on this machine, through the workload's runtime, into the journal
+    (none: nothing written, as in a fresh process's check)."""
     forward_at = forward_at_tokens(prepared.model, prepared.x, backend=workload.backend, device=prepared.setup.device,
                                    threads=workload.threads, cache_dir=Path(workload.output_dir) / prepared.cache_dir)
     source = LiveSource(forward_at, prepared.setup.device, workload.threads, start_s=journal_end_s(journal))
