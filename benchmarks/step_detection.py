@@ -13,7 +13,9 @@ trace's trend, and at the low counts, where the curve bends, edges of 4-5% beyon
 device nor the injection. Evaluations are visits against the full grid's (passes x counts). It also counts
 the candidates that paired rounds rejected across which the saved curve shows a shift of the minimum step or
 more outside the paired interval of that ratio (issue 9's "no saved curve shows a level shift that its own
-paired confirmation rejected"). No timing: everything replays recorded samples.
+paired confirmation rejected"). For each truth step missed it names what became of the most significant
+candidate near or around it (not examined because the budget or the trace ran out, rejected and why, screened
+by its coarse rounds) or that none was flagged. No timing: everything replays recorded samples.
 
 `--oracle` replaces detection by knowledge: after the same coarse scan and aligned-edge verdicts, it
 measures each truth step's two counts (one pass) and confirms it directly, the largest first, while the budget
@@ -28,6 +30,7 @@ Usage: python benchmarks/step_detection.py [--seeds 3] [--inject 3] [--budget 0.
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +87,21 @@ def injections(trace: Trace, count: int, rng: np.random.Generator, avoid: list[S
     return chosen
 
 
+def why_missed(step: Step, candidates: list[Confirmation]) -> str:
+    """Why a truth step has no confirmed step near it: the verdict on the most significant candidate near or
+    around it (`not examined` split by whether the budget or the trace ran out), or that none was flagged."""
+    around = [c for c in candidates if abs(c.low - step.tokens) <= TOLERANCE or abs(c.high - step.upper_tokens)
+              <= TOLERANCE or c.low <= step.tokens < step.upper_tokens <= c.high]
+    if not around:
+        return "never a candidate"
+    verdict = max(around, key=lambda c: c.candidate_z)
+    if verdict.screened:
+        return "screened by its coarse rounds"
+    if verdict.reason.startswith("not examined"):
+        return "not examined: " + ("budget spent" if "budget" in verdict.reason else "trace ran out")
+    return "rejected: " + verdict.reason.split(" (")[0]
+
+
 def oracle(search: LatencySearch, truth: list[Step]) -> SearchResult:
     """The search's coarse scan and aligned-edge verdicts, then each truth step not yet matched by a confirmed
     one, largest first: its counts measured in one pass, then confirmed (see the module docstring)."""
@@ -127,6 +145,7 @@ def main() -> None:
     totals = {"truth": 0, "hit": 0, "found": 0, "right": 0, "injected": 0, "injected_hit": 0, "rejected": 0,
               "shown": 0, "previous": 0, "previous_hit": 0}
     ratios = []
+    reasons: Counter[str] = Counter()
     print(f"{'trace':34s} {'seed':>4s} {'visits':>12s} {'ratio':>6s} {'truth':>5s} {'hit':>4s} {'found':>5s} "
           f"{'right':>5s}  missed / wrong")
     for name in names:
@@ -163,6 +182,9 @@ def main() -> None:
             totals["injected"] += len(planted)
             totals["injected_hit"] += sum(any(abs(s.tokens - k) <= TOLERANCE for s in result.steps) for k in planted)
             missed = [f"{t.upper_tokens}->{t.tokens}" for t in truth if t not in hit]
+            for t in truth:
+                if t not in hit:
+                    reasons[why_missed(t, result.candidates)] += 1
             wrong = [f"{s.upper_tokens}->{s.tokens}" for s in big if s not in right]
             print(f"{name:34s} {seed:>4d} {result.visits:>5d}/{result.full_grid_visits:<6d} "
                   f"{result.evaluation_ratio:6.3f} {len(truth):>5d} {len(hit):>4d} {len(big):>5d} {len(right):>5d}  "
@@ -179,6 +201,8 @@ def main() -> None:
           f"({found_share:.3f}); the rest of the truth is the traces' own steps")
     print(f"saved curves: {totals['shown']} of {totals['rejected']} candidates that paired rounds rejected show a "
           f"shift of the minimum step or more that lies outside the paired interval")
+    print("truth steps missed, by what became of the candidate nearest them: " + ", ".join(
+        f"{reason} {count}" for reason, count in reasons.most_common()))
     verdict = {True: "met", False: "NOT met"}
     print(f"goals: recall >= 0.9 {verdict[recall >= 0.9]}; precision >= 0.9 {verdict[precision >= 0.9]}; "
           f"<= 1/5 of the full grid {verdict[max(ratios) <= 0.2]} (budget {args.budget:g}, align {args.align}"
