@@ -17,6 +17,10 @@ paired confirmation rejected"). For each truth step missed it names what became 
 candidate near or around it (not examined because the budget or the trace ran out, rejected and why, screened
 by its coarse rounds) or that none was flagged. No timing: everything replays recorded samples.
 
+`--reach K` runs the search as the offline computation does for a policy that removes at most K tokens (the
+candidates within reach examined first) and prints the recall of the truth steps within reach too: the steps a
+schedule can land below.
+
 `--oracle` replaces detection by knowledge: after the same coarse scan and aligned-edge verdicts, it
 measures each truth step's two counts (one pass) and confirms it directly, the largest first, while the budget
 lasts. Its recall is a ceiling on what any search with this confirmation rule reaches on this bank at that
@@ -24,7 +28,7 @@ budget: what it misses, paired rounds did not confirm (or the trace ran out of v
 
 Goals (issue 9): recall >= 0.9 and precision >= 0.9 with <= 1/5 of the full grid's evaluations.
 Usage: python benchmarks/step_detection.py [--seeds 3] [--inject 3] [--budget 0.2] [--align 8] [--oracle]
-       [--traces NAME ...]
+       [--reach K] [--traces NAME ...]
 """
 
 from __future__ import annotations
@@ -139,11 +143,15 @@ def main() -> None:
                         help="the search's anchor alignment (0: a plain strided coarse scan)")
     parser.add_argument("--oracle", action="store_true",
                         help="confirm the truth steps directly instead of searching for them (a ceiling)")
+    parser.add_argument("--reach", type=int, default=None,
+                        help="the policy's most tokens removed: the search examines candidates within it first "
+                             "(`focus_from`, as the offline computation does) and recall within it is printed too")
     parser.add_argument("--traces", nargs="*", default=None, help="trace names in tests/data (default: all shuffled)")
     args = parser.parse_args()
     names = args.traces or sorted(p.stem for p in DATA.glob("*_shuffled.csv"))
     totals = {"truth": 0, "hit": 0, "found": 0, "right": 0, "injected": 0, "injected_hit": 0, "rejected": 0,
-              "shown": 0, "previous": 0, "previous_hit": 0}
+              "shown": 0, "previous": 0, "previous_hit": 0,
+              "within": 0, "within_hit": 0}
     ratios = []
     reasons: Counter[str] = Counter()
     print(f"{'trace':34s} {'seed':>4s} {'visits':>12s} {'ratio':>6s} {'truth':>5s} {'hit':>4s} {'found':>5s} "
@@ -161,8 +169,9 @@ def main() -> None:
             previous = steps_in_trace(trace.visits, min_step=BIG)
             source = ReplaySource(trace)
             settings = SearchSettings(budget=args.budget, align=args.align)
+            reach = None if args.reach is None else trace.num_tokens - args.reach
             search = LatencySearch(Session(source), trace.counts, trace.num_tokens, settings, seed=seed,
-                                   progress=False)
+                                   progress=False, focus_from=reach)
             result = oracle(search, truth) if args.oracle else search.run()
             tested = [c for c in result.rejected if c.effect is not None]
             levels = {p.tokens: p.latency_ms for p in result.points}
@@ -174,6 +183,10 @@ def main() -> None:
             totals["previous"] += len(previous)
             totals["previous_hit"] += sum(near(t, result.steps) for t in previous)
             right = [s for s in big if near(s, loose)]
+            if reach is not None:
+                within = [t for t in truth if t.tokens >= reach]
+                totals["within"] += len(within)
+                totals["within_hit"] += sum(t in hit for t in within)
             totals["truth"] += len(truth)
             totals["hit"] += len(hit)
             totals["found"] += len(big)
@@ -196,6 +209,9 @@ def main() -> None:
           f"{max(ratios):.3f} at most")
     print(f"recall against steps_in_trace of the injected trace (the previous truth): "
           f"{totals['previous_hit'] / max(1, totals['previous']):.3f} ({totals['previous_hit']}/{totals['previous']})")
+    if args.reach is not None:
+        print(f"recall within the policy's reach ({args.reach} tokens below N): "
+              f"{totals['within_hit'] / max(1, totals['within']):.3f} ({totals['within_hit']}/{totals['within']})")
     found_share = totals["injected_hit"] / max(1, totals["injected"])
     print(f"injected steps (6-12%) found within +-{TOLERANCE}: {totals['injected_hit']}/{totals['injected']} "
           f"({found_share:.3f}); the rest of the truth is the traces' own steps")
