@@ -17,7 +17,9 @@ measured.
 On the 2-core AMD VM (deit_tiny, batch 1, 2 threads, 16 rounds, 2026-11-23) the two conditions agreed at
 all 8 edges (p 0.05-0.96; L(65)/L(64) +4.9% both ways, L(17)/L(16) +9.4% back to back and +11.1% apart, the
 largest difference); a first run at 16, 32 and 64 agreed too (p 0.20-0.63). The same runs show that the larger
-edge of an aligned count lay on its a + 1 side at 16, 32 and 64 (5-11%, against 1-4% on the a - 1 side).
+edge of an aligned count lay on its a + 1 side at 16, 32 and 64 (5-11%, against 1-4% on the a - 1 side). At
+152-192 (`--aligned 152,160,168,176,184,192 --rounds 12`) the conditions agreed again (p 0.06-0.80), and the a - 1
+side was the larger at each count (2.0-7.8%, against 1.6-2.6%).
 Usage: python benchmarks/pairing.py [--model deit_tiny] [--batch-size 1] [--aligned 16,32,64,128] [--rounds 16]
        [--threads 2] [--visit-s 0.1]
 """
