@@ -30,14 +30,12 @@ import argparse
 import math
 
 import numpy as np
-import torch
 from scipy import stats as scipy_stats
 from tqdm import tqdm
 
-from pomt.geometry import model_geometry
-from pomt.models import create_model
-from pomt.sources import LiveSource, calibrate_reps, forward_at_tokens
+from pomt.sources import calibrate_reps
 from pomt.stats import paired_effect
+from pomt.workload import Workload, live_session, prepare
 
 Levels = dict[int, float]  # visit median (ms) per count, one round of one condition
 
@@ -79,10 +77,9 @@ def main() -> None:
     parser.add_argument("--visit-s", type=float, default=0.1, help="seconds of timing per visit")
     args = parser.parse_args()
     aligned = sorted(int(a) for a in args.aligned.split(","))
-    model = create_model(args.model)
-    size = model_geometry(model).input_size
-    x = torch.randn(args.batch_size, 3, *size, generator=torch.Generator().manual_seed(0))
-    source = LiveSource(forward_at_tokens(model, x, threads=args.threads), "cpu", args.threads)
+    workload = Workload(model=args.model, batch_size=args.batch_size, device="cpu", threads=args.threads,
+                        progress=False)
+    source = live_session(workload, prepare(workload))  # as the offline computation measures, nothing written
     reps = calibrate_reps(source.visit(max(aligned) + 1, 3, 0).median_ms / 1e3, args.visit_s)
     rng = np.random.default_rng(0)
     rounds: dict[str, list[Levels]] = {"pair": [], "apart": []}

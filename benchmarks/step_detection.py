@@ -124,7 +124,7 @@ def oracle(search: LatencySearch, truth: list[Step]) -> SearchResult:
                 search.measure_passes(unmeasured, 1)
             search.judged[pair] = search.confirm(*pair, z=float("inf"))
         except TraceExhausted as exc:
-            search.judged[pair] = Confirmation(*pair, None, False, "none", f"not examined: {exc}")
+            search.judged[pair] = Confirmation(*pair, None, False, "none", f"not examined: {exc}", float("inf"))
     points = search.curve()
     verdicts = list(search.judged.values())
     return SearchResult(points=points, steps=confirmed_steps(points, verdicts), candidates=verdicts, drift=None,

@@ -14,6 +14,7 @@ from pomt.errors import PatchError
 
 PROBS_BYTES = 16 * 2**20  # explicit attention probabilities a patched block holds at once, at most
 
+
 def _supported_classes(attn: nn.Module) -> tuple[type, ...]:
     """Supported classes of the layer's own package (imports DINOv2 only for DINOv2 layers)."""
     if type(attn).__module__.startswith("dinov2."):
