@@ -3,7 +3,9 @@
 Every grid count is visited in `passes` shuffled passes, the reference N `reference_visits` times in each
 (a search visits it in every one of its many short passes, and a replay serves each recorded visit once),
 each multiple of `align` right beside the count below it (alternating order), as a search's coarse scan
-visits them, so a replay can serve those pairs back to back.
+visits them, so a replay can serve those pairs back to back; or, with `chain`, every count beside a
+neighbour, the pairs shifted every other pass, so that a replay can serve any adjacent pair back to back
+(`pomt.search.chained_units`): the pairs a search confirms off the aligned edges, and the a + 1 side of each.
 Every timed forward is kept with its count, pass and time in `<stem>.record.csv`, the device fingerprint
 in its JSON sidecar; a killed recording continues with `--resume`. The trace is then analysed as the
 bank's ground truth is (`pomt.steps.steps_in_trace`) and drawn; `offline_computation.py --replay` runs
@@ -36,6 +38,10 @@ class RecordSettings:
     align: int = option(8, "Each multiple of it is visited right beside the count below, in alternating order, as "
                            "an adaptive search's coarse scan does, so a replay serves those pairs as they were "
                            "measured live (0: every count on its own).", min=0)
+    chain: bool = option(False, "Visit every count right beside a neighbour, the pairs shifted by one count every "
+                                "other pass, so every two neighbouring counts are back to back in half the passes "
+                                "and a replay serves any adjacent pair as a search measures it live (in place of "
+                                "--align's pairs).")
     min_step: float = option(0.05, "Smallest step the summary reports (fraction, beyond the trend).")
 
 
@@ -60,17 +66,19 @@ def record(workload: Workload, settings: RecordSettings) -> Recording:
                                      align=settings.align).check()
     journal = open_journal(workload, prepared, "record", "whole model, tokens truncated after embedding",
                            {"passes": settings.passes, "reps": settings.reps, "visit_s": settings.visit_s,
-                            "reference_visits": settings.reference_visits, "align": settings.align})
+                            "reference_visits": settings.reference_visits, "align": settings.align,
+                            "chain": settings.chain})
     session = live_session(workload, prepared, journal)
     started = time.perf_counter()
     search = LatencySearch(session, prepared.grid, prepared.geometry.num_tokens, search_settings, adaptive=False,
                            seed=workload.seed, progress=workload.progress)
-    visits = search.record(settings.reference_visits)
+    visits = search.record(settings.reference_visits, chain=settings.chain)
     seconds = time.perf_counter() - started
     n = prepared.geometry.num_tokens
     seen = drift(visits, n)
     journal.update_meta(passes=settings.passes, reps=search.reps, stride=workload.grid_token_stride,
-                        align=settings.align, drift=None if seen is None else seen.to_dict())
+                        align=0 if settings.chain else settings.align, chain=settings.chain,
+                        drift=None if seen is None else seen.to_dict())
     steps = steps_in_trace(visits, min_step=settings.min_step)
     stem = f"{prepared.setup.stem}.record"
     title = (f"{prepared.geometry.model} on {prepared.setup.fingerprint.get('name')}, batch {prepared.setup.batch_size}"

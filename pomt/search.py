@@ -636,14 +636,19 @@ class LatencySearch:
         g = self._drift_log()
         return np.array([math.log(a.median_ms / b.median_ms) - g[id(a)] + g[id(b)] for a, b in rounds])
 
-    def record(self, reference_visits: int = 1) -> list[Visit]:
-        """Every grid count in `passes` shuffled passes, the aligned edges' two counts back to back as in
-        an adaptive search's coarse scan, nothing judged: a dense trace (`pomt record`)."""
+    def record(self, reference_visits: int = 1, *, chain: bool = False) -> list[Visit]:
+        """Every grid count in `passes` shuffled passes, nothing judged: a dense trace (`pomt record`). The
+        aligned edges' two counts back to back as in an adaptive search's coarse scan, or with `chain`
+        every two neighbouring counts back to back in half the passes (`chained_units`)."""
         self._calibrate()
-        pairs = self._anchor_pairs()
-        paired = {n for pair in pairs for n in pair}
-        units = [*pairs, *((n,) for n in self.grid if n not in paired)]
-        self.measure_units(units, self.settings.passes, reference_visits)
+        if chain:
+            for number in range(self.settings.passes):
+                self.measure_units(chained_units(self.grid, number), 1, reference_visits)
+        else:
+            pairs = self._anchor_pairs()
+            paired = {n for pair in pairs for n in pair}
+            units = [*pairs, *((n,) for n in self.grid if n not in paired)]
+            self.measure_units(units, self.settings.passes, reference_visits)
         self._bar.close()
         return self.visits()
 
@@ -681,6 +686,19 @@ class LatencySearch:
             budget_spent=any(c.reason.startswith("not examined") for c in confirmations),
             design=self.visits(),
         )
+
+
+def chained_units(grid: list[int], number: int) -> list[tuple[int, ...]]:
+    """The units of pass `number` (from 0) of a chained recording: the grid's counts as neighbouring pairs,
+    from its first count in even passes and from its second in odd ones, so that every two neighbours are
+    back to back in half the passes and a replay serves any adjacent pair as a search measures it live;
+    ascending in passes 0, 1, 4, 5, ..., descending in 2, 3, 6, 7, ..., so each pair comes in both orders."""
+    start = number % 2
+    pairs = [(grid[i], grid[i + 1]) for i in range(start, len(grid) - 1, 2)]
+    if (number // 2) % 2:
+        pairs = [(b, a) for a, b in pairs]
+    paired = {n for pair in pairs for n in pair}
+    return [*pairs, *((n,) for n in grid if n not in paired)]
 
 
 def confirmation_looks(confirm_rounds: int) -> list[tuple[int, float]]:
@@ -723,6 +741,7 @@ def confirmed_steps(points: list[CurvePoint], confirmations: list[Confirmation])
 
 
 __all__ = [
-    "LOOK_ALPHAS", "Confirmation", "LatencySearch", "SearchResult", "SearchSettings", "confirmation_looks",
+    "LOOK_ALPHAS", "Confirmation", "LatencySearch", "SearchResult", "SearchSettings", "chained_units",
+    "confirmation_looks",
     "confirmed_steps", "expected_levels", "level_change", "token_grid",
 ]

@@ -11,7 +11,15 @@ import pytest
 
 from pomt.errors import GridError
 from pomt.policy import Setting, rank_step
-from pomt.search import LOOK_ALPHAS, LatencySearch, SearchSettings, confirmation_looks, expected_levels, token_grid
+from pomt.search import (
+    LOOK_ALPHAS,
+    LatencySearch,
+    SearchSettings,
+    chained_units,
+    confirmation_looks,
+    expected_levels,
+    token_grid,
+)
 from pomt.sources import ReplaySource, Session
 from pomt.steps import steps_in_trace
 from pomt.trace import TraceWriter, inject_steps, read_trace
@@ -98,6 +106,24 @@ def test_anchor_pairs_are_visited_back_to_back_in_every_coarse_pass_in_alternati
         assert [where[id(b)] - where[id(a)] for a, b in rounds] == [1, -1, 1]  # A B, B A, A B
     assert LatencySearch(Session(ReplaySource(trace)), GRID, N, SearchSettings(align=0)).anchors == []
     assert LatencySearch(Session(ReplaySource(trace)), GRID[::2] + [N], N, SearchSettings()).anchors == []
+
+
+def test_a_chained_recording_puts_every_two_neighbours_back_to_back_in_half_the_passes_both_ways():
+    trace = synthetic_trace(linear_levels(), passes=32, noise=0.01)
+    grid = list(range(150, N + 1))
+    state = LatencySearch(Session(ReplaySource(trace)), grid, N, SearchSettings(passes=4), adaptive=False,
+                          progress=False)
+    visits = state.record(2, chain=True)
+    for number in range(4):
+        units = chained_units(grid, number)
+        assert sorted(n for unit in units for n in unit) == grid  # every count once a pass
+    adjacent: dict[tuple[int, int], list[int]] = {}
+    for a, b in zip(visits, visits[1:], strict=False):
+        if a.pass_index == b.pass_index and abs(a.tokens - b.tokens) == 1:
+            adjacent.setdefault((min(a.tokens, b.tokens), max(a.tokens, b.tokens)), []).append(b.tokens - a.tokens)
+    for low, high in zip(grid, grid[1:], strict=False):  # by the design, not by chance of the shuffle
+        assert (low, high) in adjacent and {1, -1} <= set(adjacent[(low, high)])
+    assert sum(v.tokens == N for v in visits) >= 4 * 2  # the reference in every pass, as often as asked
 
 
 def test_dips_at_aligned_counts_are_confirmed_from_the_coarse_rounds_alone():
