@@ -15,7 +15,14 @@ the candidates that paired rounds rejected across which the saved curve shows a 
 more outside the paired interval of that ratio (issue 9's "no saved curve shows a level shift that its own
 paired confirmation rejected"). For each truth step missed it names what became of the most significant
 candidate near or around it (not examined because the budget or the trace ran out, rejected and why, screened
-by its coarse rounds) or that none was flagged. No timing: everything replays recorded samples.
+by its coarse rounds) or that none was flagged, and where the visits went (coarse scan, refining, paired rounds
+by their verdict). No timing: everything replays recorded samples.
+
+First it prints, per trace, how a round of two neighbouring counts scatters when the recording visited them back
+to back, as a live search's rounds are, and apart in one pass, as a replay serves every other pair: rounds from
+visits apart scatter more (drift divided out; 1.5-1.7% against 1.9-2.3% on the AMD traces, 2.2% against 6.2% on
+the H100), so on a trace not recorded with `pomt record --chain` the bank under-reads recall of steps off the
+aligned edges, every injected step among them.
 
 `--reach K` runs the search as the offline computation does for a policy that removes at most K tokens (the
 candidates within reach examined first) and prints the recall of the truth steps within reach too: the steps a
@@ -34,14 +41,17 @@ Usage: python benchmarks/step_detection.py [--seeds 3] [--inject 3] [--budget 0.
 from __future__ import annotations
 
 import argparse
+import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import median_abs_deviation
 
 from pomt.search import Confirmation, LatencySearch, SearchResult, SearchSettings, confirmed_steps
 from pomt.sources import ReplaySource, Session, TraceExhausted
+from pomt.stats import drift_profile
 from pomt.steps import Step, steps_in_trace
 from pomt.trace import Trace, inject_steps, read_trace
 
@@ -106,6 +116,47 @@ def why_missed(step: Step, candidates: list[Confirmation]) -> str:
     return "rejected: " + verdict.reason.split(" (")[0]
 
 
+def spending(search: LatencySearch, truth: list[Step]) -> Counter[str]:
+    """Where a run's visits went: its coarse passes, the passes that refined candidates, and the paired rounds
+    it added to the design's, by the verdict they led to."""
+    spent: Counter[str] = Counter()
+    for visit in search.design:
+        spent["coarse scan" if visit.pass_index <= search.settings.coarse_passes else "refining"] += 1
+    for pair, rounds in search.rounds.items():
+        added = 2 * max(0, len(rounds) - len(search.design_rounds(*pair)))
+        verdict = search.judged.get(pair)
+        if verdict is not None and verdict.accepted:
+            on_truth = any(abs(pair[0] - t.tokens) <= TOLERANCE or abs(pair[1] - t.upper_tokens) <= TOLERANCE
+                           for t in truth)
+            spent["rounds confirming a truth step" if on_truth else "rounds confirming another step"] += added
+        else:
+            spent["rounds rejecting or cut short"] += added
+    return spent
+
+
+def pairing_noise(trace: Trace) -> dict[bool, tuple[float, int]]:
+    """How much a round's log ratio of two neighbouring grid counts scatters (robust SD, and how many rounds)
+    when the recording visited them back to back (True) and apart in the same pass (False), each visit's drift
+    divided out (`drift_profile`), each pair's median taken out: what a replay's rounds carry."""
+    visits = list(trace.visits)
+    _, drift_log = drift_profile(visits)
+    where = {(v.pass_index, v.tokens): i for i, v in reversed(list(enumerate(visits)))}  # first visit in a pass
+    residuals: dict[bool, list[float]] = {True: [], False: []}
+    for low, high in zip(trace.counts, trace.counts[1:], strict=False):
+        rounds = []
+        for p in sorted({v.pass_index for v in visits}):
+            i, j = where.get((p, low)), where.get((p, high))
+            if i is not None and j is not None:
+                ratio = math.log(visits[i].median_ms / visits[j].median_ms) - drift_log[i] + drift_log[j]
+                rounds.append((abs(i - j) == 1, ratio))
+        if len(rounds) >= 4:
+            middle = float(np.median([r for _, r in rounds]))
+            for adjacent, r in rounds:
+                residuals[adjacent].append(r - middle)
+    return {k: (float(median_abs_deviation(r, scale="normal")) if len(r) >= 10 else math.nan, len(r))
+            for k, r in residuals.items()}
+
+
 def oracle(search: LatencySearch, truth: list[Step]) -> SearchResult:
     """The search's coarse scan and aligned-edge verdicts, then each truth step not yet matched by a confirmed
     one, largest first: its counts measured in one pass, then confirmed (see the module docstring)."""
@@ -154,6 +205,14 @@ def main() -> None:
               "within": 0, "within_hit": 0}
     ratios = []
     reasons: Counter[str] = Counter()
+    spent: Counter[str] = Counter()
+    print("replay pairing: how a round of two neighbouring counts scatters when the recording visited them back "
+          "to back (as a live search does) and apart in one pass (drift divided out)")
+    for name in names:
+        noise = pairing_noise(read_trace(DATA / f"{name}.csv"))
+        print(f"  {name:36s} back to back {100 * noise[True][0]:5.2f}% ({noise[True][1]:4d} rounds)   apart "
+              f"{100 * noise[False][0]:5.2f}% ({noise[False][1]:4d} rounds)")
+    print()
     print(f"{'trace':34s} {'seed':>4s} {'visits':>12s} {'ratio':>6s} {'truth':>5s} {'hit':>4s} {'found':>5s} "
           f"{'right':>5s}  missed / wrong")
     for name in names:
@@ -173,6 +232,7 @@ def main() -> None:
             search = LatencySearch(Session(source), trace.counts, trace.num_tokens, settings, seed=seed,
                                    progress=False, focus_from=reach)
             result = oracle(search, truth) if args.oracle else search.run()
+            spent += spending(search, truth)
             tested = [c for c in result.rejected if c.effect is not None]
             levels = {p.tokens: p.latency_ms for p in result.points}
             shown = [c for c in tested if contradicted(c, levels, settings.min_step)]
@@ -217,6 +277,8 @@ def main() -> None:
           f"({found_share:.3f}); the rest of the truth is the traces' own steps")
     print(f"saved curves: {totals['shown']} of {totals['rejected']} candidates that paired rounds rejected show a "
           f"shift of the minimum step or more that lies outside the paired interval")
+    print("visits went to: " + ", ".join(f"{what} {count / max(1, spent.total()):.1%}"
+                                         for what, count in spent.most_common()))
     print("truth steps missed, by what became of the candidate nearest them: " + ", ".join(
         f"{reason} {count}" for reason, count in reasons.most_common()))
     verdict = {True: "met", False: "NOT met"}
