@@ -20,7 +20,8 @@ by their verdict). No timing: everything replays recorded samples.
 
 First it prints, per trace, how a round of two neighbouring counts scatters when the recording visited them back
 to back, as a live search's rounds are, and apart in one pass, as a replay serves every other pair: rounds from
-visits apart scatter more (drift divided out; 1.5-1.7% against 1.9-2.3% on the AMD traces, 2.2% against 6.2% on
+visits apart scatter more (drift divided out; on the two aligned AMD traces, whose 407 back-to-back rounds
+measure it best, 1.66% against 2.29% for deit_tiny and 1.57% against 1.92% for deit_small; 2.2% against 6.2% on
 the H100), so on a trace not recorded with `pomt record --chain` the bank under-reads recall of steps off the
 aligned edges, every injected step among them.
 
