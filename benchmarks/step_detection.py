@@ -60,7 +60,7 @@ DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 BIG, LOOSE, TOLERANCE = 0.05, 0.03, 2
 
 
-def near(step: Step, others: list[Step]) -> bool:
+def near(step: Step | Known, others: list[Step]) -> bool:
     return any(abs(step.tokens - o.tokens) <= TOLERANCE or abs(step.upper_tokens - o.upper_tokens) <= TOLERANCE
                for o in others)
 
@@ -127,8 +127,7 @@ def spending(search: LatencySearch, truth: list[Step]) -> Counter[str]:
         added = 2 * max(0, len(rounds) - len(search.design_rounds(*pair)))
         verdict = search.judged.get(pair)
         if verdict is not None and verdict.accepted:
-            on_truth = any(abs(pair[0] - t.tokens) <= TOLERANCE or abs(pair[1] - t.upper_tokens) <= TOLERANCE
-                           for t in truth)
+            on_truth = near(Known(*pair, 0.0), truth)
             spent["rounds confirming a truth step" if on_truth else "rounds confirming another step"] += added
         else:
             spent["rounds rejecting or cut short"] += added
