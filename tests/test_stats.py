@@ -109,6 +109,16 @@ def test_pooled_pair_noise_recovers_one_spread_from_many_small_pairs():
     assert pooled_pair_noise([[0.1], []]) == (0.0, 0)
 
 
+@pytest.mark.parametrize("sizes", [(3,), (2, 3, 4, 6, 12)])
+def test_pooled_pair_noise_is_unbiased_on_groups_of_any_size(sizes):
+    """Three rounds an aligned edge, three visits a coarse count: residuals about each group's own median
+    read 0.58 of the spread on groups of three, which made paired tests and candidates look surer."""
+    rng = np.random.default_rng(7)
+    groups = [rng.normal(rng.uniform(-0.1, 0.1), 0.02, sizes[k % len(sizes)]) for k in range(600)]
+    sd, _ = pooled_pair_noise(groups)
+    assert sd == pytest.approx(0.02, rel=0.08)
+
+
 def test_a_pooled_prior_lends_three_rounds_the_power_of_many():
     a = np.full(3, 10.0)
     b = a * 1.05 * np.exp(np.array([0.008, -0.011, 0.004]))
@@ -116,6 +126,19 @@ def test_a_pooled_prior_lends_three_rounds_the_power_of_many():
     assert helped.p_value < 1e-5 and alone.p_value > 1e-3
     assert helped.ci[0] < 1.05 < helped.ci[1] and helped.standard_error < 0.01
     assert helped.ratio == pytest.approx(alone.ratio)
+
+
+def test_three_rounds_with_a_pooled_prior_keep_the_false_step_rate():
+    """No step, three rounds a pair, the prior pooled from ten other pairs of three (an aligned edge's coarse
+    rounds): the test's p < 0.05 in about 5% of pairs. With the prior read about each pair's own median
+    it was 20%."""
+    rng = np.random.default_rng(11)
+    false_steps = 0
+    for _ in range(2000):
+        prior = pooled_pair_noise([rng.normal(0.0, 0.02, 3) for _ in range(10)])
+        effect = paired_effect(np.ones(3), np.exp(rng.normal(0.0, 0.02, 3)), prior=prior)
+        false_steps += effect.p_value < 0.05
+    assert 0.02 < false_steps / 2000 < 0.08
 
 
 def test_a_pair_noisier_than_the_prior_is_tested_on_its_own_rounds():
