@@ -111,8 +111,8 @@ def test_pooled_pair_noise_recovers_one_spread_from_many_small_pairs():
 
 @pytest.mark.parametrize("sizes", [(3,), (2, 3, 4, 6, 12)])
 def test_pooled_pair_noise_is_unbiased_on_groups_of_any_size(sizes):
-    """Three rounds an aligned edge, three visits a coarse count: residuals about each group's own median
-    read 0.58 of the spread on groups of three, which made paired tests and candidates look surer."""
+    """Three rounds an aligned edge in the coarse scan: residuals about each group's own median read 0.58
+    of the spread on groups of three, which made the paired tests look surer than they were."""
     rng = np.random.default_rng(7)
     groups = [rng.normal(rng.uniform(-0.1, 0.1), 0.02, sizes[k % len(sizes)]) for k in range(600)]
     sd, _ = pooled_pair_noise(groups)
