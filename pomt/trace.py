@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pomt.errors import TraceError
-from pomt.io import atomic_write_json
+from pomt.io import atomic_write_bytes, atomic_write_json
 
 COLUMNS = ("tokens", "pass", "rep", "t_s", "ms")
 SIDECAR_REQUIRED = ("model", "batch_size", "input_size", "num_tokens", "prefix_tokens")
@@ -220,8 +220,7 @@ class TraceWriter:
         if resume and self.path.exists():
             self._continue()
         else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._write_bytes(",".join(COLUMNS).encode() + b"\n")
+            atomic_write_bytes(self.path, ",".join(COLUMNS).encode() + b"\n")  # replaces an old trace whole
             atomic_write_json(sidecar_path(self.path), self.meta)
 
     def _continue(self) -> None:

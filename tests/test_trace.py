@@ -68,6 +68,16 @@ def test_resume_continues_after_a_kill_mid_line(tmp_path):
     assert "12.3\n" not in writer.path.read_text()
 
 
+def test_a_run_without_resume_replaces_an_old_trace(tmp_path):
+    """A second run over the same output starts its trace afresh (one header, only its own visits)."""
+    old = list(synthetic_trace(linear_levels(), counts=[2, 50, 197], passes=2).visits)
+    write(tmp_path, old)
+    new = list(synthetic_trace(linear_levels(), counts=[2, 197], passes=1).visits)
+    writer, stored = write(tmp_path, new)
+    assert writer.path.read_text().count(",".join(COLUMNS)) == 1
+    assert list(read_trace(writer.path).visits) == stored
+
+
 def test_resume_refuses_other_settings_and_foreign_files(tmp_path):
     writer, _ = write(tmp_path, synthetic_trace(linear_levels(), counts=[2, 197], passes=1).visits)
     with pytest.raises(TraceError, match=r"passes=2 \(now 3\)"):
