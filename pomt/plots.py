@@ -17,6 +17,7 @@ from matplotlib import colors  # noqa: E402
 from pomt.io import atomic_save_figure  # noqa: E402
 
 STEPS_LISTED = 8  # confirmed steps listed with their interval in the plot's box
+DOUBTFUL_BANDS = 4.0  # a count's band this many times the curve's median band is drawn apart from the curve
 
 
 def plot_offline(
@@ -42,15 +43,28 @@ def plot_offline(
     points = sorted(points, key=lambda p: p.tokens)
     tokens = np.array([p.tokens for p in points])
     latency = np.array([p.latency_ms for p in points])
-    band = 1.96 * np.array([p.se_ms for p in points])
+    spread = 1.96 * np.array([p.se_ms for p in points]) / np.where(latency > 0, latency, 1.0)
+    lower, upper = latency * np.exp(-spread), latency * np.exp(spread)  # the standard error is of the log
     rows = 2 if accuracy else 1
     figure, axes = plt.subplots(rows, 1, figsize=(10, 4.8 * rows), sharex=True, squeeze=False)
     ax = axes[0][0]
     dots = [(n, v) for n in sorted(visit_values) for v in visit_values[n]]
     if dots:
         ax.plot(*zip(*dots, strict=True), ".", color="0.6", ms=2.5, alpha=0.6, label="visits (drift-corrected)")
-    ax.fill_between(tokens, latency - band, latency + band, alpha=0.25, color="tab:blue", label="95% band")
-    ax.plot(tokens, latency, "-", color="tab:blue", lw=1.2, label="pooled latency")
+    # a count whose band is many times the curve's usual one was seen only while the machine's speed
+    # jumped: it is drawn apart, with its band, so that its level does not read as part of the curve
+    doubtful = spread > DOUBTFUL_BANDS * float(np.median(spread)) if spread.size else spread.astype(bool)
+    sound = ~doubtful
+    ax.fill_between(tokens[sound], lower[sound], upper[sound], alpha=0.25, color="tab:blue", label="95% band")
+    ax.plot(tokens[sound], latency[sound], "-", color="tab:blue", lw=1.2, label="pooled latency")
+    if doubtful.any():
+        ax.errorbar(tokens[doubtful], latency[doubtful],
+                    yerr=[latency[doubtful] - lower[doubtful], upper[doubtful] - latency[doubtful]],
+                    fmt="o", mfc="none", color="tab:orange", ms=4, lw=0.8, capsize=2,
+                    label="level in doubt (seen only during a speed jump)")
+    shown = np.concatenate([latency, [v for _, v in dots]])
+    if shown.size:  # a band left wide by a sudden speed change runs off the axes instead of flattening them
+        ax.set_ylim(0.0, 1.15 * float(shown.max()))
     def on_curve(x: float) -> float:  # markers sit on the curve, clear of the legend and the notes
         return float(np.interp(x, tokens, latency)) if latency.size else 0.0
 

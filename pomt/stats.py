@@ -5,7 +5,8 @@
   both, the drift at each visit from the neighbouring visits in time (leave-one-out running median of
   what their counts' levels do not explain). The reference count, visited in every pass, anchors it.
 - A count's latency pools its visits corrected for that drift (`pool_visits`), so a batch measured
-  while the machine ran slow does not read as a level shift.
+  while the machine ran slow does not read as a level shift. Where the correction fails (the speed
+  jumped between neighbouring visits) the count's standard error says so.
 - Noise is the spread between visits of the same count after the correction (`relative_noise`); it is
   the one noise figure the search and the step detector use.
 - Claims are paired (`paired_effect`): two things measured alternately, compared through the t
@@ -33,6 +34,7 @@ from pomt.trace import Visit
 MEDIAN_SE = 1.2533  # standard error of a median relative to that of a mean, for normal samples
 MAD_TO_SD = 1.4826  # median absolute deviation of a normal distribution in standard deviations
 DRIFT_WINDOW = 8  # visits on each side that estimate the drift at a visit
+UPPER_QUARTILE_ABS_NORMAL = 1.1503  # 75th percentile of |N(0, 1)|
 STEADY_SPREADS = 4.0  # counts are unlike when some scatter this many times more than the steadiest quarter
 OUTLIER_SD = 5.0  # paired log-ratios this many robust SDs from their median are interference, not signal
 SCREEN_MIN_PAIRS = 6  # fewer pairs cannot tell an interfered pair from an unlucky one (without a prior)
@@ -118,8 +120,23 @@ def drift_profile(visits: Sequence[Visit], window: int = DRIFT_WINDOW,
     are latencies at the run's typical speed. Valid for shuffled visit orders only: in one ascending
     sweep, time and token count are the same axis.
     """
+    fit = _fit_drift(visits, window, iterations)
+    return fit.level, fit.drift_at
+
+
+@dataclass(frozen=True)
+class _DriftFit:
+    """What `_fit_drift` estimates, with what `_drift_uncertainty` judges it by."""
+
+    level: dict[int, float]
+    drift_at: np.ndarray  # log drift per visit, in the visits' given order
+    miss: np.ndarray  # corrected log value less its count's level, in time order (NaN: count visited once)
+    order: np.ndarray  # the visits' indices in time order
+
+
+def _fit_drift(visits: Sequence[Visit], window: int, iterations: int = 8) -> _DriftFit:
     if not visits:
-        return {}, np.zeros(0)
+        return _DriftFit({}, np.zeros(0), np.zeros(0), np.zeros(0, dtype=int))
     order = np.argsort([v.t_s for v in visits], kind="stable")
     y = np.log([visits[i].median_ms for i in order])
     tokens = np.array([visits[i].tokens for i in order])
@@ -138,7 +155,33 @@ def drift_profile(visits: Sequence[Visit], window: int = DRIFT_WINDOW,
     level = {int(n): float(np.median(y[m] - g[m])) for n, m in members.items()}
     drift_at = np.empty(y.size)
     drift_at[order] = g
-    return level, drift_at
+    miss = np.where(informative, y - g - np.array([level[int(n)] for n in tokens]), np.nan)
+    return _DriftFit(level, drift_at, miss, order)
+
+
+def _drift_uncertainty(fit: _DriftFit, noise: float, window: int = DRIFT_WINDOW) -> np.ndarray:
+    """How far the drift estimate may be off at each visit (log SD, in the visits' given order), beyond
+    the per-visit noise `noise` (an unbiased SD of one visit).
+
+    Read from the informative visits within `window` on each side: after the drift correction their
+    values should sit about their counts' levels within the noise. Their upper-quartile miss (scaled to
+    an SD) in excess of the noise is how far the correction is off around this visit. A steady or
+    smoothly drifting machine gives about 0, and so does one visit hit by interference (a quarter of
+    the neighbours must miss); where the machine's speed jumped close to the visit (a sudden slowdown
+    near a run's end, say) the correction fails on one side and the visit may belong to either.
+    """
+    if fit.miss.size == 0:
+        return np.zeros(0)
+    miss = np.abs(fit.miss)
+    pad = np.full(window, np.nan)
+    around = np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, miss, pad]), 2 * window + 1).copy()
+    around[:, window] = np.nan
+    enough = np.isfinite(around).sum(axis=1) >= 2  # else nothing to judge by: no doubt added
+    upper = np.nanpercentile(np.where(enough[:, None], around, 0.0), 75, axis=1) / UPPER_QUARTILE_ABS_NORMAL
+    excess = np.maximum(upper ** 2 - noise ** 2, 0.0)
+    out = np.empty(excess.size)
+    out[fit.order] = np.sqrt(excess)
+    return out
 
 
 def _steadiness(residual: np.ndarray, members: dict) -> np.ndarray:
@@ -190,10 +233,13 @@ def _neighbour_median(values: np.ndarray, window: int, weights: np.ndarray | Non
 
 def corrected_values(visits: Sequence[Visit], window: int = DRIFT_WINDOW) -> dict[int, list[float]]:
     """Each visit's median with the drift at its time divided out, per count."""
-    _, g = drift_profile(visits, window)
+    return _corrected(visits, _fit_drift(visits, window).drift_at)
+
+
+def _corrected(visits: Sequence[Visit], drift_log: np.ndarray) -> dict[int, list[float]]:
     out: dict[int, list[float]] = defaultdict(list)
-    for visit, drift_log in zip(visits, g, strict=True):
-        out[visit.tokens].append(visit.median_ms / math.exp(drift_log))
+    for visit, g in zip(visits, drift_log, strict=True):
+        out[visit.tokens].append(visit.median_ms / math.exp(g))
     return dict(out)
 
 
@@ -218,7 +264,14 @@ def relative_noise(values_by_count: dict[int, list[float]]) -> float:
 
 
 def pool_visits(visits: Sequence[Visit], reference: int, window: int = DRIFT_WINDOW) -> list[CurvePoint]:
-    """One drift-corrected `CurvePoint` per count, ascending (see the module docstring)."""
+    """One drift-corrected `CurvePoint` per count, ascending (see the module docstring).
+
+    A count's standard error pools its visits' precisions, each visit's variance being the noise
+    (`relative_noise`) plus how far the drift at that visit may be off (`_drift_uncertainty`): a count
+    seen only just after a sudden slowdown carries that doubt instead of a narrow band around a
+    drift-inflated level, while one doubtful visit among several sound ones costs little (the median
+    sets it aside).
+    """
     raw: dict[int, list[float]] = defaultdict(list)
     samples: dict[int, int] = defaultdict(int)
     lowest: dict[int, float] = {}
@@ -226,8 +279,13 @@ def pool_visits(visits: Sequence[Visit], reference: int, window: int = DRIFT_WIN
         raw[visit.tokens].append(visit.median_ms)
         samples[visit.tokens] += len(visit.samples_ms)
         lowest[visit.tokens] = min(lowest.get(visit.tokens, math.inf), min(visit.samples_ms))
-    corrected = corrected_values(visits, window)
+    fit = _fit_drift(visits, window)
+    corrected = _corrected(visits, fit.drift_at)
     noise = relative_noise(corrected)
+    honest_noise, _ = pooled_pair_noise(np.log(v) for v in corrected.values())
+    precision: dict[int, float] = defaultdict(float)  # sum over a count's visits of 1 / (log variance)
+    for visit, doubt in zip(visits, _drift_uncertainty(fit, honest_noise, window), strict=True):
+        precision[visit.tokens] += 1.0 / max(noise ** 2 + doubt ** 2, 1e-18)
     anchor = float(np.median(corrected[reference])) if reference in corrected else float("nan")
     points = []
     for tokens in sorted(raw):
@@ -244,7 +302,7 @@ def pool_visits(visits: Sequence[Visit], reference: int, window: int = DRIFT_WIN
                 min_ms=lowest[tokens],
                 visits=len(values),
                 samples=samples[tokens],
-                se_ms=noise * latency * MEDIAN_SE / math.sqrt(len(values)),
+                se_ms=latency * MEDIAN_SE / math.sqrt(precision[tokens]),
             )
         )
     return points
