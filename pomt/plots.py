@@ -61,7 +61,7 @@ def plot_offline(
         ax.errorbar(tokens[doubtful], latency[doubtful],
                     yerr=[latency[doubtful] - lower[doubtful], upper[doubtful] - latency[doubtful]],
                     fmt="o", mfc="none", color="tab:orange", ms=4, lw=0.8, capsize=2,
-                    label="level in doubt (seen only during a speed jump)")
+                    label="level in doubt (measured while the speed jumped)")
     shown = np.concatenate([latency, [v for _, v in dots]])
     if shown.size:  # a band left wide by a sudden speed change runs off the axes instead of flattening them
         ax.set_ylim(0.0, 1.15 * float(shown.max()))
