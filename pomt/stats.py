@@ -381,7 +381,8 @@ class PairedEffect:
 
 def pooled_pair_noise(log_ratios: Iterable[Sequence[float]]) -> tuple[float, int]:
     """(robust SD of one value about its group's level, degrees of freedom) pooled over groups of two or
-    more values (each group one pair's paired log-ratios); (0, 0) without any.
+    more values (one pair's paired log-ratios, or one count's drift-corrected log values); (0, 0)
+    without any.
 
     The estimate is the weighted median of the absolute differences within groups (a difference of two
     values is N(0, 2 SD^2) whatever the group's size), each group weighing its degrees of freedom.
