@@ -60,13 +60,13 @@ def plot_offline(
     if doubtful.any():
         ax.errorbar(tokens[doubtful], latency[doubtful],
                     yerr=[latency[doubtful] - lower[doubtful], upper[doubtful] - latency[doubtful]],
-                    fmt="o", mfc="none", color="tab:orange", ms=4, lw=0.8, capsize=2,
+                    fmt="D", mfc="none", color="tab:brown", ms=4, lw=0.8, capsize=2,
                     label="level in doubt (measured while the speed jumped)")
     shown = np.concatenate([latency, [v for _, v in dots]])
     if shown.size:  # a band left wide by a sudden speed change runs off the axes instead of flattening them
         ax.set_ylim(0.0, 1.15 * float(shown.max()))
-    def on_curve(x: float) -> float:  # markers sit on the curve, clear of the legend and the notes
-        return float(np.interp(x, tokens, latency)) if latency.size else 0.0
+    def on_curve(x: float) -> float:  # markers sit on the drawn curve, clear of the legend and the notes
+        return float(np.interp(x, tokens[sound], latency[sound])) if sound.any() else 0.0
 
     for i, step in enumerate(steps):
         colour = "tab:red" if step.kind == "drop" else "tab:purple"
