@@ -23,7 +23,8 @@ to back, as a live search's rounds are, and apart in one pass, as a replay serve
 visits apart scatter more (drift divided out; on the two aligned AMD traces, whose 407 back-to-back rounds
 measure it best, 1.66% against 2.29% for deit_tiny and 1.57% against 1.92% for deit_small; 2.2% against 6.2% on
 the H100), so on a trace not recorded with `pomt record --chain` the bank under-reads recall of steps off the
-aligned edges, every injected step among them.
+aligned edges, every injected step among them. The chained traces (2026-11-24, a noisier day) serve any
+neighbouring pair back to back: 2.3-2.7% against 2.8-3.2% apart.
 
 `--reach K` runs the search as the offline computation does for a policy that removes at most K tokens (the
 candidates within reach examined first) and prints the recall of the truth steps within reach too: the steps a
