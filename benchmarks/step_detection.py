@@ -26,9 +26,9 @@ the H100), so on a trace not recorded with `pomt record --chain` the bank under-
 aligned edges, every injected step among them. The chained traces (2026-11-24, a noisier day) serve any
 neighbouring pair back to back: 2.3-2.7% against 2.8-3.2% apart.
 
-`--reach K` runs the search as the offline computation does for a policy that removes at most K tokens (the
-candidates within reach examined first) and prints the recall of the truth steps within reach too: the steps a
-schedule can land below.
+`--reach K` runs the search as the offline computation does for a policy that removes at most K tokens (its
+coarse scan pairs the aligned edges within reach only, the candidates within reach are examined first) and prints
+the recall of the truth steps within reach too: the steps a schedule can land below.
 
 `--oracle` replaces detection by knowledge: after the same coarse scan and aligned-edge verdicts, it
 measures each truth step's two counts (one pass) and confirms it directly, the largest first, while the budget

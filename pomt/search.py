@@ -9,7 +9,10 @@ Measurement design (so that a machine whose speed drifts does not shape the curv
   decides). Where the grid allows, the subset is the aligned edges: every multiple a of `align` below N
   with a - 1, visited back to back (A B, then B A the next pass), so the coarse passes are already
   paired rounds of each such edge (`judge_anchors`: kernels favour aligned sizes, so many real steps
-  sit there); else every `coarse_stride`-th count. Then, wherever the step detector (at the lower
+  sit there); else every `coarse_stride`-th count. A caller whose policy reaches only the counts from
+  `focus_from` up (a latency-only run removes at most a quarter of the patch tokens) gets the aligned
+  edges within that reach, and below it every `coarse_stride`-th count for the curve's shape: the visits
+  go where a schedule can land. Then, wherever the step detector (at the lower
   `candidate_k` threshold) sees a candidate with unmeasured grid counts inside it, the middle one is
   measured - every such midpoint of a round together, in `refine_passes` shuffled passes with the
   reference - until no candidate has an unmeasured count inside, or the budget (a fraction of the full
@@ -221,13 +224,14 @@ class LatencySearch:
         self.settings = settings.check()
         self.position = {n: i for i, n in enumerate(self.grid)}
         self.adaptive = adaptive
-        self.focus_from = focus_from  # candidates whose low side is at least this many tokens go first
+        self.focus_from = focus_from  # the policy's reach: anchors from here up, candidates reaching it first
         self.rng = np.random.default_rng(seed)
         self.design: list[Visit] = []
         self.paired: list[Visit] = []
         self.judged: dict[tuple[int, int], Confirmation] = {}
         self.full_grid_visits = settings.passes * len(self.grid)
-        self.anchors = self._anchor_pairs() if adaptive else []
+        reach = focus_from if focus_from is not None else self.grid[0]
+        self.anchors = [pair for pair in self._anchor_pairs() if pair[0] >= reach] if adaptive else []
         self.pending: dict[tuple[int, int], float] = {}  # anchor pairs the coarse rounds left open, with z
         self.coarse = self._coarse_units()
         self.budget = max(int(settings.budget * self.full_grid_visits), self._least_budget()) if adaptive else None
@@ -248,13 +252,17 @@ class LatencySearch:
 
     def _coarse_units(self) -> list[tuple[int, ...]]:
         """What the adaptive search's coarse passes visit: the anchor pairs where the grid has them (each
-        pair's counts back to back), else every `coarse_stride`-th count; the grid's ends always."""
-        if self.anchors:
-            taken = {n for pair in self.anchors for n in pair}
-            ends = sorted({self.grid[0], self.grid[-1]} - taken)
-            return [*self.anchors, *((n,) for n in ends)]
+        pair's counts back to back) and, where the caller's reach left anchors out, every `coarse_stride`-th
+        count below the first one kept; else every `coarse_stride`-th count; the grid's ends always."""
         stride = self.settings.coarse_stride or max(2, round(math.sqrt(len(self.grid))))
-        return [(n,) for n in sorted(set(self.grid[::stride]) | {self.grid[0], self.grid[-1]})]
+        ends = {self.grid[0], self.grid[-1]}
+        if not self.anchors:
+            return [(n,) for n in sorted(set(self.grid[::stride]) | ends)]
+        taken = {n for pair in self.anchors for n in pair}
+        first = self.position[self.anchors[0][0]]
+        cut = first > 0 and len(self.anchors) < len(self._anchor_pairs())  # a policy's reach left some out
+        below = set(self.grid[first - 1 :: -stride]) if cut else set()
+        return [*self.anchors, *((n,) for n in sorted((below | ends) - taken))]
 
     def _least_budget(self) -> int:
         """On a small grid the fraction would not pay for the coarse scan: the budget never falls below the
@@ -334,12 +342,12 @@ class LatencySearch:
     def candidates(self) -> list[tuple[int, int, float]]:
         """(low, high, z) of every candidate the detector sees at `candidate_k` on the pooled,
         drift-corrected curve (each point with its own standard error) with the confirmed steps taken
-        out, and the anchor pairs the coarse rounds left open (`judge_anchors`): those within reach of
-        the caller's policy (`focus_from`) first, then the rest; within each, the open anchor pairs
-        first (their counts are settled and half their rounds taken, so a verdict costs a few visits
-        where a detector candidate still needs bisection and all its rounds), then most significant
-        first. A spike gives one candidate on each side; a candidate that ends at a confirmed step is
-        trimmed to its other side."""
+        out, and the anchor pairs the coarse rounds left open (`judge_anchors`): those that may hold a step
+        within reach of the caller's policy (high side above `focus_from`) first, then the rest; within
+        each, the open anchor pairs first (their counts are settled and half their rounds taken, so a
+        verdict costs a few visits where a detector candidate still needs bisection and all its rounds),
+        then most significant first. A spike gives one candidate on each side; a candidate that ends at
+        a confirmed step is trimmed to its other side."""
         points = self.curve()
         out = [(low, high, z) for (low, high), z in self.pending.items()]
         if len(points) >= 4:
@@ -357,7 +365,7 @@ class LatencySearch:
             out += [(*span, z) for low, high, z in found if (span := self._outside_confirmed(low, high))]
         reach = self.focus_from if self.focus_from is not None else 0
         unique = {c[:2]: c for c in sorted(out, key=lambda c: c[2])}  # the most significant of each span
-        return sorted(unique.values(), key=lambda c: (c[0] < reach, c[:2] not in self.pending, -c[2], c[0]))
+        return sorted(unique.values(), key=lambda c: (c[1] <= reach, c[:2] not in self.pending, -c[2], c[0]))
 
     def _accepted_steps(self) -> list[Confirmation]:
         return [c for c in self.judged.values() if c.accepted and c.effect is not None]

@@ -82,6 +82,24 @@ def test_small_steps_are_rejected_by_the_minimum_size():
     assert near(search(trace, min_step=0.005)[0].steps, 100)
 
 
+def test_a_policy_reach_puts_the_coarse_scan_within_it():
+    """A run without accuracy removes at most a quarter of the patch tokens: its coarse scan pairs the aligned
+    edges from that reach up only, and measures every 14th count below it for the curve's shape, so the visits
+    the 18 aligned edges below would have taken go to the counts a schedule can land on; an unaligned step
+    there (171 -> 170, drift and noise as in the first test) is confirmed."""
+    trace = synthetic_trace(linear_levels({170: 1.08}), passes=32, drift=slow_drift(0.3, 240.0), noise=0.015)
+    whole = LatencySearch(Session(ReplaySource(trace)), trace.counts, N, SearchSettings(), progress=False)
+    focused = LatencySearch(Session(ReplaySource(trace)), trace.counts, N, SearchSettings(), focus_from=148,
+                            progress=False)
+    assert focused.anchors == [(a - 1, a) for a in range(152, N, 8)] and len(whole.anchors) == 24
+    below = [n for unit in focused.coarse for n in unit if n < 148]
+    assert below[0] == GRID[0] and 8 <= len(below) <= 12 and max(below) == 150 - 14
+    assert 2 * sum(map(len, focused.coarse)) <= sum(map(len, whole.coarse))  # counts a coarse pass visits
+    found = focused.run()
+    assert [s.kind for s in near(found.steps, 170, 2)] == ["drop"]
+    assert all(s.tokens >= 148 for s in found.steps)
+
+
 def test_the_budget_caps_the_visits():
     trace = synthetic_trace(linear_levels(PLANTED), passes=32, noise=0.015)
     found, _ = search(trace, budget=0.1, align=0)
