@@ -230,10 +230,10 @@ class LatencySearch:
         self.paired: list[Visit] = []
         self.judged: dict[tuple[int, int], Confirmation] = {}
         self.full_grid_visits = settings.passes * len(self.grid)
-        reach = focus_from if focus_from is not None else self.grid[0]
-        self.anchors = [pair for pair in self._anchor_pairs() if pair[0] >= reach] if adaptive else []
+        aligned = self._anchor_pairs() if adaptive else []
+        self.anchors = [pair for pair in aligned if focus_from is None or pair[0] >= focus_from]
         self.pending: dict[tuple[int, int], float] = {}  # anchor pairs the coarse rounds left open, with z
-        self.coarse = self._coarse_units()
+        self.coarse = self._coarse_units(sparse_below=len(self.anchors) < len(aligned))
         self.budget = max(int(settings.budget * self.full_grid_visits), self._least_budget()) if adaptive else None
         self.reps = settings.reps or 1
         self._pass = 0
@@ -250,18 +250,17 @@ class LatencySearch:
             return []
         return [(n - 1, n) for n in self.grid if n % align == 0 and n - 1 in self.position and n < self.reference]
 
-    def _coarse_units(self) -> list[tuple[int, ...]]:
+    def _coarse_units(self, sparse_below: bool) -> list[tuple[int, ...]]:
         """What the adaptive search's coarse passes visit: the anchor pairs where the grid has them (each
-        pair's counts back to back) and, where the caller's reach left anchors out, every `coarse_stride`-th
-        count below the first one kept; else every `coarse_stride`-th count; the grid's ends always."""
+        pair's counts back to back) and, with `sparse_below` (the caller's reach left anchors out), every
+        `coarse_stride`-th count below the first one kept; else every `coarse_stride`-th count; the grid's
+        ends always."""
         stride = self.settings.coarse_stride or max(2, round(math.sqrt(len(self.grid))))
         ends = {self.grid[0], self.grid[-1]}
         if not self.anchors:
             return [(n,) for n in sorted(set(self.grid[::stride]) | ends)]
         taken = {n for pair in self.anchors for n in pair}
-        first = self.position[self.anchors[0][0]]
-        cut = first > 0 and len(self.anchors) < len(self._anchor_pairs())  # a policy's reach left some out
-        below = set(self.grid[first - 1 :: -stride]) if cut else set()
+        below = set(self.grid[self.position[self.anchors[0][0]] - 1 :: -stride]) if sparse_below else set()
         return [*self.anchors, *((n,) for n in sorted((below | ends) - taken))]
 
     def _least_budget(self) -> int:
