@@ -176,6 +176,26 @@ def test_pomt_fuses_the_mean_of_the_discarded_tokens(models, name, probs_bytes, 
         torch.testing.assert_close(got[b], expected, atol=1e-4, rtol=1e-4)
 
 
+def _queries(batch: int, tokens: int, device: str) -> torch.Tensor:
+    """deit_base's queries (B, 12, N, 64) in float16, without their memory (expanded, or on meta)."""
+    return torch.empty((), dtype=torch.float16, device=device).expand(batch, 12, tokens, 64)
+
+
+def test_a_gpu_chunk_holds_as_much_as_the_mlp_activation_and_the_cpu_16_mb():
+    """A meta tensor stands for a GPU's: there a chunk may take a (B, N, 4C) activation's bytes, 256 query
+    rows of 64-dimensional heads (deit_base at batch 64 and 448 px: 4 chunks, not the CPU's 61 of 13 rows);
+    at 224 px the whole matrix is one chunk; small workloads get at least the CPU's budget."""
+    cpu, gpu = _queries(64, 785, "cpu"), _queries(64, 785, "meta")
+    assert attention.probs_budget(cpu) == attention.PROBS_BYTES
+    assert len(attention.query_chunks(cpu, 785)) == 61
+    assert attention.probs_budget(gpu) == 64 * 785 * 4 * 768 * 2
+    chunks = attention.query_chunks(gpu, 785)
+    assert len(chunks) == 4 and max(stop - start for start, stop in chunks) == 256
+    assert chunks[0][0] == 0 and chunks[-1][1] == 785
+    assert attention.query_chunks(_queries(64, 197, "meta"), 197) == [(0, 197)]
+    assert attention.probs_budget(_queries(1, 197, "meta")) == attention.PROBS_BYTES
+
+
 def test_topk_keeps_exactly_the_most_attended_tokens(models):
     model, remove, at = models["deit_small_distilled"], 50, 2
     x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(3))

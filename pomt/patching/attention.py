@@ -12,7 +12,8 @@ from torch import nn
 
 from pomt.errors import PatchError
 
-PROBS_BYTES = 16 * 2**20  # explicit attention probabilities a patched block holds at once, at most
+PROBS_BYTES = 16 * 2**20  # explicit attention probabilities a patched block holds at once on the CPU
+MLP_RATIO = 4  # a ViT block's MLP hidden width over its channels: the activation a GPU chunk may match
 
 
 def _supported_classes(attn: nn.Module) -> tuple[type, ...]:
@@ -63,13 +64,27 @@ def probabilities(attn: nn.Module, q: torch.Tensor, k: torch.Tensor) -> torch.Te
     return logits.softmax(dim=-1).view(batch, heads, queries, -1)
 
 
+def probs_budget(q: torch.Tensor) -> int:
+    """Bytes of explicit probabilities a patched block holds at once, for queries q (B, H, N, d).
+
+    On the CPU PROBS_BYTES: small chunks cost it nothing. On a GPU small chunks make small matrix products
+    (16 MB is 13 query rows of deit_base at batch 64 and 448 px: 0.61x the unpruned speed on an H100, against
+    1.25x for the whole matrix), so a chunk there may take as much as a (B, N, MLP_RATIO x C) activation,
+    which the block's MLP holds anyway: MLP_RATIO x d query rows (256 for 64-dimensional heads), one chunk
+    at 224 px, about N / 256 at larger inputs."""
+    if q.device.type == "cpu":
+        return PROBS_BYTES
+    batch, heads, tokens, dim = q.shape
+    return max(PROBS_BYTES, batch * tokens * MLP_RATIO * heads * dim * q.element_size())
+
+
 def query_chunks(q: torch.Tensor, keys: int, budget: int | None = None) -> list[tuple[int, int]]:
     """Ranges of query rows whose explicit probabilities (B, H, rows, keys) take at most `budget` bytes each
-    (default PROBS_BYTES): one range where the whole matrix fits, as at 224 px; at 448 px and a large batch
-    the (B, H, N, N) matrix alone would take hundreds of MB more than the fused attention beside it."""
+    (default `probs_budget(q)`): one range where the whole matrix fits, as at 224 px; at 448 px and a large
+    batch the (B, H, N, N) matrix alone would take hundreds of MB more than the fused attention beside it."""
     batch, heads, queries, _ = q.shape
     per_row = max(1, batch * heads * keys * q.element_size())
-    rows = max(1, (PROBS_BYTES if budget is None else budget) // per_row)
+    rows = max(1, (probs_budget(q) if budget is None else budget) // per_row)
     return [(start, min(start + rows, queries)) for start in range(0, queries, rows)]
 
 
