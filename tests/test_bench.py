@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pomt.bench.flops import count_flops, match_amount
-from pomt.bench.report import COLUMNS
+from pomt.bench.report import COLUMNS, slower_than_unpruned
 from pomt.bench.variants import flops_function, plan_reductions, tome_removal
 from pomt.checks import METHODS
 from pomt.cli import main
@@ -113,6 +113,14 @@ def test_plan_reductions_puts_the_baseline_and_schedule_first(tiny64):
 
 
 @pytest.mark.slow
+def test_break_even_is_lost_only_by_variants_that_remove_tokens():
+    rows = [{"method": "none", "tokens_kept": 197, "speedup": 1.0},
+            {"method": "schedule", "tokens_kept": 197, "speedup": 0.999},
+            {"method": "topk", "tokens_kept": 99, "speedup": 0.93},
+            {"method": "tome", "tokens_kept": 101, "speedup": 1.2}]
+    assert slower_than_unpruned(rows) == ["topk"]
+
+
 def test_end_to_end_schedule_and_reducers(tmp_path, capsys):
     schedule = write_schedule(tmp_path / "s.schedule.json", {3: 50})
     args = "--model deit_tiny --methods none,topk,tome --remove 50 --r 4 --batch-size 1 --input-size 224"
