@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -77,8 +78,11 @@ def profile_forward(
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")
     if warmup:
         _per_call_ms(fn, device, warmup)
-    with _quiet_kineto(), profile(activities=activities) as prof:
-        wall_ms = _per_call_ms(fn, device, forwards)
+    with _quiet_kineto(), warnings.catch_warnings():
+        # One profiling cycle: torch's note that a new cycle would clear the events does not apply.
+        warnings.filterwarnings("ignore", message=".*Profiler clears events")
+        with profile(activities=activities) as prof:
+            wall_ms = _per_call_ms(fn, device, forwards)
     events = prof.events()
     if cuda:
         gpu = [e for e in events if e.device_type == DeviceType.CUDA]
