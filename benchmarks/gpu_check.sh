@@ -4,11 +4,14 @@
 #            changed), the runtimes that run there, and the fast tests with the GPU present;
 #   offline: the offline computation in float32 (deit_base batch 4) and float16 (batch 64), and a dense
 #            recorded trace of the float16 workload replayed through the offline computation;
-#   bench:   the side-by-side benchmark at 224 and 448 px with pomt, top-k and ToMe, and the float32
-#            schedule against FLOP-matched top-k and ToMe (needs the offline part's schedule in OUT/bin).
+#   bench:   the side-by-side benchmark at 224 and 448 px with pomt, top-k and ToMe, pomt's chunked attention
+#            against its chunk budget, and the float32 schedule against FLOP-matched top-k and ToMe (needs the
+#            offline part's schedule in OUT/bin);
+#   repro:   the float32 offline computation three times in a row (benchmarks/reproducibility.py): same answer?
 # Everything it prints also goes to OUT/gpu_log_PART.txt; results land in OUT/bin.
-# Usage: bash benchmarks/gpu_check.sh [OUT] [setup|offline|bench|all]
-#        (default OUT: bin/gpu_check, part: all; PYTHON overrides the interpreter)
+# Usage: bash benchmarks/gpu_check.sh [OUT] [setup|offline|bench|repro|all]
+#        (default OUT: bin/gpu_check, part: all; PYTHON overrides the interpreter; TESTS=0 leaves out setup's
+#        tests, which hide the GPU and so check the suite, not the CUDA paths)
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=$(realpath -m "${1:-$ROOT/bin/gpu_check}")
@@ -35,6 +38,7 @@ setup() {
   step backends
   "$PYTHON" -m pomt backend --device cuda
   "$PYTHON" -m pomt backend tensorrt --device cuda
+  [ "${TESTS:-1}" = 0 ] && return
   step "fast tests with the GPU present"
   timeout 240 "$PYTHON" -m pytest -q -p no:cacheprovider -m "not slow"
 }
@@ -62,16 +66,25 @@ bench() {
   step "benchmark: 448 px, batch 16"
   timeout 200 "$PYTHON" benchmark.py --model deit_base --batch-size 16 --input-size 448 --device cuda \
     --methods none,pomt,topk,tome --remove 392 --r 32 --rounds 20 --power-seconds 1 --output-dir "$OUT/bin"
+  step "pomt's chunked attention: speed and peak memory against the chunk budget (448 px, batch 16)"
+  timeout 120 "$PYTHON" benchmarks/attention_chunks.py --device cuda --budgets-mb 16 64 0
   step "benchmark: the float32 schedule against FLOP-matched top-k and ToMe"
   timeout 150 "$PYTHON" benchmark.py --schedule "$OUT/bin/deit_base_patch16_224_cuda_bs4_is224.schedule.json" \
     --device cuda --methods none,topk,tome --match-flops --rounds 20 --power-seconds 1 --output-dir "$OUT/bin"
+}
+
+repro() {
+  step "reproducibility: deit_base batch 4, float32, three offline runs"
+  timeout 540 "$PYTHON" benchmarks/reproducibility.py --runs 3 --model deit_base --batch-size 4 --keep "$OUT/bin/repro" \
+    -- --device cuda
 }
 
 case "$PART" in
   setup) setup ;;
   offline) offline ;;
   bench) bench ;;
-  all) setup; offline; bench ;;
-  *) echo "gpu_check.sh: unknown part '$PART' (setup, offline, bench or all)"; exit 2 ;;
+  repro) repro ;;
+  all) setup; offline; bench; repro ;;
+  *) echo "gpu_check.sh: unknown part '$PART' (setup, offline, bench, repro or all)"; exit 2 ;;
 esac
 ls -la "$OUT/bin"
