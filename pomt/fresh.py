@@ -142,13 +142,15 @@ def held_in_both(here: Verification, fresh: Verification, min_gain: float,
     return chosen, f"in a fresh process: {reason}"
 
 
-def placement_hint(fingerprint: dict) -> str | None:
-    """What to tell a CPU user whose removal did not hold in a fresh process while the host allocator ran
-    with its defaults (`benchmarks/placement.py`: under glibc's adaptive mmap threshold some placements ran
-    N 6-11% slower than N - 3, none with the threshold fixed); None elsewhere."""
+def placement_hint(fingerprint: dict, what: str = "the removal") -> str | None:
+    """What to tell a CPU user whose removal, or step within reach, did not hold in a fresh process while the
+    host allocator ran with its defaults; None elsewhere. `benchmarks/placement.py`: under glibc's adaptive
+    mmap threshold some placements ran N 6-11% slower than N - 3, none with the threshold fixed; and three
+    offline runs under the defaults each confirmed a step at 197->196 or 196->195 that a fresh process did
+    not show, three with MALLOC_MMAP_THRESHOLD_=131072 none (deit_small, batch 4, 2026-11-24)."""
     if fingerprint.get("kind") != "cpu" or fingerprint.get("allocator"):
         return None
-    return ("the removal held only in the process that found its step: on CPU that can be memory placement "
+    return (f"{what} held only in the process that measured it: on CPU that can be memory placement "
             "under glibc's adaptive mmap threshold; measure and serve with MALLOC_MMAP_THRESHOLD_ set "
             "(or another fixed allocator) to compare like with like (benchmarks/placement.py)")
 

@@ -384,6 +384,13 @@ def verify_decision(workload: Workload, config: OfflineConfig, settings: SearchS
     return replace(decision, reason=verified, code="verified")
 
 
+def note_placement(result: OfflineResult, what: str) -> None:
+    """Add the allocator advice (`placement_hint`) to the run's notes, once, where it applies."""
+    hint = placement_hint(result.device, what)
+    if hint and not any(n.endswith(hint.split(": ", 1)[1]) for n in result.notes):
+        result.notes.append(hint)
+
+
 def reverify_in_fresh_process(workload: Workload, config: OfflineConfig, settings: SearchSettings,
                               search: SearchResult, schedules: dict[int, Schedule],
                               result: OfflineResult) -> tuple[CandidateResult | None, str]:
@@ -399,8 +406,7 @@ def reverify_in_fresh_process(workload: Workload, config: OfflineConfig, setting
     chosen, reason = held_in_both(here, result.fresh_verification, config.min_gain, settings.min_step)
     if chosen is None:
         result.verification = replace(here, chosen=None, reason=f"{here.reason}; not {reason}")
-        if hint := placement_hint(result.device):
-            result.notes.append(hint)
+        note_placement(result, "the removal")
         return None, reason
     mine = next(c for c in here.candidates if c.remove == chosen.remove)
     result.verification = replace(here, chosen=mine, reason=choose([mine], config.min_gain, settings.min_step)[1])
@@ -435,6 +441,7 @@ def check_steps_in_fresh_process(workload: Workload, settings: SearchSettings, s
                         f"{fresh.pairs} rounds)"))
     if not verdicts:
         return search
+    note_placement(result, f"{len(verdicts)} of {len(within)} steps within reach")
     candidates = [verdicts.get((c.low, c.high), c) for c in search.candidates]
     return replace(search, candidates=candidates, steps=confirmed_steps(search.points, candidates))
 

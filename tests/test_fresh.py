@@ -7,7 +7,7 @@ import numpy as np
 from pomt.fresh import FreshJob, held_in_both, placement_hint, step_holds, verify_in_fresh_process
 from pomt.geometry import model_geometry
 from pomt.models import create_model
-from pomt.offline import OfflineResult, check_steps_in_fresh_process
+from pomt.offline import OfflineResult, check_steps_in_fresh_process, note_placement
 from pomt.schedule import BlockRemoval, Schedule
 from pomt.search import Confirmation, SearchResult, SearchSettings
 from pomt.sources import ReplaySource, Session
@@ -112,7 +112,8 @@ def test_a_confirmed_step_the_fresh_process_does_not_show_is_rejected_before_the
                                                                (197, 5.0))],
                           steps=[], candidates=[true, false, beyond], drift=None, noise=0.01, reps=2, visits=10,
                           measured=10, full_grid_visits=100, budget_visits=20, budget_spent=False)
-    result = OfflineResult(geometry=model_geometry(create_model(MODEL, input_size=224)), device={}, batch_size=2)
+    result = OfflineResult(geometry=model_geometry(create_model(MODEL, input_size=224)),
+                           device={"kind": "cpu", "allocator": {}}, batch_size=2)
     checked = check_steps_in_fresh_process(workload, SearchSettings(), search, reach=100, result=result)
     assert {(s.tokens, s.upper_tokens) for s in checked.steps} == {(100, 197), (2, 3)}
     (rejected,) = checked.rejected_candidates
@@ -121,3 +122,7 @@ def test_a_confirmed_step_the_fresh_process_does_not_show_is_rejected_before_the
     assert records.keys() == {(100, 197), (101, 197)}
     assert records[(100, 197)]["held"] and not records[(101, 197)]["held"]
     assert records[(100, 197)]["rounds"] >= 3 and records[(100, 197)]["fresh_pct"] > 20
+    # under the default allocator the run notes the advice, once however many of its checks fail there
+    assert result.notes == [placement_hint(result.device, "1 of 2 steps within reach")]
+    note_placement(result, "the removal")
+    assert len(result.notes) == 1
