@@ -150,7 +150,7 @@ def placement_hint(fingerprint: dict, what: str = "the removal") -> str | None:
     not show, three with MALLOC_MMAP_THRESHOLD_=131072 none (deit_small, batch 4, 2026-11-24)."""
     if fingerprint.get("kind") != "cpu" or fingerprint.get("allocator"):
         return None
-    return (f"{what} held only in the process that measured it: on CPU that can be memory placement "
+    return (f"{what} held in the measuring process, not in a fresh one: on CPU that can be memory placement "
             "under glibc's adaptive mmap threshold; measure and serve with MALLOC_MMAP_THRESHOLD_ set "
             "(or another fixed allocator) to compare like with like (benchmarks/placement.py)")
 
