@@ -21,24 +21,21 @@ import torch
 from patch_overhead import twin
 
 from pomt.bench.profile import profile_forward
-from pomt.bench.resources import peak_memory
+from pomt.bench.resources import MB, peak_memory
 from pomt.device import resolve_device
 from pomt.measure import interleaved
 from pomt.models import create_model
 from pomt.patching import attention, patch
 
-MB = 2**20
-
-
 WHOLE = 2**62  # a budget every matrix fits in
 
 
 def with_budget(fn, budget: int):
-    """`fn` run with the chunk budget fixed at `budget` bytes (0: the whole matrix), then the default back."""
+    """`fn` run with the chunk budget fixed at `budget` bytes, then the default back."""
 
     def call():
         default = attention.probs_budget
-        attention.probs_budget = lambda _q: budget or WHOLE
+        attention.probs_budget = lambda _q: budget
         try:
             return fn()
         finally:

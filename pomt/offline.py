@@ -384,11 +384,16 @@ def verify_decision(workload: Workload, config: OfflineConfig, settings: SearchS
     return replace(decision, reason=verified, code="verified")
 
 
-def note_placement(result: OfflineResult, what: str) -> None:
-    """Add the allocator advice (`placement_hint`) to the run's notes, once, where it applies."""
-    hint = placement_hint(result.device, what)
-    if hint and not any(n.endswith(hint.split(": ", 1)[1]) for n in result.notes):
-        result.notes.append(hint)
+def here_only_note(result: OfflineResult) -> str | None:
+    """The allocator advice (`placement_hint`) where steps within reach, or the removal, held in this process
+    but not in the fresh one; None where none failed there or the advice does not apply."""
+    steps = [f for f in result.fresh_steps if not f["held"]]
+    what = [f"{len(steps)} of {len(result.fresh_steps)} steps within reach"] if steps else []
+    removal_here_only = (result.fresh_verification is not None and result.verification is not None
+                         and result.verification.chosen is None)
+    if removal_here_only:
+        what.append("the removal")
+    return placement_hint(result.device, " and ".join(what)) if what else None
 
 
 def reverify_in_fresh_process(workload: Workload, config: OfflineConfig, settings: SearchSettings,
@@ -406,7 +411,6 @@ def reverify_in_fresh_process(workload: Workload, config: OfflineConfig, setting
     chosen, reason = held_in_both(here, result.fresh_verification, config.min_gain, settings.min_step)
     if chosen is None:
         result.verification = replace(here, chosen=None, reason=f"{here.reason}; not {reason}")
-        note_placement(result, "the removal")
         return None, reason
     mine = next(c for c in here.candidates if c.remove == chosen.remove)
     result.verification = replace(here, chosen=mine, reason=choose([mine], config.min_gain, settings.min_step)[1])
@@ -441,7 +445,6 @@ def check_steps_in_fresh_process(workload: Workload, settings: SearchSettings, s
                         f"{fresh.pairs} rounds)"))
     if not verdicts:
         return search
-    note_placement(result, f"{len(verdicts)} of {len(within)} steps within reach")
     candidates = [verdicts.get((c.low, c.high), c) for c in search.candidates]
     return replace(search, candidates=candidates, steps=confirmed_steps(search.points, candidates))
 
@@ -501,6 +504,8 @@ def run_offline(workload: Workload, config: OfflineConfig | None = None,
     else:
         decision = verify_decision(workload, config, settings, run, setting, ranked, search, result)
     result.decision = decision
+    if note := here_only_note(result):
+        result.notes.append(note)
     write_outputs(workload, config, settings, run, result, setting)
     return result
 
