@@ -23,8 +23,8 @@ from patch_overhead import twin
 from pomt.bench.profile import profile_forward
 from pomt.bench.resources import MB, peak_memory
 from pomt.device import resolve_device
-from pomt.measure import interleaved
-from pomt.models import create_model
+from pomt.measurement.timing import interleaved
+from pomt.models.registry import create_model
 from pomt.patching import attention, patch
 
 WHOLE = 2**62  # a budget every matrix fits in

@@ -6,7 +6,7 @@ deit_small (seeded random weights) on this CPU, at each batch size:
 2. latency of the unpruned and the scheduled model in every runtime, all variants interleaved in one
    round-robin (median and IQR per variant), and the schedule's speedup in each runtime;
 3. a kept-token curve per runtime (tokens dropped after the embedding; a coarse grid visited in shuffled
-   passes, drift-corrected, candidate steps confirmed by paired measurement: `pomt.search`), per runtime,
+   passes, drift-corrected, candidate steps confirmed by paired measurement: `pomt.measurement.search`), per runtime,
    printed side by side.
 Programs are exported once per (runtime, token count) and cached in `--cache-dir`. Figures only, no
 thresholds; on a shared machine run it more than once before reading anything into the numbers.
@@ -24,13 +24,13 @@ import timm
 import torch
 from torch import nn
 
-from pomt.geometry import model_geometry
-from pomt.measure import interleaved
+from pomt.formats.schedule import load_schedule
+from pomt.measurement.search import LatencySearch, SearchResult, SearchSettings
+from pomt.measurement.sources import LiveSource, Session, forward_at_tokens
+from pomt.measurement.timing import interleaved
+from pomt.models.geometry import model_geometry
 from pomt.patching import patch
-from pomt.runtime import build_forward, check_backend
-from pomt.schedule import load_schedule
-from pomt.search import LatencySearch, SearchResult, SearchSettings
-from pomt.sources import LiveSource, Session, forward_at_tokens
+from pomt.runtimes import build_forward, check_backend
 
 MODEL = "deit_small_patch16_224"
 BLOCK = 3
@@ -100,7 +100,7 @@ def speedups(args, backends, model, x, method, removal) -> None:
 
 def curves(args, backends, model, x) -> dict[str, SearchResult]:
     """Per runtime, the full search over a coarse grid (shuffled passes, drift-corrected pooling, paired
-    confirmation of every candidate step): `pomt.search` as the offline computation runs it."""
+    confirmation of every candidate step): `pomt.measurement.search` as the offline computation runs it."""
     geometry = model_geometry(model)
     grid = sorted({*range(geometry.num_tokens, geometry.min_tokens - 1, -args.stride), geometry.min_tokens})
     settings = SearchSettings(passes=args.passes, reps=args.reps, confirm_rounds=args.confirm_rounds)

@@ -1,7 +1,7 @@
 """Does measuring two counts back to back change the ratio between them? A check of the search's design.
 
 The adaptive search visits each aligned edge's two counts (a - 1, a) back to back in its coarse passes and
-counts those visits as paired rounds of the edge (`pomt.search`); every confirmation pairs visits the same
+counts those visits as paired rounds of the edge (`pomt.measurement.search`); every confirmation pairs visits the same
 way. That is sound only if a visit does not carry over into the next (kernel choice, allocator, caches): the
 two counts must read the same ratio back to back as apart. The aligned traces in tests/data left this open
 (several edges there read smaller than in the traces recorded without pairs, another day).
@@ -11,7 +11,7 @@ alternating from round to round so that drift weighs on both alike: `pair` visit
 back (A B, then B A the next round) and a + 1 on its own, in a shuffled order; `apart` visits every count
 on its own in a shuffled order in which no (a - 1, a) is adjacent. For each a it prints L(a - 1) / L(a) and
 L(a + 1) / L(a) in each condition (the geometric mean over rounds, with a 95% interval from
-`pomt.stats.paired_effect`) and a Welch t-test of pair against apart. No timing threshold: it prints what it
+`pomt.measurement.stats.paired_effect`) and a Welch t-test of pair against apart. No timing threshold: it prints what it
 measured.
 
 On the 2-core AMD VM (deit_tiny, batch 1, 2 threads, 16 rounds, 2026-11-23) the two conditions agreed at
@@ -33,9 +33,9 @@ import numpy as np
 from scipy import stats as scipy_stats
 from tqdm import tqdm
 
-from pomt.sources import calibrate_reps
-from pomt.stats import paired_effect
-from pomt.workload import Workload, live_session, prepare
+from pomt.measurement.sources import calibrate_reps
+from pomt.measurement.stats import paired_effect
+from pomt.workload.prepare import Workload, live_session, prepare
 
 Levels = dict[int, float]  # visit median (ms) per count, one round of one condition
 

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from pomt.bench.profile import profile_forward
-from pomt.measure import interleaved
+from pomt.measurement.timing import interleaved
 from pomt.patching import patch
 from pomt.patching.blocks import BlockPlan, PatchState, install, run_pomt
 

@@ -2,14 +2,14 @@
 
 In one process, the model and its input are built afresh several times (each after a filler allocation of
 random size, so the allocator's history differs), and each placement measures N against N - `--remove`
-kept tokens in paired rounds (A B, B A, ...; `pomt.stats.paired_effect` on the per-round medians). This runs
+kept tokens in paired rounds (A B, B A, ...; `pomt.measurement.stats.paired_effect` on the per-round medians). This runs
 in a child process per allocator setting: glibc's defaults (its mmap threshold adapts to what was freed),
 and the threshold fixed low and high (`MALLOC_MMAP_THRESHOLD_`, which also turns the adaptation off).
 
 On the 2-core VM (deit_small, batch 4, 2 threads), which placements run slow depends on the heap's whole
 history, so on the code that runs before them too. Under glibc's defaults, a loop timing with perf_counter
 found one or two of five placements at N / 194 = 1.09-1.11 (N at 210-211 ms, the level of the offline run
-whose cliff by N a fresh process did not have, `pomt.fresh`) in each of four runs, a version timing with
+whose cliff by N a fresh process did not have, `pomt.choice.fresh`) in each of four runs, a version timing with
 `time_calls` one of five at 1.061 [1.040, 1.082], and this version (visits through `LiveSource`) none of five
 (1.009-1.034). With the threshold fixed either way, no placement of any version ran slow (1.010-1.027). A
 schedule's steps near N hold only under the allocator settings they were measured with; the device
@@ -28,10 +28,10 @@ import sys
 import numpy as np
 import torch
 
-from pomt.geometry import model_geometry
-from pomt.models import create_model, resolve_model_name
-from pomt.sources import LiveSource, forward_at_tokens
-from pomt.stats import paired_effect
+from pomt.measurement.sources import LiveSource, forward_at_tokens
+from pomt.measurement.stats import paired_effect
+from pomt.models.geometry import model_geometry
+from pomt.models.registry import create_model, resolve_model_name
 
 SETTINGS = {"glibc defaults": {}, "mmap threshold fixed at 128 KiB": {"MALLOC_MMAP_THRESHOLD_": "131072"},
             "mmap threshold fixed at 1 GiB": {"MALLOC_MMAP_THRESHOLD_": "1073741824"}}

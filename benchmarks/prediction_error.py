@@ -31,8 +31,8 @@ def probe(model: str, batch: int, size: int) -> float:
     """The unpruned model's median latency (ms) here, roughly (the budget's scale)."""
     import torch
 
-    from pomt.measure import time_callable
-    from pomt.models import create_model
+    from pomt.measurement.timing import time_callable
+    from pomt.models.registry import create_model
 
     net = create_model(model, size)
     x = torch.randn(batch, 3, size, size)

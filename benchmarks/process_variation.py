@@ -6,7 +6,7 @@ about 9% faster one token below N in one offline run and showed no step there in
 measurement agreed with itself within each run (paired rounds, then the patched model verified), so the
 step itself moved between processes. This benchmark measures that directly: per process, each count's
 level relative to N (pooled over shuffled passes, drift-corrected) and the steps its trace confirms
-(`pomt.steps.steps_in_trace`); then each step with the number of processes that confirmed it
+(`pomt.measurement.steps.steps_in_trace`); then each step with the number of processes that confirmed it
 (within +-2 tokens, same kind).
 Usage: python benchmarks/process_variation.py [--processes 4] [--model deit_small] [--batch-size 4]
        [--below 8] [--passes 10] [--min-step 0.03] [-- extra pomt record options]
@@ -22,11 +22,11 @@ from pathlib import Path
 
 from reproducibility import ROOT, TOLERANCE, seen_in
 
-from pomt.geometry import model_geometry
-from pomt.models import create_model
-from pomt.stats import pool_visits
-from pomt.steps import Step, steps_in_trace
-from pomt.trace import read_trace
+from pomt.formats.trace import read_trace
+from pomt.measurement.stats import pool_visits
+from pomt.measurement.steps import Step, steps_in_trace
+from pomt.models.geometry import model_geometry
+from pomt.models.registry import create_model
 
 
 def record_band(model: str, batch_size: int, lowest: int, passes: int, extra: list[str], out: Path) -> Path:

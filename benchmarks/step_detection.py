@@ -4,7 +4,8 @@ For every recorded trace in tests/data (shuffled passes; the sequential demonstr
 a few seeds, known steps are injected into the real trace (every sample above a count scaled by +-6..12%,
 so real noise and drift stay as measured), then the adaptive search runs on a replay of it with its
 default settings. Ground truth is the steps the dense trace itself confirms by paired visits within passes
-(`pomt.steps.steps_in_trace` on the recorded trace) and the injected ones. Scoring, for steps of at least 5%:
+(`pomt.measurement.steps.steps_in_trace` on the recorded trace) and the injected ones. Scoring, for steps of at
+least 5%:
 recall = truth steps with a confirmed step within +-2 tokens; precision = confirmed steps of 5% or more
 lying within +-2 tokens of a truth step or of one the dense trace confirms at 3% or more. The recall against
 `steps_in_trace` of the injected trace (the truth before 2026-11-23) is printed too: injecting moves the
@@ -51,11 +52,11 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import median_abs_deviation
 
-from pomt.search import Confirmation, LatencySearch, SearchResult, SearchSettings, confirmed_steps
-from pomt.sources import ReplaySource, Session, TraceExhausted
-from pomt.stats import drift_profile
-from pomt.steps import Step, steps_in_trace
-from pomt.trace import Trace, inject_steps, read_trace
+from pomt.formats.trace import Trace, inject_steps, read_trace
+from pomt.measurement.search import Confirmation, LatencySearch, SearchResult, SearchSettings, confirmed_steps
+from pomt.measurement.sources import ReplaySource, Session, TraceExhausted
+from pomt.measurement.stats import drift_profile
+from pomt.measurement.steps import Step, steps_in_trace
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 BIG, LOOSE, TOLERANCE = 0.05, 0.03, 2
@@ -68,7 +69,7 @@ def near(step: Step | Known, others: list[Step]) -> bool:
 
 @dataclass(frozen=True)
 class Known:
-    """An injected step: every sample above `tokens` scaled (`pomt.trace.inject_steps`)."""
+    """An injected step: every sample above `tokens` scaled (`pomt.formats.trace.inject_steps`)."""
 
     tokens: int
     upper_tokens: int

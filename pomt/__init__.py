@@ -1,9 +1,10 @@
 """pomt: hardware-aware token pruning schedules for Vision Transformers."""
 
-from pomt.geometry import Geometry, model_geometry
-from pomt.models import create_model, resolve_model_name
-from pomt.patching import UnverifiedScheduleWarning, apply_schedule, patch, unpatch
-from pomt.schedule import Schedule, load_schedule, save_schedule
+from pomt.deploy.apply import UnverifiedScheduleWarning, apply_schedule
+from pomt.formats.schedule import Schedule, load_schedule, save_schedule
+from pomt.models.geometry import Geometry, model_geometry
+from pomt.models.registry import create_model, resolve_model_name
+from pomt.patching import patch, unpatch
 
 __version__ = "0.1.0"
 

@@ -18,6 +18,7 @@ import torch  # noqa: E402
 from tiny_data import make_image_folder, train_tiny_vit
 
 ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"  # the curve bank and the golden replays
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pomt.geometry import model_geometry, transformer_blocks
+from pomt.models.geometry import model_geometry, transformer_blocks
 from pomt.patching import token_counts
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from pomt.trace import Trace, Visit
+from pomt.formats.trace import Trace, Visit
 
 N = 197
 

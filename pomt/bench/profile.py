@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from pomt.measure import interleaved
+from pomt.measurement.timing import interleaved
 
 _KINETO_CHATTER = re.compile(r"^(USDT:|(INFO|WARNING|ERROR|STAGE):\d{4}-\d\d-\d\d )")
 
@@ -72,7 +72,7 @@ def profile_forward(
     fn: Callable[[], object], device: str, forwards: int = 3, warmup: int = 2
 ) -> ProfileSummary:
     """Profile `forwards` back-to-back calls of `fn` after `warmup` unprofiled ones (both timed and
-    synchronised by `pomt.measure`)."""
+    synchronised by `pomt.measurement.timing`)."""
     cuda = device.startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from pomt.device import gpu_power_w
-from pomt.measure import synchronize, time_callable
+from pomt.measurement.timing import synchronize, time_callable
 
 MB = 1024**2
 
@@ -120,7 +120,7 @@ def peak_memory(fn: Callable[[], object], model: nn.Module, device: str, repeats
 
 
 def power_and_energy(fn: Callable[[], object], device: str, batch: int, min_s: float = 2.0) -> Power:
-    """Mean NVML power while `fn` is timed for at least `min_s` seconds (`pomt.measure.time_callable`:
+    """Mean NVML power while `fn` is timed for at least `min_s` seconds (`pomt.measurement.timing.time_callable`:
     warm-up, back-to-back calls); energy per image = power x time per call / batch.
 
     NVML updates its power reading every ~20-100 ms and some boards average over a second, hence a couple

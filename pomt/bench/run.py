@@ -1,6 +1,6 @@
 """Benchmark orchestration: build the variants, measure them side by side, collect one row each.
 
-All variants are timed in one interleaved run (`pomt.measure.interleaved`), each a deep copy called as
+All variants are timed in one interleaved run (`pomt.measurement.timing.interleaved`), each a deep copy called as
 `model(x)` on the same input; FLOPs, accuracy, memory, power and the profile are taken per variant.
 A sweep repeats this for every (batch size, input size) cell.
 """
@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from pomt import accuracy as acc
 from pomt.bench.flops import count_flops
 from pomt.bench.profile import profile_forward
 from pomt.bench.resources import peak_memory, power_and_energy
@@ -30,20 +29,21 @@ from pomt.bench.variants import (
     plan_reductions,
     variant_methods,
 )
-from pomt.curve import read_curve
+from pomt.choice import accuracy as acc
+from pomt.choice.policy import predict_from_counts
+from pomt.choice.verify import cost_function
 from pomt.device import clock_snapshot
 from pomt.errors import CurveError, ScheduleError
-from pomt.geometry import model_geometry
-from pomt.measure import fixed_threads, interleaved
-from pomt.models import architecture, create_model
+from pomt.formats.curve import read_curve
+from pomt.formats.schedule import Schedule, load_schedule
+from pomt.measurement.timing import fixed_threads, interleaved
+from pomt.models.geometry import model_geometry
+from pomt.models.registry import architecture, create_model
 from pomt.options import option
 from pomt.patching import token_counts
-from pomt.policy import predict_from_counts
-from pomt.run_setup import RunSetup, output_stem, prepare_run
-from pomt.runtime import Backend, backend_info, build_forward, check_backend, parameter_dtype, resolve_dtype
-from pomt.schedule import Schedule, load_schedule
-from pomt.verify import cost_function
-from pomt.workload import BACKENDS, DTYPES
+from pomt.runtimes import Backend, backend_info, build_forward, check_backend, parameter_dtype, resolve_dtype
+from pomt.workload.prepare import BACKENDS, DTYPES
+from pomt.workload.setup import RunSetup, output_stem, prepare_run
 
 
 @dataclass(frozen=True)
@@ -223,7 +223,7 @@ Predictor = Callable[[str | None, Mapping[int, int]], float]
 
 def predictor(schedule: Schedule, source: object, geometry) -> Predictor | None:
     """Latency of a variant over the unpruned model's, predicted from the schedule's curve file (beside the
-    schedule): every block at the tokens it receives (`pomt.policy.predict_from_counts`), plus the method's
+    schedule): every block at the tokens it receives (`pomt.choice.policy.predict_from_counts`), plus the method's
     own cost where the schedule measured it. Without the curve, the schedule's own prediction only."""
     baseline, pruned = schedule.predicted.get("baseline_ms"), schedule.predicted.get("pruned_ms")
     curve = None

@@ -17,11 +17,12 @@ from torch import nn
 
 from pomt.bench.flops import count_flops, match_amount, meta_copy
 from pomt.checks import METHODS, check_method, check_prune_block
+from pomt.deploy.apply import apply_schedule
 from pomt.errors import PatchError
-from pomt.geometry import Geometry, model_geometry
-from pomt.patching import apply_schedule, patch, token_counts, unpatch
+from pomt.formats.schedule import Schedule
+from pomt.models.geometry import Geometry, model_geometry
+from pomt.patching import patch, token_counts, unpatch
 from pomt.patching.tome import max_merge
-from pomt.schedule import Schedule
 
 BASELINE = "none"
 SCHEDULE = "schedule"

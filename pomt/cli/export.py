@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from pomt.cli.app import app
-from pomt.export import FORMATS, export_schedule
+from pomt.deploy.export import FORMATS, export_schedule
 
 
 @app.command("export")

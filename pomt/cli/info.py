@@ -9,9 +9,9 @@ import typer
 from pomt.cli.app import app
 from pomt.device import device_fingerprint, resolve_device
 from pomt.errors import BackendError
-from pomt.geometry import model_geometry
-from pomt.models import create_model, resolve_model_name
-from pomt.runtime import Backend, backend_info, check_backend
+from pomt.models.geometry import model_geometry
+from pomt.models.registry import create_model, resolve_model_name
+from pomt.runtimes import Backend, backend_info, check_backend
 
 
 @app.command("model")

@@ -6,9 +6,9 @@ import typer
 
 from pomt.cli.app import app
 from pomt.cli.options import config_command
-from pomt.offline import OfflineConfig, OfflineResult, run_offline
-from pomt.search import SearchSettings
-from pomt.workload import Workload
+from pomt.measurement.search import SearchSettings
+from pomt.pipelines.offline import OfflineConfig, OfflineResult, run_offline
+from pomt.workload.prepare import Workload
 
 
 @app.command("offline")

@@ -6,8 +6,8 @@ import typer
 
 from pomt.cli.app import app
 from pomt.cli.options import config_command
-from pomt.record import RecordSettings, record
-from pomt.workload import Workload
+from pomt.pipelines.record import RecordSettings, record
+from pomt.workload.prepare import Workload
 
 
 @app.command("record")

@@ -1,0 +1,240 @@
+"""Accuracy on an image folder, and the degradation curve A(n) under random pruning right after embedding.
+
+Labelled (ImageFolder with class sub-folders): top-1 against the folder labels, where the i-th folder in
+sorted order is the model's class i (as with ImageNet's synset folders). Unlabelled (images directly in
+the folder, or seeded random images): agreement of a variant's top-1 with the unpruned model's on the
+same images. `evaluate` is the one evaluator: the offline curve and the benchmark's variants both use it.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import timm.data
+import torch
+from PIL import Image
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import IMG_EXTENSIONS
+from tqdm.auto import tqdm
+
+from pomt.errors import CurveError, DatasetError
+from pomt.io import atomic_write_csv
+from pomt.models.tokens import truncate_tokens
+from pomt.runtimes import parameter_dtype
+
+TOP1 = "top1"
+AGREEMENT = "agreement"
+CURVE_COLUMNS = ("tokens", "accuracy", "kind", "samples")
+Forward = Callable[[torch.Tensor, int], torch.Tensor]  # (images, batch index) -> logits
+
+
+@dataclass(frozen=True)
+class AccuracyCurve:
+    """A(n) in [0, 1] at measured token counts, and how it was obtained."""
+
+    values: dict[int, float]
+    kind: str  # "top1" or "agreement"
+    samples: int
+
+    def at(self, tokens: Iterable[int]) -> dict[int, float]:
+        return interpolate(self.values, tokens)
+
+    def rows(self) -> list[dict]:
+        return [
+            {"tokens": n, "accuracy": round(self.values[n], 6), "kind": self.kind, "samples": self.samples}
+            for n in sorted(self.values)
+        ]
+
+
+def interpolate(values: Mapping[int, float], tokens: Iterable[int]) -> dict[int, float]:
+    """Accuracy at other token counts: linear between measured counts, held at the end values outside."""
+    known = sorted(values)
+    levels = [values[n] for n in known]
+    return {n: float(np.interp(n, known, levels)) for n in tokens}
+
+
+class _FlatFolder(Dataset):
+    """Images directly inside a folder, without labels (for agreement with the unpruned model)."""
+
+    def __init__(self, root: Path, transform) -> None:
+        self.paths = sorted(p for p in root.iterdir() if p.suffix.lower() in IMG_EXTENSIONS)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int):
+        with Image.open(self.paths[index]) as image:
+            return self.transform(image.convert("RGB")), -1
+
+
+def eval_transform(model: nn.Module, input_size: tuple[int, int]):
+    """The model's own eval transform from timm's data config, resolved at `input_size`."""
+    config = timm.data.resolve_data_config({"input_size": (3, *input_size)}, model=model)
+    return timm.data.create_transform(**config, is_training=False)
+
+
+def open_image_folder(root: str | Path, transform) -> tuple[Dataset, str]:
+    """An ImageFolder (top-1) when `root` has class sub-folders, else a flat folder (agreement)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DatasetError(f"dataset folder not found: {root}")
+    if any(child.is_dir() for child in root.iterdir()):
+        try:
+            return ImageFolder(str(root), transform=transform), TOP1
+        except (FileNotFoundError, RuntimeError) as exc:
+            raise DatasetError(f"no usable images under {root}: {str(exc).splitlines()[0]}") from None
+    flat = _FlatFolder(root, transform)
+    if len(flat) == 0:
+        raise DatasetError(f"no images in {root} (expected class sub-folders or image files)")
+    return flat, AGREEMENT
+
+
+def seeded_subset(dataset: Dataset, samples: int, seed: int) -> Dataset:
+    """A reproducible random subset of at most `samples` items."""
+    size = len(dataset)
+    if samples >= size:
+        return dataset
+    order = torch.randperm(size, generator=torch.Generator().manual_seed(seed))[:samples]
+    return Subset(dataset, sorted(order.tolist()))
+
+
+def random_images(samples: int, input_size: tuple[int, int], seed: int = 0) -> Dataset:
+    """Seeded standard-normal images without labels: agreement with the unpruned model when no folder is
+    given (meaningful for trained weights)."""
+    images = torch.randn(samples, 3, *input_size, generator=torch.Generator().manual_seed(seed))
+    return TensorDataset(images, torch.full((samples,), -1))
+
+
+def whole_batches(dataset: Dataset, samples: int, batch: int, seed: int = 0) -> DataLoader:
+    """A seeded subset of about `samples` images in full batches only, so every forward runs at `batch`."""
+    total = min(-(-samples // batch) * batch, len(dataset)) // batch * batch
+    if total == 0:
+        raise DatasetError(f"the dataset holds {len(dataset)} images, fewer than one batch of {batch}")
+    return image_loader(seeded_subset(dataset, total, seed), batch)
+
+
+def accuracy_token_counts(min_tokens: int, num_tokens: int, points: int, extra: Iterable[int] = ()) -> list[int]:
+    """Evenly spread counts over [min_tokens, num_tokens] (both ends included) plus `extra` counts."""
+    even = np.linspace(min_tokens, num_tokens, num=max(2, points)).round().astype(int).tolist()
+    return sorted({*even, *(n for n in extra if min_tokens <= n <= num_tokens)})
+
+
+def evaluate(
+    forwards: Mapping[Hashable, Forward],
+    loader: Iterable,
+    kind: str,
+    reference: Forward,
+    device: str = "cpu",
+    progress: bool = True,
+    dtype: torch.dtype | None = None,
+) -> tuple[dict, int]:
+    """({key: fraction of images whose top-1 under forwards[key] equals the label (TOP1) or the reference
+    forward's top-1 (AGREEMENT)}, images seen); every image is loaded once for all forwards, and cast to
+    `dtype` (the models' own, e.g. float16) when one is given."""
+    correct = dict.fromkeys(forwards, 0)
+    total = 0
+    with torch.inference_mode():
+        for index, (images, labels) in enumerate(_batches(loader, progress)):
+            images = images.to(device, dtype)
+            target = labels.to(device) if kind == TOP1 else _top1(reference(images, index), labels)
+            for key, forward in forwards.items():
+                same = kind == AGREEMENT and forward is reference
+                predicted = target if same else _top1(forward(images, index), labels, kind)
+                correct[key] += int((predicted == target).sum())
+            total += len(images)
+    if total == 0:
+        raise DatasetError("the dataset sample is empty")
+    return {key: count / total for key, count in correct.items()}, total
+
+
+def _batches(loader: Iterable, progress: bool) -> Iterator:
+    """The loader's batches with a progress bar; an unreadable image is a DatasetError."""
+    batches = iter(tqdm(loader, desc="accuracy", unit="batch", disable=not progress, leave=False))
+    while True:
+        try:
+            yield next(batches)
+        except StopIteration:
+            return
+        except OSError as exc:
+            raise DatasetError(f"cannot read an image of the dataset: {exc}") from None
+
+
+def _top1(out, labels: torch.Tensor, kind: str = AGREEMENT) -> torch.Tensor:
+    """Top-1 classes of a timm forward's output; top-1 against labels needs a class per label."""
+    logits = out[0] if isinstance(out, (tuple, list)) else out
+    if kind == TOP1 and int(labels.max()) >= logits.shape[-1]:
+        raise DatasetError(
+            f"dataset has more classes than the model's {logits.shape[-1]} outputs; use a matching "
+            "checkpoint or an unlabelled folder for agreement"
+        )
+    return logits.argmax(dim=-1)
+
+
+def measure_accuracy(
+    model: nn.Module,
+    loader: Iterable,
+    token_counts: Sequence[int],
+    kind: str,
+    device: str = "cpu",
+    seed: int = 0,
+    progress: bool = True,
+) -> AccuracyCurve:
+    """A(n) for every count: random pruning after embedding (seeded per batch and count)."""
+
+    def pruned_to(n: int) -> Forward:
+        def forward(images: torch.Tensor, index: int) -> torch.Tensor:
+            with truncate_tokens(model, n, selection="random", seed=seed + 7919 * index + n):
+                return model(images)
+
+        return forward
+
+    counts = sorted(set(token_counts))
+    values, total = evaluate({n: pruned_to(n) for n in counts}, loader, kind, lambda images, _: model(images),
+                             device, progress, dtype=parameter_dtype(model))
+    return AccuracyCurve(values, kind, total)
+
+
+def image_loader(dataset: Dataset, batch_size: int, workers: int = 0) -> DataLoader:
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers)
+
+
+def save_accuracy_curve(path: str | Path, curve: AccuracyCurve) -> Path:
+    return atomic_write_csv(path, curve.rows(), CURVE_COLUMNS)
+
+
+def load_accuracy_curve(path: str | Path, token_range: tuple[int, int] | None = None) -> AccuracyCurve:
+    """Read an accuracy CSV (tokens, accuracy[, kind, samples]); a bad file is one CurveError line."""
+    path = Path(path)
+    if not path.is_file():
+        raise CurveError(f"accuracy curve not found: {path}")
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle))
+        values = {int(row["tokens"]): float(row["accuracy"]) for row in rows}
+        kinds = {row.get("kind") or TOP1 for row in rows}
+        samples = max(int(row.get("samples") or 0) for row in rows) if rows else 0
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError, csv.Error) as exc:
+        raise CurveError(f"corrupt accuracy curve {path}: needs numeric 'tokens' and 'accuracy' ({exc})") from None
+    if not values:
+        raise CurveError(f"corrupt accuracy curve {path}: no rows")
+    if any(not 0.0 <= a <= 1.0 for a in values.values()):
+        raise CurveError(f"corrupt accuracy curve {path}: accuracy must lie in [0, 1]")
+    if len(kinds) != 1:
+        raise CurveError(f"corrupt accuracy curve {path}: mixes kinds {sorted(kinds)}")
+    if token_range is not None:
+        low, high = token_range
+        outside = [n for n in values if not low <= n <= high]
+        if outside:
+            raise CurveError(
+                f"accuracy curve {path} has token counts outside this model's range [{low}, {high}]: "
+                f"{outside[:3]}"
+            )
+    return AccuracyCurve(values, kinds.pop(), samples)
+

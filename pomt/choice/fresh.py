@@ -1,0 +1,159 @@
+"""The verification again, in a fresh process: the promise must hold where the schedule is served.
+
+On the 2-core VM the position of a step near N changes from one process to the next (deit_small at batch 4:
+194 kept tokens read 0.92, 0.98, 1.00 and 0.91 of N in four processes; README, "A step can move between
+processes"). A search confirms the steps of the process it runs in, and the verification beside it measures
+the same process, so a removal it ships can rest on a step that the serving process does not have. The
+offline computation therefore measures its candidates once more in a new interpreter (`spawn`): the model
+built afresh from the workload (random weights: latency does not depend on them), the same input seed, the
+same paired rounds and criterion (`pomt.choice.verify.verify`). A removal ships only when it qualified in both.
+
+The steps a removal could land below are checked the same way before the policy sees them: the confirmed
+steps within the policy's reach are measured in paired rounds (A B, B A, ...) in a fresh process, and a step
+counts only when that process shows it too (in the same direction, significant at the search's alpha
+one-sided, and at least half the minimum step). A step
+that one process's memory layout makes is not a property of the model, batch, input and device, and a run
+that happened to get it would otherwise answer differently from the runs that did not.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+
+from pomt.choice.verify import CandidateResult, Verification, choose, schedule_forward_at, verify
+from pomt.formats.schedule import Schedule
+from pomt.formats.trace import Visit
+from pomt.measurement.sources import LiveSource, Session
+from pomt.measurement.stats import PairedEffect, paired_effect
+from pomt.workload.prepare import Prepared, Workload, live_session, prepare
+
+Pair = tuple[int, int]
+Job = TypeVar("Job")
+Answer = TypeVar("Answer")
+
+
+@dataclass(frozen=True)
+class FreshJob:
+    """What the fresh process needs: the workload to rebuild, the candidate schedules (by kept tokens: the
+    removals verified) and the verification's settings."""
+
+    workload: Workload
+    schedules: dict[int, Schedule]
+    reps: int
+    rounds: int
+    min_gain: float
+    min_step: float
+    alpha: float
+
+
+@dataclass(frozen=True)
+class StepJob:
+    """The steps to check in a fresh process: the workload to rebuild, each step's (low, high) counts, the
+    visit length and the paired rounds per step."""
+
+    workload: Workload
+    pairs: tuple[Pair, ...]
+    reps: int
+    rounds: int
+
+
+def in_fresh_process(work: Callable[[Job], Answer], job: Job) -> Answer:
+    """`work(job)` in a new interpreter (`spawn`); errors there are raised here."""
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as pool:
+        return pool.apply(work, (job,))
+
+
+def verify_in_fresh_process(job: FreshJob) -> Verification:
+    """The candidates' verification, run in a new interpreter."""
+    return in_fresh_process(_verify_here, job)
+
+
+def step_rounds_in_fresh_process(job: StepJob) -> dict[Pair, list[tuple[Visit, Visit]]]:
+    """Each step's paired rounds ((low visit, high visit) per round), measured in a new interpreter."""
+    return in_fresh_process(_step_rounds_here, job)
+
+
+def _prepared_here(workload: Workload) -> tuple[Workload, Prepared]:
+    """The workload built afresh in this process (never resumed, no progress bars)."""
+    workload = replace(workload, resume=False, progress=False)
+    return workload, prepare(workload)
+
+
+def _step_rounds_here(job: StepJob) -> dict[Pair, list[tuple[Visit, Visit]]]:
+    """The fresh process's side of a step check: the model with tokens truncated after embedding (as the
+    search measured it), each step's two counts visited back to back, every step once per round in a seeded
+    order, the order within a pair reversed every other round."""
+    workload, prepared = _prepared_here(job.workload)
+    session = live_session(workload, prepared)
+    rng = np.random.default_rng(workload.seed)
+    rounds: dict[Pair, list[tuple[Visit, Visit]]] = {pair: [] for pair in job.pairs}
+    for index in range(job.rounds):
+        for i in rng.permutation(len(job.pairs)):
+            low, high = job.pairs[i]
+            order = (high, low) if index % 2 == 0 else (low, high)
+            session.begin_pass(index, order)
+            taken = {n: session.visit(n, job.reps, index) for n in order}
+            rounds[(low, high)].append((taken[low], taken[high]))
+    return rounds
+
+
+def step_holds(here: PairedEffect, rounds: list[tuple[Visit, Visit]], alpha: float,
+               min_step: float) -> tuple[PairedEffect, bool]:
+    """The step's paired effect in the fresh process's `rounds` (the trend offset of its verdict here), and
+    whether it holds there: in the direction confirmed here, significant at `alpha` one-sided (the direction
+    is known before these rounds: a replication), and at least half of `min_step`. The full minimum is not
+    asked again, as the verdict here decided the size and a real step near it reads under it about half the
+    time; half of it keeps out a step that is real there but too small to matter."""
+    fresh = paired_effect([b.median_ms for _, b in rounds], [a.median_ms for a, _ in rounds], offset=here.offset)
+    change, confirmed = fresh.excess - 1.0, here.excess - 1.0
+    same_side = math.copysign(1.0, change) == math.copysign(1.0, confirmed)
+    return fresh, same_side and fresh.p_value / 2.0 < alpha and abs(change) >= min_step / 2.0
+
+
+def _verify_here(job: FreshJob) -> Verification:
+    """The fresh process's side: build the workload, patch through each candidate schedule, verify."""
+    workload, prepared = _prepared_here(job.workload)
+    n = prepared.geometry.num_tokens
+    forward_at = schedule_forward_at(prepared.model, prepared.x, job.schedules, backend=workload.backend,
+                                     device=prepared.setup.device, threads=workload.threads,
+                                     cache_dir=Path(workload.output_dir) / prepared.cache_dir)
+    session = Session(LiveSource(forward_at, prepared.setup.device, workload.threads))
+    return verify(session, n, [n - kept for kept in job.schedules], reps=job.reps, rounds=job.rounds,
+                  min_gain=job.min_gain, min_step=job.min_step, alpha=job.alpha, seed=workload.seed, progress=False)
+
+
+def held_in_both(here: Verification, fresh: Verification, min_gain: float,
+                 min_step: float) -> tuple[CandidateResult | None, str]:
+    """The candidate to ship among those that qualified in both processes (chosen on the fresh process's
+    measurements, as `pomt.choice.verify.choose` chooses), and the fresh process's verdict in one sentence."""
+    qualified_here = {c.remove for c in here.candidates if c.qualifies}
+    both = [c for c in fresh.candidates if c.remove in qualified_here]
+    if not both:
+        return None, "in a fresh process: none of the candidates that qualified here was measured"
+    chosen, reason = choose(both, min_gain, min_step)
+    return chosen, f"in a fresh process: {reason}"
+
+
+def placement_hint(fingerprint: dict, what: str = "the removal") -> str | None:
+    """What to tell a CPU user whose removal, or step within reach, did not hold in a fresh process while the
+    host allocator ran with its defaults; None elsewhere. `benchmarks/placement.py`: under glibc's adaptive
+    mmap threshold some placements ran N 6-11% slower than N - 3, none with the threshold fixed; and three
+    offline runs under the defaults each confirmed a step at 197->196 or 196->195 that a fresh process did
+    not show, three with MALLOC_MMAP_THRESHOLD_=131072 none (deit_small, batch 4, 2026-11-24)."""
+    if fingerprint.get("kind") != "cpu" or fingerprint.get("allocator"):
+        return None
+    return (f"{what} held in the measuring process, not in a fresh one: on CPU that can be memory placement "
+            "under glibc's adaptive mmap threshold; measure and serve with MALLOC_MMAP_THRESHOLD_ set "
+            "(or another fixed allocator) to compare like with like (benchmarks/placement.py)")
+
+
+__all__ = ["FreshJob", "StepJob", "held_in_both", "in_fresh_process", "placement_hint", "step_holds",
+           "step_rounds_in_fresh_process", "verify_in_fresh_process"]

@@ -1,0 +1,1 @@
+"""Serving a schedule: applying it to a model (`apply`) and exporting the scheduled model (`export`)."""

@@ -1,0 +1,241 @@
+"""`pomt export`: write a schedule's pruned model for a deployment runtime, checked against PyTorch.
+
+The schedule's model is created with the weights asked for, patched with `pomt.apply_schedule` (the
+eager path), and exported at static shapes (the pruning blocks' top-k and gathers at fixed sizes) with
+torch's ONNX exporter; OpenVINO IR is converted from that ONNX. The written file is run through its
+runtime on seeded random inputs and compared with the patched PyTorch model; a small JSON card beside
+it records what was exported, with which packages, and how closely it matched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pomt.deploy.apply import UnverifiedScheduleWarning, apply_schedule
+from pomt.errors import ExportError
+from pomt.formats.schedule import Schedule, load_schedule, utc_now
+from pomt.io import atomic_write_json
+from pomt.models.registry import PomtWarning, create_model
+from pomt.runtimes import (
+    Backend,
+    backend_info,
+    check_backend,
+    onnx_program,
+    onnxruntime_session,
+    openvino_compiled,
+    openvino_tensor,
+    package_version,
+    resolve_dtype,
+)
+
+FORMATS: dict[str, tuple[Backend, str]] = {
+    "onnx": (Backend.ONNXRUNTIME, ".onnx"),
+    "openvino": (Backend.OPENVINO, ".xml"),
+}
+# Largest max-abs difference from PyTorch an export may show: float32 round-off across a ViT is ~1e-6;
+# half precision keeps about 3 (float16) or 2 (bfloat16) significant digits.
+TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+CHECK_INPUTS = 2
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """The written model file, its card (a JSON file beside it) and the card's content."""
+
+    path: Path
+    card_path: Path
+    card: dict
+
+    @property
+    def max_abs_diff(self) -> float:
+        return self.card["check"]["max_abs_diff"]
+
+    @property
+    def passed(self) -> bool:
+        return self.card["check"]["passed"]
+
+
+def check_format(name: str) -> tuple[Backend, str]:
+    """(backend that runs it, file suffix) of an export format, or ExportError listing the valid ones."""
+    if name not in FORMATS:
+        raise ExportError(f"unknown export format {name!r}; choose one of {', '.join(FORMATS)}")
+    return FORMATS[name]
+
+
+def default_output(schedule_path: Path, fmt: str) -> Path:
+    """Beside the schedule, named from its stem: bin/x.schedule.json -> bin/x.onnx (or x.xml)."""
+    _, suffix = check_format(fmt)
+    stem = schedule_path.name.removesuffix(".json").removesuffix(".schedule")
+    return schedule_path.with_name(stem + suffix)
+
+
+def card_path(path: Path) -> Path:
+    return path.with_name(path.name + ".json")
+
+
+def export_schedule(
+    schedule_path: str | Path,
+    *,
+    fmt: str = "onnx",
+    output: str | Path | None = None,
+    checkpoint: str | Path | None = None,
+    pretrained: bool = True,
+    batch_size: int | None = None,
+    seed: int = 0,
+) -> ExportResult:
+    """Export the schedule's pruned model to `output`, check it against PyTorch, write its card.
+
+    Raises ExportError (after writing the file and its card) when the check fails, and before writing
+    anything when an operation of the patched model cannot be exported.
+    """
+    backend, suffix = check_format(fmt)
+    check_backend(backend, "cpu")
+    schedule_path = Path(schedule_path)
+    schedule = load_schedule(schedule_path)
+    path = Path(output) if output is not None else default_output(schedule_path, fmt)
+    if path.suffix != suffix:
+        raise ExportError(f"--output for format {fmt} must end in {suffix}, got {path.name}")
+    batch = schedule.batch_size if batch_size is None else batch_size
+    if batch < 1:
+        raise ExportError(f"batch size must be >= 1, got {batch}")
+    dtype = resolve_dtype(schedule.dtype, "cpu")
+    model, weights = _model(schedule, checkpoint, pretrained)
+    with warnings.catch_warnings():  # exported for a deployment target, not timed here: the card says it
+        warnings.simplefilter("ignore", UnverifiedScheduleWarning)
+        model = apply_schedule(model.to(dtype), schedule, batch_size=batch)
+    example = _inputs(schedule, batch, dtype, seed, 1)[0]
+    try:
+        program = onnx_program(model, example)
+    except ExportError as exc:
+        raise ExportError(f"the {schedule.method} schedule cannot be exported: {exc}") from exc
+    _write(program, path, fmt)
+    inputs = _inputs(schedule, batch, dtype, seed + 1, CHECK_INPUTS)
+    diff = _max_abs_diff(model, path, backend, inputs)
+    tolerance = TOLERANCE[schedule.dtype]
+    card = {
+        "format": fmt,
+        "file": path.name,
+        "files": sorted(p.name for p in _files_of(path) if p.exists()),
+        "schedule": schedule_path.name,
+        "schedule_sha256": hashlib.sha256(schedule_path.read_bytes()).hexdigest(),
+        "model": schedule.model,
+        "method": schedule.method,
+        "prune": [{"block": step.block, "remove": step.remove} for step in schedule.prune],
+        "kept_tokens": schedule.kept_tokens,
+        "verified": None if schedule.verified is None else {
+            key: schedule.verified.get(key) for key in ("speedup", "speedup_ci", "device_fingerprint_hash")
+        },
+        "input_shape": list(example.shape),
+        "dtype": schedule.dtype,
+        "weights": weights,
+        "opset": _opset(program),
+        "backend": backend_info(backend),
+        "torch": torch.__version__,
+        "timm": package_version("timm"),
+        "check": {
+            "runtime": backend.value,
+            "inputs": CHECK_INPUTS,
+            "seed": seed + 1,
+            "max_abs_diff": diff,
+            "tolerance": tolerance,
+            "passed": diff <= tolerance,
+        },
+        "created": utc_now(),
+    }
+    card_file = atomic_write_json(card_path(path), card)
+    result = ExportResult(path, card_file, card)
+    if not result.passed:
+        raise ExportError(
+            f"{path.name} differs from the PyTorch model by {diff:.2e} (max abs) > {tolerance:.0e}; see {card_file}"
+        )
+    return result
+
+
+def _model(schedule: Schedule, checkpoint, pretrained: bool) -> tuple[torch.nn.Module, str]:
+    """The schedule's model with the weights asked for, and a word on where they came from."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PomtWarning)
+        model = create_model(schedule.model, input_size=schedule.input_size, pretrained=pretrained,
+                             checkpoint=checkpoint)
+    fell_back = False
+    for warning in caught:
+        fell_back |= issubclass(warning.category, PomtWarning)
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    if checkpoint is not None:
+        digest = hashlib.sha256(Path(checkpoint).read_bytes()).hexdigest()
+        return model, f"checkpoint {Path(checkpoint).name} sha256:{digest}"
+    if pretrained and not fell_back:
+        return model, "pretrained (timm)"
+    return model, "random init" + (" (pretrained weights unavailable)" if pretrained else "")
+
+
+def _inputs(schedule: Schedule, batch: int, dtype: torch.dtype, seed: int, count: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    shape = (batch, 3, *schedule.input_size)
+    return [torch.randn(shape, generator=generator).to(dtype) for _ in range(count)]
+
+
+def _files_of(path: Path) -> list[Path]:
+    """The model file and the weight file that may travel with it (IR .bin; ONNX .data above 2 GB)."""
+    return [path, path.with_suffix(".bin") if path.suffix == ".xml" else path.with_name(path.name + ".data")]
+
+
+def _write(program, path: Path, fmt: str) -> None:
+    """Write the model (and its weight file) through a staging folder beside it: the weights are moved
+    into place first and the model file last, so a reader never finds a model without its weights."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as staging:
+        staged = Path(staging) / path.name
+        if fmt == "onnx":
+            program.save(str(staged))
+        else:
+            import openvino
+
+            onnx_dir = Path(staging) / "onnx"
+            onnx_dir.mkdir()
+            program.save(str(onnx_dir / "model.onnx"))
+            openvino.save_model(openvino.convert_model(str(onnx_dir / "model.onnx")), str(staged),
+                                compress_to_fp16=False)
+        written = {p.name for p in _files_of(staged) if p.exists()}
+        for name in sorted(written, key=lambda n: n == path.name):
+            os.replace(Path(staging) / name, path.parent / name)
+    for stale in _files_of(path):
+        if stale.name not in written:
+            stale.unlink(missing_ok=True)
+
+
+def _max_abs_diff(model: torch.nn.Module, path: Path, backend: Backend, inputs: list[torch.Tensor]) -> float:
+    """Largest |runtime - PyTorch| over the outputs of the written file on `inputs`."""
+    threads = torch.get_num_threads()
+    if backend == Backend.ONNXRUNTIME:
+        session = onnxruntime_session(path, "cpu", threads)
+        name = session.get_inputs()[0].name
+
+        def run(x: torch.Tensor) -> np.ndarray:
+            return session.run(None, {name: x.numpy()})[0]
+    else:
+        compiled = openvino_compiled(path, inputs[0].dtype, threads)
+
+        def run(x: torch.Tensor) -> np.ndarray:
+            return compiled(openvino_tensor(x.contiguous()))[0]
+
+    worst = 0.0
+    with torch.no_grad():
+        for x in inputs:
+            reference = model(x).float().numpy()
+            worst = max(worst, float(np.abs(np.asarray(run(x), dtype=np.float32) - reference).max()))
+    return worst
+
+
+def _opset(program) -> int | None:
+    """The default-domain ONNX opset of an exported program."""
+    version = program.model.opset_imports.get("")
+    return None if version is None else int(version)

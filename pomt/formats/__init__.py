@@ -1,0 +1,1 @@
+"""The files pomt writes and reads back: the schedule JSON, the latency trace, the curve CSV."""

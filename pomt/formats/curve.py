@@ -1,0 +1,59 @@
+"""The latency curve file: `<stem>.curve.csv`, written by the offline computation beside its schedule
+(which names it) and read back by the benchmark to predict every reducer's latency."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+
+from pomt.choice.accuracy import AccuracyCurve
+from pomt.errors import CurveError
+from pomt.io import atomic_write_csv
+from pomt.measurement.stats import CurvePoint
+
+COLUMNS = (
+    "tokens", "latency_ms", "median_ms", "relative", "spread_ms", "min_ms", "visits", "samples", "se_ms",
+    "accuracy", "accuracy_interpolated",
+)
+
+
+def rounded(row: dict) -> dict:
+    """Floats (and floats in lists) to 4 decimals, for files people read."""
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, float):
+            out[key] = round(value, 4)
+        elif isinstance(value, (list, tuple)):
+            out[key] = [round(v, 4) if isinstance(v, float) else v for v in value]
+        else:
+            out[key] = value
+    return out
+
+
+def write_curve(path: str | Path, points: Sequence[CurvePoint], accuracy: AccuracyCurve | None) -> Path:
+    """One row per measured count: pooled latency (drift-corrected and raw), spread, visits, accuracy."""
+    values = accuracy.at(p.tokens for p in points) if accuracy else {}
+    rows = []
+    for point in points:
+        row = rounded(point.to_row())
+        if accuracy:
+            row["accuracy"] = round(values[point.tokens], 6)
+            row["accuracy_interpolated"] = point.tokens not in accuracy.values
+        rows.append(row)
+    return atomic_write_csv(path, rows, COLUMNS)
+
+
+def read_curve(path: str | Path) -> dict[int, float]:
+    """{tokens: latency_ms} of a curve file; a bad file is one CurveError line."""
+    path = Path(path)
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            curve = {int(row["tokens"]): float(row["latency_ms"]) for row in csv.DictReader(handle)}
+    except FileNotFoundError:
+        raise CurveError(f"latency curve not found: {path}") from None
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError, csv.Error) as exc:
+        raise CurveError(f"corrupt latency curve {path}: needs numeric 'tokens' and 'latency_ms' ({exc})") from None
+    if not curve:
+        raise CurveError(f"corrupt latency curve {path}: no rows")
+    return curve

@@ -1,0 +1,247 @@
+"""Where latency samples come from: the model on this machine (live) or a recorded trace (replay).
+
+Both answer the same question, `visit(tokens, reps, pass_index) -> Visit`: one untimed forward at the
+new token count, then `reps` timed forwards. Search, confirmation and verification are written against
+that one call, so they run unchanged on a live device, on a trace in a test, or on a trace a user
+recorded elsewhere (`--replay`). A `Session` adds the journal: every visit is appended to a trace file,
+and a resumed run is served the visits it already made, in order, before it measures anything new.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from pomt.formats.trace import Trace, TraceWriter, Visit, rounded
+from pomt.measurement.timing import fixed_threads, synchronize, time_calls
+from pomt.runtimes import Forward, build_forward
+
+ForwardAt = Callable[[int], AbstractContextManager[Callable[[], object]]]
+PAIRED = 2  # a pass of two counts is a paired round
+PAIR_PROGRESS = 0.1  # seconds of pair gap a replay trades for each second nearer its clock
+
+
+class Source(Protocol):
+    """Anything that can time forwards at a kept-token count. It may also have `begin_pass(pass_index,
+    members)`, told the counts a pass will visit before it starts, and `begin_unit(pass_index, members)`,
+    told the counts it will visit next back to back (a replay uses them; a device needs not), and
+    `left(tokens)`, the visits of a count it can still serve (a replay's trace holds a finite number)."""
+
+    def visit(self, tokens: int, reps: int, pass_index: int) -> Visit: ...
+
+
+def forward_at_tokens(model: nn.Module, x: torch.Tensor, *, backend: str = "eager", device: str = "cpu",
+                      threads: int | None = None, cache_dir: Path | None = None, keep: int = 4) -> ForwardAt:
+    """`forward_at(n)`: a context whose callable runs one forward of `model(x)` with n tokens kept, in
+    `backend` (`pomt.runtimes.build_forward`). Eager forwards are built per visit (a hook, cheap); the
+    programs of other runtimes (one per count, cached on disk) stay open for the `keep` counts used last."""
+    return ProgramCache(lambda n: build_forward(model, x, backend=backend, device=device, tokens=n,
+                                                cache_dir=cache_dir, cache_key="latency", threads=threads),
+                        keep=0 if backend == "eager" else keep)
+
+
+class ProgramCache:
+    """A `ForwardAt` over a builder of closable forwards, keeping the last `keep` open (0: close each)."""
+
+    def __init__(self, build: Callable[[int], Forward], keep: int = 0):
+        self.build, self.keep = build, keep
+        self._open: OrderedDict[int, Forward] = OrderedDict()
+
+    @contextlib.contextmanager
+    def __call__(self, key: int) -> Iterator[Forward]:
+        if self.keep == 0:
+            forward = self.build(key)
+            try:
+                yield forward
+            finally:
+                forward.close()
+            return
+        if key not in self._open:
+            self._open[key] = self.build(key)
+            while len(self._open) > self.keep:
+                self._open.popitem(last=False)[1].close()
+        self._open.move_to_end(key)
+        yield self._open[key]
+
+
+class LiveSource:
+    """Times forwards on this machine with `pomt.measurement.timing.time_calls` (CUDA events on CUDA)."""
+
+    def __init__(self, forward_at: ForwardAt, device: str = "cpu", threads: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter, start_s: float = 0.0):
+        self.forward_at, self.device, self.threads = forward_at, device, threads
+        self._clock = clock
+        self._origin = clock() - start_s
+
+    def now(self) -> float:
+        """Seconds since the source started (continuing a resumed trace's time line)."""
+        return self._clock() - self._origin
+
+    def visit(self, tokens: int, reps: int, pass_index: int) -> Visit:
+        with fixed_threads(self.threads) as threads, torch.inference_mode(), self.forward_at(tokens) as forward:
+            forward()  # untimed: the first forward at a new shape pays for kernel and memory set-up
+            synchronize(self.device)
+            start = self.now()
+            samples = time_calls(forward, self.device, reps, threads)
+        return Visit(tokens, pass_index, start, tuple(samples))
+
+
+class TraceExhausted(Exception):
+    """A replay was asked for more visits of a count than its trace holds."""
+
+
+class ReplaySource:
+    """Serves a recorded trace as if it were the device.
+
+    A virtual clock starts at the trace's first timestamp and advances by what each served visit cost
+    (its samples plus one untimed forward). A visit gets the recorded visit of its count nearest in time
+    to that clock that has not been served yet. A paired round (`begin_pass` with two counts, or a pair
+    of counts a pass visits back to back, `begin_unit`) is served the two unused recorded visits closest
+    in time to each other (nearer the clock breaking ties): the two sides of a pair come from as nearly
+    the same moment of the recording as it allows, as live. Served visits keep their recorded time, so
+    `pomt.measurement.stats.drift_profile` sees the recording's own drift. A recorded visit
+    is never served twice: when a count's visits are used up the replay raises `TraceExhausted` (a
+    replay cannot invent measurements). A visit keeps its recorded length whatever `reps` asks
+    (`preferred_reps` tells a search the trace's own).
+    """
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self._visits: dict[int, list[Visit]] = defaultdict(list)
+        for visit in trace.visits:
+            self._visits[visit.tokens].append(visit)
+        self._times = {n: np.array([v.t_s for v in visits]) for n, visits in self._visits.items()}
+        self._free = {n: np.ones(len(visits), dtype=bool) for n, visits in self._visits.items()}
+        self._plan: tuple[int, dict[int, int]] | None = None  # (paired round, the recorded visit of each side)
+        self.preferred_reps = int(np.median([len(v.samples_ms) for v in trace.visits]))
+        self.clock_s = min(v.t_s for v in trace.visits)
+        self.served = 0
+
+    @property
+    def counts(self) -> list[int]:
+        return sorted(self._visits)
+
+    def begin_pass(self, pass_index: int, members: Sequence[int]) -> None:
+        """For a paired round, choose the two recorded visits it is served (see the class docstring)."""
+        self.begin_unit(pass_index, members)
+
+    def begin_unit(self, pass_index: int, members: Sequence[int]) -> None:
+        """The next visits of `pass_index` are `members`, back to back: two counts are served as a
+        paired round is (see the class docstring)."""
+        counts = sorted(set(members))
+        self._plan = None
+        if len(counts) != PAIRED or any(n not in self._visits for n in counts):
+            return
+        (a, b), free = counts, [np.flatnonzero(self._free[n]) for n in counts]
+        if not (free[0].size and free[1].size):
+            return
+        ta, tb = self._times[a][free[0]], self._times[b][free[1]]
+        gap = np.abs(ta[:, None] - tb[None, :]) + PAIR_PROGRESS * np.abs(ta[:, None] - self.clock_s)
+        i, j = np.unravel_index(np.argmin(gap), gap.shape)
+        self._plan = (pass_index, {a: int(free[0][i]), b: int(free[1][j])})
+
+    def left(self, tokens: int) -> int:
+        """Recorded visits of `tokens` not served yet."""
+        return int(self._free[tokens].sum()) if tokens in self._free else 0
+
+    def visit(self, tokens: int, reps: int, pass_index: int) -> Visit:
+        if tokens not in self._visits:
+            raise KeyError(f"the trace has no samples at {tokens} tokens")
+        free = np.flatnonzero(self._free[tokens])
+        if free.size == 0:
+            raise TraceExhausted(f"the trace holds no more visits of {tokens} tokens")
+        planned = self._plan[1].get(tokens) if self._plan is not None and self._plan[0] == pass_index else None
+        if planned is not None and self._free[tokens][planned]:
+            pick = planned
+        else:
+            pick = int(free[np.argmin(np.abs(self._times[tokens][free] - self.clock_s))])
+        self._free[tokens][pick] = False
+        recorded = self._visits[tokens][pick]
+        self.served += 1
+        self.clock_s += (float(np.median(recorded.samples_ms)) + sum(recorded.samples_ms)) / 1e3
+        return Visit(tokens, pass_index, recorded.t_s, recorded.samples_ms)
+
+
+class Session:
+    """A source plus the run's journal and visit count: what search and verification measure through.
+
+    With a journal that already holds visits (a resumed run), the first visits asked for are served from
+    it in order, as long as they match what is asked (count, pass, reps); at the first mismatch the rest
+    of the journal is dropped and measuring continues live. A deterministic search therefore resumes
+    into exactly the state it was killed in.
+    """
+
+    def __init__(self, source: Source, journal: TraceWriter | None = None,
+                 on_visit: Callable[[Visit], None] | None = None):
+        self.source = source
+        self.journal = journal
+        self.on_visit = on_visit
+        self.visits = 0  # visits asked for in this run, served from the journal or measured
+        self.measured = 0  # visits measured in this run
+        self._replayed = 0
+        self._resumable = len(journal.visits) if journal is not None else 0  # what the journal held at start
+
+    def begin_pass(self, pass_index: int, members: Sequence[int]) -> None:
+        """Tell the source which counts the pass will visit (it may use it, see `Source`)."""
+        self._tell("begin_pass", pass_index, members)
+
+    def begin_unit(self, pass_index: int, members: Sequence[int]) -> None:
+        """Tell the source which counts it will visit next, back to back (see `Source`)."""
+        self._tell("begin_unit", pass_index, members)
+
+    def _tell(self, what: str, pass_index: int, members: Sequence[int]) -> None:
+        begin = getattr(self.source, what, None)
+        if begin is not None and self._replayed >= self._resumable:  # not while the journal serves
+            begin(pass_index, members)
+
+    def can_visit(self, tokens: int) -> bool:
+        """Whether the source can serve a visit of `tokens` (a replay only as long as its trace holds one)."""
+        left = getattr(self.source, "left", None)
+        return left is None or self._replayed < self._resumable or left(tokens) > 0
+
+    def visit(self, tokens: int, reps: int, pass_index: int) -> Visit:
+        visit = self._from_journal(tokens, reps, pass_index)
+        if visit is None:
+            visit = self.source.visit(tokens, reps, pass_index)
+            visit = self.journal.add(visit) if self.journal is not None else rounded(visit)
+            self.measured += 1
+        self.visits += 1
+        if self.on_visit is not None:
+            self.on_visit(visit)
+        return visit
+
+    def _from_journal(self, tokens: int, reps: int, pass_index: int) -> Visit | None:
+        if self.journal is None or self._replayed >= self._resumable:
+            return None
+        stored = self.journal.visits[self._replayed]
+        if (stored.tokens, stored.pass_index, len(stored.samples_ms)) != (tokens, pass_index, reps):
+            self.journal.truncate(self._replayed)
+            self._resumable = self._replayed
+            return None
+        self._replayed += 1
+        return stored
+
+
+def journal_end_s(journal: TraceWriter | None) -> float:
+    """Where a resumed run's clock continues: just after the journal's last forward."""
+    if journal is None or not journal.visits:
+        return 0.0
+    last = journal.visits[-1]
+    return last.t_s + sum(last.samples_ms) / 1e3 + 1.0
+
+
+def calibrate_reps(seconds_per_forward: float, visit_s: float, most: int = 8) -> int:
+    """Timed forwards per visit so that a visit lasts about `visit_s` (at least 1, at most `most`)."""
+    if not math.isfinite(seconds_per_forward) or seconds_per_forward <= 0:
+        return most
+    return max(1, min(most, round(visit_s / seconds_per_forward)))

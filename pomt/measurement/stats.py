@@ -1,0 +1,479 @@
+"""Statistics of latency measured on a drifting machine (pure functions; no timing, no I/O).
+
+- Drift is a smooth function of time shared by every count: log(visit) = level(count) + drift(time)
+  + noise. Because counts are visited in shuffled passes, the two separate: `drift_profile` estimates
+  both, the drift at each visit from the neighbouring visits in time (leave-one-out running median of
+  what their counts' levels do not explain). The reference count, visited in every pass, anchors it.
+- A count's latency pools its visits corrected for that drift (`pool_visits`), so a batch measured
+  while the machine ran slow does not read as a level shift. Where the correction fails (the speed
+  jumped between neighbouring visits) the count's standard error says so.
+- Noise is the spread between visits of the same count after the correction (`relative_noise`); it is
+  the one noise figure the search and the step detector use.
+- Claims are paired (`paired_effect`): two things measured alternately, compared through the t
+  distribution of their paired log-ratios (scipy), with a confidence interval. A pair's few rounds
+  estimate their own spread poorly; the spread of paired log-ratios is the machine's and the visit's,
+  much the same for every pair, so a search pools it over the other pairs it measured
+  (`pooled_pair_noise`) and each test takes that as a prior worth up to PRIOR_ROUNDS rounds (a
+  moderated t-test: the variance is the df-weighted mean of the pooled and the pair's own, the degrees
+  of freedom their sum), which also lets three rounds screen out one hit by interference. A pair whose
+  own rounds spread significantly wider than that (an F-test) is tested on them alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+from pomt.formats.trace import Visit
+
+MEDIAN_SE = 1.2533  # standard error of a median relative to that of a mean, for normal samples
+MAD_TO_SD = 1.4826  # median absolute deviation of a normal distribution in standard deviations
+DRIFT_WINDOW = 8  # visits on each side that estimate the drift at a visit
+UPPER_QUARTILE_ABS_NORMAL = 1.1503  # 75th percentile of |N(0, 1)|
+STEADY_SPREADS = 4.0  # counts are unlike when some scatter this many times more than the steadiest quarter
+OUTLIER_SD = 5.0  # paired log-ratios this many robust SDs from their median are interference, not signal
+SCREEN_MIN_PAIRS = 6  # fewer pairs cannot tell an interfered pair from an unlucky one (without a prior)
+PRIOR_ROUNDS = 20  # most degrees of freedom a pooled noise prior lends one paired test
+PAIRED_AUTHORITY = 10.0  # how much more a paired ratio counts than its inverse SE in a saved curve
+WIDER_ALPHA = 0.01  # F-test level at which a pair's own spread is wider than the pooled prior
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """Pooled latency of one token count over all its visits.
+
+    `median_ms` pools the raw visit medians; `latency_ms` the visits with the drift at their time
+    divided out (`pool_visits`), reconciled with the paired measurements where a search made some
+    (`reconcile_levels`): the latency that detection, plots and policies use; `relative` is it over the
+    reference count's.
+    """
+
+    tokens: int
+    latency_ms: float
+    median_ms: float
+    relative: float
+    spread_ms: float  # interquartile range of the visit medians
+    min_ms: float
+    visits: int
+    samples: int
+    se_ms: float = float("nan")  # standard error of latency_ms (between-visit noise)
+
+    def to_row(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Drift:
+    """How much the reference count's latency moved during a run."""
+
+    reference_tokens: int
+    max_over_min: float
+    reference_ms: tuple[float, ...]  # one visit median per pass, in time order
+
+    @property
+    def pct(self) -> float:
+        return 100.0 * (self.max_over_min - 1.0)
+
+    def to_dict(self) -> dict:
+        return {
+            "reference_tokens": self.reference_tokens,
+            "max_over_min": round(self.max_over_min, 4),
+            "drift_pct": round(self.pct, 2),
+            "reference_ms": [round(v, 3) for v in self.reference_ms],
+        }
+
+
+def pass_references(visits: Iterable[Visit], reference: int) -> dict[int, float]:
+    """Median of the reference count's visits in each pass."""
+    by_pass: dict[int, list[float]] = defaultdict(list)
+    for visit in visits:
+        if visit.tokens == reference:
+            by_pass[visit.pass_index].append(visit.median_ms)
+    return {p: float(np.median(v)) for p, v in by_pass.items()}
+
+
+def drift(visits: Sequence[Visit], reference: int) -> Drift | None:
+    """Max/min of the reference's per-pass latency; None with fewer than two passes holding it."""
+    references = pass_references(visits, reference)
+    first_time = {}
+    for visit in visits:
+        if visit.tokens == reference:
+            first_time.setdefault(visit.pass_index, visit.t_s)
+    ordered = [references[p] for p in sorted(references, key=lambda p: first_time[p])]
+    if len(ordered) < 2:
+        return None
+    return Drift(reference, max(ordered) / min(ordered), tuple(ordered))
+
+
+def drift_profile(visits: Sequence[Visit], window: int = DRIFT_WINDOW,
+                  iterations: int = 8) -> tuple[dict[int, float], np.ndarray]:
+    """(log level per count, log drift per visit in the given order); see the module docstring.
+
+    The drift at a visit is the median, over up to `window` visits on each side in time (itself left
+    out), of what their counts' levels do not explain; only counts visited at least twice inform it, each
+    weighted by how steady its own visits are (`_steadiness`). Its median over the run is 0, so levels
+    are latencies at the run's typical speed. Valid for shuffled visit orders only: in one ascending
+    sweep, time and token count are the same axis.
+    """
+    fit = _fit_drift(visits, window, iterations)
+    return fit.level, fit.drift_at
+
+
+@dataclass(frozen=True)
+class _DriftFit:
+    """What `_fit_drift` estimates, with what `_drift_uncertainty` judges it by."""
+
+    level: dict[int, float]
+    drift_at: np.ndarray  # log drift per visit, in the visits' given order
+    miss: np.ndarray  # corrected log value less its count's level, in time order (NaN: count visited once)
+    order: np.ndarray  # the visits' indices in time order
+
+
+def _fit_drift(visits: Sequence[Visit], window: int, iterations: int = 8) -> _DriftFit:
+    if not visits:
+        return _DriftFit({}, np.zeros(0), np.zeros(0), np.zeros(0, dtype=int))
+    order = np.argsort([v.t_s for v in visits], kind="stable")
+    y = np.log([visits[i].median_ms for i in order])
+    tokens = np.array([visits[i].tokens for i in order])
+    members = {n: tokens == n for n in np.unique(tokens)}
+    informative = np.array([members[n].sum() >= 2 for n in tokens])
+    g = np.zeros(y.size)
+    for _ in range(iterations):
+        level = {n: float(np.median(y[m] - g[m])) for n, m in members.items()}
+        residual = np.where(informative, y - np.array([level[n] for n in tokens]), np.nan)
+        new = _neighbour_median(residual, window, _steadiness(residual, members))
+        new -= np.median(new)
+        if np.allclose(new, g, atol=1e-6):
+            g = new
+            break
+        g = new
+    level = {int(n): float(np.median(y[m] - g[m])) for n, m in members.items()}
+    drift_at = np.empty(y.size)
+    drift_at[order] = g
+    miss = np.where(informative, y - g - np.array([level[int(n)] for n in tokens]), np.nan)
+    return _DriftFit(level, drift_at, miss, order)
+
+
+def _drift_uncertainty(fit: _DriftFit, noise: float, window: int = DRIFT_WINDOW) -> np.ndarray:
+    """How far the drift estimate may be off at each visit (log SD, in the visits' given order), beyond
+    the per-visit noise `noise` (an unbiased SD of one visit).
+
+    Read from the informative visits within `window` on each side: after the drift correction their
+    values should sit about their counts' levels within the noise. Their upper-quartile miss (scaled to
+    an SD) in excess of the noise is how far the correction is off around this visit. A steady or
+    smoothly drifting machine gives about 0, and so does one visit hit by interference (a quarter of
+    the neighbours must miss); where the machine's speed jumped close to the visit (a sudden slowdown
+    near a run's end, say) the correction fails on one side and the visit may belong to either.
+    """
+    if fit.miss.size == 0:
+        return np.zeros(0)
+    miss = np.abs(fit.miss)
+    pad = np.full(window, np.nan)
+    around = np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, miss, pad]), 2 * window + 1).copy()
+    around[:, window] = np.nan
+    enough = np.isfinite(around).sum(axis=1) >= 2  # else nothing to judge by: no doubt added
+    upper = np.nanpercentile(np.where(enough[:, None], around, 0.0), 75, axis=1) / UPPER_QUARTILE_ABS_NORMAL
+    excess = np.maximum(upper ** 2 - noise ** 2, 0.0)
+    out = np.empty(excess.size)
+    out[fit.order] = np.sqrt(excess)
+    return out
+
+
+def _steadiness(residual: np.ndarray, members: dict) -> np.ndarray:
+    """Weight of each visit's residual in the drift estimate. Where counts are alike (a CPU's robust
+    spreads s_n lie within a few times of each other: the upper quartile under STEADY_SPREADS times the
+    lower) every weight is 1. Where they are not (a GPU's launch-bound counts flip between a fast and a
+    slow host state visit by visit, while its compute-bound counts hold within 1%), a count scattering
+    more than c = STEADY_SPREADS times the lower quartile weighs (c / s_n)^2, so those flips do not
+    leak into the drift that corrects the steady counts."""
+    weight = np.ones(residual.size)
+    spread = {n: MAD_TO_SD * float(np.nanmedian(np.abs(residual[m] - np.nanmedian(residual[m]))))
+              for n, m in members.items() if np.isfinite(residual[m]).sum() >= 2}
+    if not spread:
+        return weight
+    lower, upper = np.percentile(list(spread.values()), [25, 75])
+    cut = STEADY_SPREADS * float(lower)
+    if upper <= cut or cut <= 0:  # alike, or a quarter of the counts without any spread to scale by
+        return weight
+    for n, m in members.items():
+        if spread.get(n, 0.0) > cut:
+            weight[m] = (cut / spread[n]) ** 2
+    return weight
+
+
+def _neighbour_median(values: np.ndarray, window: int, weights: np.ndarray | None = None) -> np.ndarray:
+    """For each position, the (weighted) median of the non-NaN values within `window` on each side,
+    itself left out (0 where there are none). With equal weights it is the plain median."""
+    if weights is None:
+        weights = np.ones(values.size)
+    pad = np.full(window, np.nan)
+    around = np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, values, pad]), 2 * window + 1).copy()
+    mass = np.lib.stride_tricks.sliding_window_view(
+        np.concatenate([np.zeros(window), weights, np.zeros(window)]), 2 * window + 1).copy()
+    around[:, window] = np.nan
+    mass[np.isnan(around)] = 0.0
+    order = np.argsort(np.where(np.isnan(around), np.inf, around), axis=1, kind="stable")
+    ranked = np.take_along_axis(around, order, axis=1)
+    cumulative = np.cumsum(np.take_along_axis(mass, order, axis=1), axis=1)
+    half = 0.5 * cumulative[:, -1:]
+    below = np.argmax(cumulative >= half * (1 - 1e-12), axis=1)  # first value holding half the weight
+    rows = np.arange(values.size)
+    lower = ranked[rows, below]
+    # exactly half the weight at or below it (an even count of equal weights): the midpoint, as np.median
+    tie = np.isclose(cumulative[rows, below], half[:, 0], rtol=1e-9, atol=0) & (below + 1 < ranked.shape[1])
+    upper = ranked[rows, np.minimum(below + 1, ranked.shape[1] - 1)]
+    medians = np.where(tie & np.isfinite(upper), 0.5 * (lower + upper), lower)
+    return np.where(cumulative[:, -1] > 0, np.nan_to_num(medians, nan=0.0), 0.0)
+
+
+def corrected_values(visits: Sequence[Visit], window: int = DRIFT_WINDOW) -> dict[int, list[float]]:
+    """Each visit's median with the drift at its time divided out, per count."""
+    return _corrected(visits, _fit_drift(visits, window).drift_at)
+
+
+def _corrected(visits: Sequence[Visit], drift_log: np.ndarray) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = defaultdict(list)
+    for visit, g in zip(visits, drift_log, strict=True):
+        out[visit.tokens].append(visit.median_ms / math.exp(g))
+    return dict(out)
+
+
+def relative_noise(values_by_count: dict[int, list[float]]) -> float:
+    """Robust standard deviation of one visit's log value around its count's median (a fraction).
+
+    Residuals of every count with two or more visits are pooled, each scaled by sqrt(m / (m - 1)) for the
+    count's own median having absorbed part of it. On counts with few visits this reads low (about 0.6 of
+    the spread at three visits, 0.85 at six: a median absorbs more than a mean); it is the scale the step
+    detector's `candidate_k` and the trend's step guess were set on, so it stays until they are set again.
+    The paired tests do not use it: their noise prior is unbiased at any size (`pooled_pair_noise`).
+    """
+    residuals = []
+    for values in values_by_count.values():
+        d = np.log(np.asarray(values, dtype=float))
+        if d.size >= 2:
+            residuals.extend((d - np.median(d)) * math.sqrt(d.size / (d.size - 1)))
+    if not residuals:
+        return 0.0
+    r = np.asarray(residuals)
+    return float(MAD_TO_SD * np.median(np.abs(r - np.median(r))))
+
+
+def pool_visits(visits: Sequence[Visit], reference: int, window: int = DRIFT_WINDOW) -> list[CurvePoint]:
+    """One drift-corrected `CurvePoint` per count, ascending (see the module docstring).
+
+    A count's standard error pools its visits' precisions, each visit's variance being the noise
+    (`relative_noise`) plus how far the drift at that visit may be off (`_drift_uncertainty`): a count
+    seen only just after a sudden slowdown carries that doubt instead of a narrow band around a
+    drift-inflated level, while one doubtful visit among several sound ones costs little (the median
+    sets it aside).
+    """
+    raw: dict[int, list[float]] = defaultdict(list)
+    samples: dict[int, int] = defaultdict(int)
+    lowest: dict[int, float] = {}
+    for visit in visits:
+        raw[visit.tokens].append(visit.median_ms)
+        samples[visit.tokens] += len(visit.samples_ms)
+        lowest[visit.tokens] = min(lowest.get(visit.tokens, math.inf), min(visit.samples_ms))
+    fit = _fit_drift(visits, window)
+    corrected = _corrected(visits, fit.drift_at)
+    noise = relative_noise(corrected)  # the scale the detector's candidate_k was set on
+    # whether the neighbours miss by more than noise needs the noise unbiased, else a smooth fast drift
+    # reads as doubt (relative_noise reads about 0.6 of it on counts of three visits)
+    honest_noise, _ = pooled_pair_noise(np.log(v) for v in corrected.values())
+    precision: dict[int, float] = defaultdict(float)  # sum over a count's visits of 1 / (log variance)
+    for visit, doubt in zip(visits, _drift_uncertainty(fit, honest_noise, window), strict=True):
+        precision[visit.tokens] += 1.0 / max(noise ** 2 + doubt ** 2, 1e-18)
+    anchor = float(np.median(corrected[reference])) if reference in corrected else float("nan")
+    points = []
+    for tokens in sorted(raw):
+        values = np.asarray(raw[tokens])
+        latency = float(np.median(corrected[tokens]))
+        q25, q75 = np.percentile(values, [25, 75])
+        points.append(
+            CurvePoint(
+                tokens=tokens,
+                latency_ms=latency,
+                median_ms=float(np.median(values)),
+                relative=latency / anchor,
+                spread_ms=float(q75 - q25),
+                min_ms=lowest[tokens],
+                visits=len(values),
+                samples=samples[tokens],
+                se_ms=latency * MEDIAN_SE / math.sqrt(precision[tokens]),
+            )
+        )
+    return points
+
+
+def reconcile_levels(points: Sequence[CurvePoint], pairs: Sequence[tuple[int, int, float, float]],
+                     reference: int) -> list[CurvePoint]:
+    """The curve's levels made to agree with its paired measurements.
+
+    `pairs` holds (low, high, log(L(low) / L(high)) as measured alternately, its standard error). The
+    log-levels solve one weighted least-squares problem in which every pooled level (weight 1/se^2)
+    and every paired log-ratio is an observation. Paired rounds are the arbiter of a step (one warm
+    state, adjacent in time; the pooled levels come from visits at other moments), so a pair counts
+    PAIRED_AUTHORITY^2 times its inverse variance: across a tested pair the saved curve shows the step
+    (or no step) its paired test saw, and the pooled visits set the pair's common level. Standard
+    errors come from the same fit; counts no pair touches keep their level.
+    """
+    index = {p.tokens: i for i, p in enumerate(points)}
+    usable = [(lo, hi, d, se) for lo, hi, d, se in pairs
+              if lo in index and hi in index and math.isfinite(d) and 0 < se < math.inf]
+    if not usable or not all(0 < p.se_ms < math.inf for p in points):
+        return list(points)
+    n = len(points)
+    rows = np.zeros((n + len(usable), n))
+    target = np.zeros(n + len(usable))
+    weight = np.zeros(n + len(usable))
+    for i, p in enumerate(points):
+        rows[i, i], target[i], weight[i] = 1.0, math.log(p.latency_ms), p.latency_ms / p.se_ms
+    for k, (lo, hi, d, se) in enumerate(usable, start=n):
+        rows[k, index[lo]], rows[k, index[hi]], target[k], weight[k] = 1.0, -1.0, d, PAIRED_AUTHORITY / se
+    design = rows * weight[:, None]
+    solution = np.linalg.lstsq(design, target * weight, rcond=None)[0]
+    se_log = np.sqrt(np.diag(np.linalg.inv(design.T @ design)))
+    anchor = math.exp(solution[index[reference]]) if reference in index else math.nan
+    return [replace(p, latency_ms=math.exp(x), relative=math.exp(x) / anchor, se_ms=math.exp(x) * e)
+            for p, x, e in zip(points, solution, se_log, strict=True)]
+
+
+@dataclass(frozen=True)
+class PairedEffect:
+    """b over a from paired measurements: geometric-mean ratio, confidence interval, t-test p-value.
+
+    `ratio` is exp(mean log(b_i / a_i)); the test and interval are on the log-ratios less `offset`
+    (what a smooth trend alone predicts), so `p_value` says whether b departs from a by more than that.
+    """
+
+    ratio: float
+    ci: tuple[float, float]
+    p_value: float
+    pairs: int
+    dropped: int = 0  # pairs left out as interference (see OUTLIER_SD)
+    offset: float = 0.0
+    standard_error: float = math.inf  # of the mean log-ratio (about the relative change)
+
+    @property
+    def excess(self) -> float:
+        """The ratio with the trend's expected ratio divided out."""
+        return self.ratio / math.exp(self.offset)
+
+    @property
+    def saving_pct(self) -> tuple[float, tuple[float, float]]:
+        """How much faster b is than a beyond the trend, in % (negative: slower), with its interval."""
+        scale = math.exp(self.offset)
+        return 100.0 * (1.0 - self.excess), (100.0 * (1.0 - self.ci[1] / scale), 100.0 * (1.0 - self.ci[0] / scale))
+
+    def to_dict(self) -> dict:
+        return {
+            "ratio": round(self.ratio, 5),
+            "ci": [round(self.ci[0], 5), round(self.ci[1], 5)],
+            "p_value": float(f"{self.p_value:.3g}"),
+            "pairs": self.pairs,
+            "dropped": self.dropped,
+            "trend_ratio": round(math.exp(self.offset), 5),
+        }
+
+
+def pooled_pair_noise(log_ratios: Iterable[Sequence[float]]) -> tuple[float, int]:
+    """(robust SD of one value about its group's level, degrees of freedom) pooled over groups of two or
+    more values (one pair's paired log-ratios, or one count's drift-corrected log values); (0, 0)
+    without any.
+
+    The estimate is the weighted median of the absolute differences within groups (a difference of two
+    values is N(0, 2 SD^2) whatever the group's size), each group weighing its degrees of freedom.
+    Residuals about each group's own median (as `relative_noise` pools) read 0.58 of the SD on groups of
+    three, an aligned edge's coarse rounds: that prior made three rounds look about twice as sure as they
+    were, and its outlier screening dropped sound rounds, leaving edges with too few to be judged.
+    """
+    differences, weights, df = [], [], 0
+    for values in log_ratios:
+        d = np.asarray(values, dtype=float)
+        if d.size < 2:
+            continue
+        i, j = np.triu_indices(d.size, 1)
+        differences.append(np.abs(d[i] - d[j]))
+        weights.append(np.full(i.size, 2.0 / d.size))  # n(n - 1) / 2 differences carry n - 1
+        df += d.size - 1
+    if not differences:
+        return 0.0, 0
+    median = np.quantile(np.concatenate(differences), 0.5, weights=np.concatenate(weights), method="inverted_cdf")
+    return float(MAD_TO_SD * median / math.sqrt(2.0)), df
+
+
+def paired_effect(
+    a_ms: Sequence[float], b_ms: Sequence[float], *, offset: float = 0.0, confidence: float = 0.95,
+    prior: tuple[float, int] = (0.0, 0),
+) -> PairedEffect:
+    """Compare b with a measured in pairs (a_i and b_i taken together); see `PairedEffect`.
+
+    Pairs whose log-ratio lies more than OUTLIER_SD robust standard deviations from the median pair were
+    hit by interference on one side only; they are left out and counted. The SD is the pairs' own (from
+    SCREEN_MIN_PAIRS pairs on) or the `prior` (sd, df) from `pooled_pair_noise` (from three pairs on),
+    which also moderates the t-test (see the module docstring).
+    """
+    a = np.asarray(a_ms, dtype=float)
+    b = np.asarray(b_ms, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError("paired samples must be two 1-D sequences of equal length")
+    d = np.log(b) - np.log(a)
+    prior_sd, prior_df = prior[0], min(prior[1], PRIOR_ROUNDS) if prior[0] > 0 else 0
+    if d.size >= SCREEN_MIN_PAIRS:
+        spread = MAD_TO_SD * float(np.median(np.abs(d - np.median(d))))
+    else:
+        spread = prior_sd if prior_df and d.size >= 3 else 0.0
+    keep = np.abs(d - np.median(d)) <= OUTLIER_SD * spread if spread > 0 else np.ones(d.size, dtype=bool)
+    kept = d[keep]
+    if kept.size < 2:
+        ratio = float(np.exp(kept.mean())) if kept.size else 1.0
+        return PairedEffect(ratio, (0.0, math.inf), 1.0, int(kept.size), int((~keep).sum()), offset, math.inf)
+    if prior_df:
+        return _moderated(kept, offset, confidence, prior_sd, prior_df, int((~keep).sum()))
+    if np.ptp(kept) == 0.0:  # identical pairs (a noiseless replay): the interval is the value itself
+        value = float(kept[0])
+        p = 1.0 if value == offset else 0.0
+        return PairedEffect(math.exp(value), (math.exp(value), math.exp(value)), p, int(kept.size),
+                            int((~keep).sum()), offset, 0.0)
+    result = scipy_stats.ttest_1samp(kept - offset, 0.0)
+    low, high = result.confidence_interval(confidence)
+    return PairedEffect(
+        ratio=float(np.exp(kept.mean())),
+        ci=(float(np.exp(low + offset)), float(np.exp(high + offset))),
+        p_value=float(result.pvalue),
+        pairs=int(kept.size),
+        dropped=int((~keep).sum()),
+        offset=offset,
+        standard_error=float(kept.std(ddof=1) / math.sqrt(kept.size)),
+    )
+
+
+def _moderated(d: np.ndarray, offset: float, confidence: float, prior_sd: float, prior_df: int,
+               dropped: int) -> PairedEffect:
+    """The t-test of `paired_effect` with the pair's variance moderated by a pooled prior; a pair whose own
+    rounds spread significantly wider (F-test at WIDER_ALPHA) is tested on them alone: the prior lends
+    precision to pairs that agree with it, it never hides a noisy pair's noise."""
+    own = float(d.var(ddof=1))
+    if scipy_stats.f.sf(own / prior_sd**2, d.size - 1, prior_df) < WIDER_ALPHA:
+        variance, df = own, d.size - 1
+    else:
+        df = prior_df + d.size - 1
+        variance = (prior_df * prior_sd**2 + (d.size - 1) * own) / df
+    se = math.sqrt(variance / d.size)
+    mean = float(d.mean())
+    t = (mean - offset) / se if se > 0 else (0.0 if mean == offset else math.inf)
+    half = float(scipy_stats.t.ppf(0.5 + confidence / 2, df)) * se
+    return PairedEffect(
+        ratio=math.exp(mean),
+        ci=(math.exp(mean - half), math.exp(mean + half)),
+        p_value=float(2.0 * scipy_stats.t.sf(abs(t), df)),
+        pairs=int(d.size),
+        dropped=dropped,
+        offset=offset,
+        standard_error=se,
+    )

@@ -1,0 +1,400 @@
+"""Detection of latency steps (level shifts) in a measured curve L(n) with scipy.
+
+Model: L(n) = smooth trend + a sum of level shifts (steps) + noise. On the points sorted by token
+count (duplicates averaged):
+
+1. Trend. A robust quadratic (`trend`: repeated-median slopes, then least squares with every interval
+   whose change departs by more than 3 noise units taken out as an offset), fitted to the curve with
+   the steps found so far removed. A global fit works alike on dense, sparse and irregular grids, and
+   a step does not bend its own trend.
+2. Noise. Each point's standard error, given by the caller (`noise_ms`: one figure or one per point;
+   pomt measures it as the spread between visits of the same count, `pomt.measurement.stats`), never below 0.01 %
+   of its latency. Without it, the normal-scaled `scipy.stats.median_abs_deviation` of the residual
+   differences (change minus trend change) over sqrt(2), one figure for the whole curve.
+3. Spikes. An interior point lying more than k noise units away from the median level of the `window`
+   points on each side, on the same side of both, is a spike: a feature narrower than the grid around
+   it (or a disturbed measurement), reported apart and left out of the step search.
+4. Steps. For every interval, the level shift h = mean(detrended level of `window` points above) -
+   mean(`window` points below) with the other known steps taken out, and its significance
+   z = |h| / standard error of h (from the noise of the points on each side).
+   `scipy.signal.find_peaks(height=k)` on z (drops and rises apart) gives candidates; each is placed
+   at the interval with the largest residual change nearby and widened
+   by up to `spread` neighbouring intervals that carry a clear part of it (a step spread over 2-3
+   tokens is reported once; its low side is the lowest of them). Touching candidates are merged and
+   re-scored; those with z >= k remain. Steps 1 and 4 repeat until the set of steps settles.
+
+A "drop" is the usual step: fewer tokens, faster than the trend predicts. A "rise" is the edge of a
+non-monotone region: fewer tokens, slower. Two steps closer than about `window` points count as one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+from scipy.signal import find_peaks
+from scipy.stats import median_abs_deviation
+
+from pomt.errors import CurveError
+from pomt.formats.trace import Visit
+from pomt.measurement.stats import PairedEffect, drift_profile, paired_effect
+
+NOISE_FLOOR = 1e-4  # relative: no timer resolves a curve to better than 0.01 %
+JUMP_GUESS = 3.0  # noise units of a single-interval change that count as a step for the first trend
+STEP_SHARE = 0.5  # most of the curve's span the intervals set aside as steps may cover (steps are outliers)
+LOW_QUARTILE_ABS_NORMAL = 0.3186  # 25th percentile of |N(0, 1)|
+PASSES = 4
+
+
+@dataclass(frozen=True)
+class Step:
+    """One significant level shift between `tokens` (low side) and `upper_tokens` (high side).
+
+    `drop_ms` is the raw latency change before - after; `excess_ms` the shift over the trend (positive
+    for a drop); `significance` that shift over its standard error. The `paired_*` fields, filled once
+    the step is confirmed by paired measurement (`pomt.measurement.search`), give the same change in % (positive for
+    a drop) as measured alternately at both counts, with its confidence interval and p-value.
+    """
+
+    tokens: int
+    upper_tokens: int
+    before_ms: float
+    after_ms: float
+    drop_ms: float
+    drop_pct: float
+    significance: float
+    kind: str
+    excess_ms: float = 0.0
+    paired_pct: float | None = None
+    paired_ci_pct: tuple[float, float] | None = None
+    p_value: float | None = None
+    pairs: int | None = None
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["paired_ci_pct"] = list(self.paired_ci_pct) if self.paired_ci_pct else None
+        return data
+
+
+@dataclass
+class StepReport:
+    """Steps found, token counts that look like one-point spikes (to re-measure), and the noise used."""
+
+    steps: list[Step] = field(default_factory=list)
+    spikes: list[int] = field(default_factory=list)
+    noise_ms: float = 0.0
+
+
+def detect_steps(
+    tokens: Sequence[int],
+    latency_ms: Sequence[float],
+    *,
+    k: float = 5.0,
+    noise_ms: float | Sequence[float] | None = None,
+    window: int = 5,
+    spread: int = 2,
+) -> StepReport:
+    """Find latency steps of significance >= k and one-point spikes; see the module docstring."""
+    t, y, given = _prepare(tokens, latency_ms, noise_ms)
+    if len(t) < 4:
+        floor = NOISE_FLOOR * float(np.median(np.abs(y))) if y.size else 0.0
+        return StepReport([], [], float(np.median(given)) if given is not None else floor)
+    sigma = _noise(t, y, given)
+    detrended = y - trend(t, y, float(np.median(sigma)))
+    spike_idx = _find_spikes(detrended, sigma, k, window)
+    keep = np.ones(len(t), dtype=bool)
+    keep[spike_idx] = False
+    steps = _find_steps(t[keep], y[keep], sigma[keep], k, window, spread) if keep.sum() >= 4 else []
+    return StepReport(steps, [int(t[j]) for j in spike_idx], float(np.median(sigma)))
+
+
+def _prepare(tokens, latency_ms, noise_ms):
+    """Sorted float arrays with duplicate token counts averaged (their noise too); validated."""
+    t = np.asarray(tokens, dtype=float)
+    y = np.asarray(latency_ms, dtype=float)
+    if t.shape != y.shape or t.ndim != 1:
+        raise CurveError(f"token counts ({t.size}) and latencies ({y.size}) must be 1-D of equal length")
+    noise = None if noise_ms is None else np.broadcast_to(np.asarray(noise_ms, dtype=float), y.shape)
+    if not (np.all(np.isfinite(t)) and np.all(np.isfinite(y))):
+        raise CurveError("latency curve holds non-finite values")
+    uniq, inverse = np.unique(t, return_inverse=True)
+    counts = np.bincount(inverse)
+
+    def mean(a: np.ndarray) -> np.ndarray:
+        return np.bincount(inverse, weights=a) / counts
+
+    return uniq, mean(y), None if noise is None else mean(np.nan_to_num(noise))
+
+
+def _noise(t: np.ndarray, y: np.ndarray, given: np.ndarray | None) -> np.ndarray:
+    """Per-point standard error: the caller's, else one robust figure from the curve itself; never
+    below the resolution floor."""
+    floor = NOISE_FLOOR * np.abs(y)
+    if given is None:
+        r = np.diff(y) - np.diff(trend(t, y, floor=float(np.median(floor))))
+        given = np.full_like(y, float(median_abs_deviation(r, scale="normal")) / math.sqrt(2.0))
+    return np.maximum(given, np.maximum(floor, 1e-12))
+
+
+def trend(t: np.ndarray, y: np.ndarray, sigma: float | None = None, floor: float = 0.0) -> np.ndarray:
+    """Robust quadratic trend of y over t, evaluated at t; steps do not bend it.
+
+    First in slope space: a repeated-median line (Siegel's, weighted by interval length) through the
+    intervals' per-token slopes, refitted without the intervals whose change departs from it by more
+    than JUMP_GUESS noise units; steps are outliers there, so a coarse staircase does not tilt it. The
+    refits stop before the intervals set aside cover more than STEP_SHARE of the span: on a sawtooth of
+    aligned pairs each refit set aside more of the rising intervals, until the "steps" covered 177 of
+    195 tokens and the trend fell below zero. Then least squares in level space with those intervals'
+    changes taken out as offsets, which is far more precise than slopes of short intervals. `sigma`
+    defaults to a lower-quartile spread of the changes.
+    """
+    t = np.asarray(t, dtype=float)
+    y = np.asarray(y, dtype=float)
+    if t.size < 3:
+        return np.full_like(y, y.mean()) if t.size < 2 else y.copy()
+    mid = 0.5 * (t[:-1] + t[1:])
+    gap = np.diff(t)
+    slope = np.diff(y) / gap
+    use = np.ones(mid.size, dtype=bool)
+    fitted = np.median(slope) * t
+    for _ in range(6):
+        if use.sum() >= 3:
+            a, b = _weighted_repeated_median(mid[use], slope[use], gap[use])
+            fitted = a * t + 0.5 * b * t**2
+        change = np.diff(y - fitted)
+        centred = change - np.median(change[use]) if use.any() else change
+        noise = sigma if sigma is not None else low_quartile_sd(centred) / math.sqrt(2.0)
+        again = np.abs(centred) < JUMP_GUESS * max(noise, floor, 1e-12) * math.sqrt(2.0)
+        if np.array_equal(again, use) or gap[~again].sum() > STEP_SHARE * gap.sum():
+            break
+        use = again
+    # the smooth part by least squares in level space (far more precise than slopes of short intervals),
+    # with the excluded intervals' changes taken out as level offsets
+    change = np.diff(y - fitted)
+    jumps = np.where(use, 0.0, change - np.median(change[use]) if use.any() else change)
+    base = y - np.concatenate([[0.0], np.cumsum(jumps)])
+    x = (t - t.mean()) / (np.ptp(t) or 1.0)
+    coef = np.polynomial.polynomial.polyfit(x, base, min(2, t.size - 2))
+    return np.polynomial.polynomial.polyval(x, coef)
+
+
+def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    order = np.argsort(values)
+    cum = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cum, 0.5 * cum[-1])])
+
+
+def _weighted_repeated_median(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float]:
+    """Siegel's repeated-median line y = a + b x with weights (robust to nearly half the weight being
+    outliers); weights let long intervals, whose slopes are precise, count for more than short ones."""
+    dx = x[None, :] - x[:, None]
+    np.fill_diagonal(dx, np.nan)
+    pair = (y[None, :] - y[:, None]) / dx
+    order = np.argsort(pair, axis=1)  # NaN (the diagonal) sorts last
+    sorted_pair = np.take_along_axis(pair, order, axis=1)
+    cum = np.cumsum(np.where(np.isnan(sorted_pair), 0.0, w[order]), axis=1)
+    half = 0.5 * cum[:, -1:]
+    rows = sorted_pair[np.arange(x.size), np.argmax(cum >= half, axis=1)]
+    b = _weighted_median(rows, w)
+    a = _weighted_median(y - b * x, w)
+    return a, b
+
+
+def low_quartile_sd(x: np.ndarray) -> float:
+    """Standard deviation from the 25th percentile of |x - median|: robust to up to 3/4 outliers."""
+    return float(np.percentile(np.abs(x - np.median(x)), 25)) / LOW_QUARTILE_ABS_NORMAL if x.size else 0.0
+
+
+def _median_var(m: int) -> float:
+    """Variance of the median of m unit-normal samples (exact for 1-2, asymptotic above: conservative)."""
+    return {1: 1.0, 2: 0.5}.get(m, math.pi / (2.0 * m))
+
+
+def _find_spikes(e: np.ndarray, sigma: np.ndarray, k: float, window: int) -> list[int]:
+    spikes = []
+    for j in range(1, len(e) - 1):
+        left, right = e[max(0, j - window) : j], e[j + 1 : j + 1 + window]
+        dl, dr = e[j] - np.median(left), e[j] - np.median(right)
+        limit = k * sigma[j] * math.sqrt(1.0 + max(_median_var(left.size), _median_var(right.size)))
+        if np.sign(dl) == np.sign(dr) and min(abs(dl), abs(dr)) >= limit:
+            spikes.append(j)
+    return spikes
+
+
+Known = list[tuple[int, int, int, float, float]]  # (sign, first interval, last interval, shift, z)
+
+
+def _find_steps(
+    t: np.ndarray, y: np.ndarray, sigma: np.ndarray, k: float, window: int, spread: int
+) -> list[Step]:
+    """Candidates, re-scored with the other steps taken out of the curve, until the set settles."""
+    found: Known = []
+    for _ in range(PASSES):
+        again = _candidates(t, y, sigma, k, window, spread, found)
+        settled = [c[:3] for c in again] == [c[:3] for c in found]
+        found = again
+        if settled:
+            break
+    steps = []
+    for sign, a, b, shift, sig in found:
+        before, after = float(y[b + 1]), float(y[a])
+        steps.append(
+            Step(
+                tokens=int(t[a]),
+                upper_tokens=int(t[b + 1]),
+                before_ms=before,
+                after_ms=after,
+                drop_ms=before - after,
+                drop_pct=100.0 * (before - after) / before if before else 0.0,
+                significance=float(sig),
+                kind="drop" if sign > 0 else "rise",
+                excess_ms=shift,
+            )
+        )
+    return sorted(steps, key=lambda s: s.tokens)
+
+
+def _levels(t: np.ndarray, y: np.ndarray, known: Known, sigma: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Detrended levels with every known step taken out, and each known step's level function."""
+    staircase = np.zeros((len(known), len(t)))
+    for row, (_, _, b, shift, _) in enumerate(known):
+        staircase[row, b + 1 :] = shift
+    base = y - staircase.sum(axis=0)
+    return base - trend(t, base, float(np.median(sigma))), staircase
+
+
+def _shift(
+    e: np.ndarray, lo: int, hi: int, sigma: np.ndarray, window: int, skip: np.ndarray
+) -> tuple[float, float]:
+    """Level shift across points lo..hi+1 (upper level minus lower) and its z-score; `skip` marks points
+    inside other spread steps, which belong to neither level."""
+    below = [j for j in range(lo, -1, -1) if not skip[j]][:window]
+    above = [j for j in range(hi + 1, len(e)) if not skip[j]][:window]
+    if not below or not above:
+        return 0.0, 0.0
+    h = float(e[above].mean() - e[below].mean())
+    se = math.hypot(math.sqrt(float(np.sum(sigma[below] ** 2))) / len(below),
+                    math.sqrt(float(np.sum(sigma[above] ** 2))) / len(above))
+    return h, abs(h) / se if se > 0 else math.inf
+
+
+def _candidates(
+    t: np.ndarray, y: np.ndarray, sigma: np.ndarray, k: float, window: int, spread: int, known: Known
+) -> Known:
+    """(sign, first interval, last interval, shift, significance) of each step that passes k."""
+    m = len(t) - 1
+    e_all, staircase = _levels(t, y, known, sigma)
+    inside = np.zeros(len(t), dtype=bool)
+    for _, a, b, _, _ in known:
+        inside[a + 1 : b + 1] = True
+
+    def view(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Levels with the known steps that touch intervals lo..hi put back, and points to skip."""
+        e = e_all.copy()
+        skip = inside.copy()
+        for row, (_, a, b, _, _) in enumerate(known):
+            if not (b < lo - 1 or a > hi + 1):
+                e += staircase[row]
+                skip[a + 1 : b + 1] = False
+        return e, skip
+
+    h = np.empty(m)
+    z = np.empty(m)
+    r = np.empty(m)
+    for i in range(m):
+        e, skip = view(i, i)
+        h[i], z[i] = _shift(e, i, i, sigma, window, skip)
+        r[i] = e[i + 1] - e[i]
+    spans: list[tuple[int, int, int]] = []
+    for sign in (1, -1):
+        profile = np.concatenate([[0.0], np.where(sign * h > 0, z, 0.0), [0.0]])
+        peaks, _ = find_peaks(profile, height=k)
+        for p in peaks - 1:
+            lo, hi = max(0, p - window // 2), min(m, p + window // 2 + 1)
+            j = lo + int(np.argmax(sign * r[lo:hi]))
+            if sign * r[j] <= 0:
+                continue
+            tau = max(0.25 * sign * r[j], 3.0 * float(np.median(sigma[lo:hi + 1])))
+            a = b = j
+            while a > 0 and j - a < spread and sign * r[a - 1] >= tau:
+                a -= 1
+            while b < m - 1 and b - j < spread and sign * r[b + 1] >= tau:
+                b += 1
+            spans.append((sign, a, b))
+    out: Known = []
+    for sign, a, b in _merge(spans):
+        e, skip = view(a, b)
+        skip[a + 1 : b + 1] = True
+        shift, sig = _shift(e, a, b, sigma, window, skip)
+        if sign * shift > 0 and sig >= k:
+            out.append((sign, a, b, shift, sig))
+    return out
+
+
+def _merge(candidates: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Union same-direction interval ranges that overlap or touch."""
+    merged: list[tuple[int, int, int]] = []
+    for sign, a, b in sorted(candidates, key=lambda c: (c[0], c[1])):
+        if merged and merged[-1][0] == sign and a <= merged[-1][2] + 1:
+            merged[-1] = (sign, merged[-1][1], max(b, merged[-1][2]))
+        else:
+            merged.append((sign, a, b))
+    return merged
+
+
+def paired_step(low: int, high: int, before_ms: float, after_ms: float, effect: PairedEffect,
+                significance: float) -> Step:
+    """The `Step` between `low` and `high` tokens that a paired measurement confirmed (latency at
+    `low` over latency at `high`), its levels from the pooled curve."""
+    saving, interval = effect.saving_pct
+    return Step(
+        tokens=low,
+        upper_tokens=high,
+        before_ms=before_ms,
+        after_ms=after_ms,
+        drop_ms=before_ms - after_ms,
+        drop_pct=100.0 * (before_ms - after_ms) / before_ms if before_ms else 0.0,
+        significance=significance,
+        kind="drop" if saving > 0 else "rise",
+        excess_ms=before_ms * saving / 100.0,
+        paired_pct=saving,
+        paired_ci_pct=interval,
+        p_value=effect.p_value,
+        pairs=effect.pairs,
+    )
+
+
+def steps_in_trace(
+    visits: Sequence[Visit], *, min_step: float = 0.05, alpha: float = 1e-3, widths: Sequence[int] = (1, 2)
+) -> list[Step]:
+    """Steps a dense trace confirms by paired measurement: for each pair of counts `width` apart, the
+    visits of both in the same pass are paired (each corrected for the drift at its time), and the
+    paired log-ratio less the trend's is tested (t-test at `alpha`, which is small because every
+    interval of the grid is tested). Accepted when significant and at least `min_step`; overlapping
+    findings keep the larger. This is the ground truth the search is scored against.
+    """
+    levels, drift_log = drift_profile(visits)
+    tokens = np.array(sorted(levels), dtype=float)
+    curve = np.exp([levels[int(n)] for n in tokens])
+    expected = dict(zip(tokens.astype(int).tolist(), trend(tokens, curve).tolist(), strict=True))
+    corrected: dict[tuple[int, int], float] = {}
+    for visit, g in zip(visits, drift_log, strict=True):
+        corrected.setdefault((visit.tokens, visit.pass_index), visit.median_ms / math.exp(g))
+    found: list[Step] = []
+    ordered = tokens.astype(int).tolist()
+    for width in widths:
+        for low, high in zip(ordered, ordered[width:], strict=False):
+            passes = sorted({p for (n, p) in corrected if n == low} & {p for (n, p) in corrected if n == high})
+            if len(passes) < 3:
+                continue
+            effect = paired_effect([corrected[(high, p)] for p in passes], [corrected[(low, p)] for p in passes],
+                                   offset=math.log(expected[low] / expected[high]))
+            if effect.p_value < alpha and abs(effect.excess - 1.0) >= min_step:
+                found.append(paired_step(low, high, math.exp(levels[high]), math.exp(levels[low]), effect, math.inf))
+    kept: list[Step] = []
+    for step in sorted(found, key=lambda s: -abs(s.paired_pct)):
+        if all(step.upper_tokens <= other.tokens or step.tokens >= other.upper_tokens for other in kept):
+            kept.append(step)
+    return sorted(kept, key=lambda s: s.tokens)

@@ -1,0 +1,93 @@
+"""`pomt record`: a dense latency trace of one workload on this machine, for the curve bank.
+
+Every grid count is visited in `passes` shuffled passes, the reference N `reference_visits` times in each
+(a search visits it in every one of its many short passes, and a replay serves each recorded visit once),
+each multiple of `align` right beside the count below it (alternating order), as a search's coarse scan
+visits them, so a replay can serve those pairs back to back; or, with `chain`, every count beside a
+neighbour, the pairs shifted every other pass, so that a replay can serve any adjacent pair back to back
+(`pomt.measurement.search.chained_units`): the pairs a search confirms off the aligned edges, and the a + 1
+side of each.
+Every timed forward is kept with its count, pass and time in `<stem>.record.csv`, the device fingerprint
+in its JSON sidecar; a killed recording continues with `--resume`. The trace is then analysed as the
+bank's ground truth is (`pomt.measurement.steps.steps_in_trace`) and drawn; `offline_computation.py --replay` runs
+the whole offline computation on it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pomt.measurement.search import LatencySearch, SearchSettings
+from pomt.measurement.stats import Drift, corrected_values, drift, pool_visits, relative_noise
+from pomt.measurement.steps import Step, steps_in_trace
+from pomt.options import option
+from pomt.plots import plot_offline
+from pomt.workload.prepare import Workload, live_session, open_journal, prepare
+
+
+@dataclass(frozen=True)
+class RecordSettings:
+    """How deep a recording goes; each field is also the CLI option of its name."""
+
+    passes: int = option(12, "Shuffled passes over every count (a replay serves each recorded visit once).", min=2)
+    reps: int | None = option(None, "Timed forwards per visit (default: about --visit-s of timing).", min=1)
+    visit_s: float = option(0.1, "Seconds of timing a visit aims at, when --reps is not given.")
+    reference_visits: int = option(3, "Visits of the reference (N) in each pass: a search visits it in every one of "
+                                      "its many short passes, so a replayed search needs more of it.", min=1)
+    align: int = option(8, "Each multiple of it is visited right beside the count below, in alternating order, as "
+                           "an adaptive search's coarse scan does, so a replay serves those pairs as they were "
+                           "measured live (0: every count on its own).", min=0)
+    chain: bool = option(False, "Visit every count right beside a neighbour, the pairs shifted by one count every "
+                                "other pass, so every two neighbouring counts are back to back in half the passes "
+                                "and a replay serves any adjacent pair as a search measures it live (in place of "
+                                "--align's pairs).")
+    min_step: float = option(0.05, "Smallest step the summary reports (fraction, beyond the trend).")
+
+
+@dataclass
+class Recording:
+    """What a recording wrote and what its trace shows."""
+
+    paths: dict[str, Path]
+    visits: int
+    measured: int
+    samples: int
+    seconds: float
+    noise: float
+    drift: Drift | None
+    steps: list[Step]
+
+
+def record(workload: Workload, settings: RecordSettings) -> Recording:
+    """Record the workload's dense trace (see the module docstring)."""
+    prepared = prepare(workload)
+    search_settings = SearchSettings(passes=settings.passes, reps=settings.reps, visit_s=settings.visit_s,
+                                     align=settings.align).check()
+    journal = open_journal(workload, prepared, "record", "whole model, tokens truncated after embedding",
+                           {"passes": settings.passes, "reps": settings.reps, "visit_s": settings.visit_s,
+                            "reference_visits": settings.reference_visits, "align": settings.align,
+                            "chain": settings.chain})
+    session = live_session(workload, prepared, journal)
+    started = time.perf_counter()
+    search = LatencySearch(session, prepared.grid, prepared.geometry.num_tokens, search_settings, adaptive=False,
+                           seed=workload.seed, progress=workload.progress)
+    visits = search.record(settings.reference_visits, chain=settings.chain)
+    seconds = time.perf_counter() - started
+    n = prepared.geometry.num_tokens
+    seen = drift(visits, n)
+    journal.update_meta(passes=settings.passes, reps=search.reps, stride=workload.grid_token_stride,
+                        align=0 if settings.chain else settings.align, chain=settings.chain,
+                        drift=None if seen is None else seen.to_dict())
+    steps = steps_in_trace(visits, min_step=settings.min_step)
+    stem = f"{prepared.setup.stem}.record"
+    title = (f"{prepared.geometry.model} on {prepared.setup.fingerprint.get('name')}, batch {prepared.setup.batch_size}"
+             f": {settings.passes} shuffled passes")
+    plot = plot_offline(Path(workload.output_dir) / f"{stem}.png", title, pool_visits(visits, n),
+                        corrected_values(visits), steps, [], None, drift=seen)
+    return Recording(
+        paths={"trace": journal.path, "sidecar": journal.path.with_suffix(".json"), "plot": plot},
+        visits=session.visits, measured=session.measured, samples=sum(len(v.samples_ms) for v in visits),
+        seconds=seconds, noise=relative_noise(corrected_values(visits)), drift=seen, steps=steps,
+    )

@@ -1,0 +1,128 @@
+"""What is measured, and how it is set up on this machine: one (model, batch, input size, dtype, runtime)
+and the token grid, shared by the offline computation and `pomt record`.
+
+`prepare` builds the model in its dtype on its device with a seeded input; `open_journal` opens (or, with
+`resume`, continues) the trace a run writes every visit to; `live_session` measures through the runtime
+on this machine into that journal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pomt.formats.schedule import utc_now
+from pomt.formats.trace import TraceWriter
+from pomt.measurement.search import token_grid
+from pomt.measurement.sources import LiveSource, Session, forward_at_tokens, journal_end_s
+from pomt.models.geometry import Geometry, model_geometry
+from pomt.models.registry import create_model
+from pomt.options import option
+from pomt.runtimes import Backend, backend_info, check_backend, resolve_dtype
+from pomt.workload.setup import RunSetup, prepare_run
+
+BACKENDS = tuple(b.value for b in Backend)
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The model, batch, input, device and runtime measured, the token grid, and where outputs go; each
+    field is also the CLI option of its name (`pomt.options`)."""
+
+    model: str = option("deit_base", "timm model name or alias.")
+    batch_size: int = option(4, "Batch size the latency is for.")
+    input_size: int | tuple[int, int] | None = option(None, "Input size in pixels (default: the model's).")
+    device: str = option("auto", "auto (cuda if present, else cpu), cpu, cuda[:N], mps.")
+    threads: int | None = option(None, "CPU threads, fixed and recorded (default: torch's).")
+    dtype: str = option("float32", "Model and input dtype (bfloat16 on CPU, float16 on CUDA).", choices=DTYPES)
+    backend: str = option("eager", "Runtime measured on.", choices=BACKENDS)
+    grid_token_start: int | None = option(None, "First kept-token count (default N).")
+    grid_token_stop: int | None = option(None, "Last kept-token count (default P+1).")
+    grid_token_stride: int = option(1, "Grid step in tokens.")
+    output_dir: Path = option(Path("bin"), "Where outputs are written.")
+    resume: bool = option(False, "Continue a killed run from its journal; measure only what is missing.")
+    require_locked_clocks: bool = option(False, "Refuse to measure unless clocks are locked.")
+    seed: int = option(0, "Seed for pass orders, the input, samples and random pruning.")
+    progress: bool = option(True, "Show progress bars.", negatable=True)
+
+
+@dataclass
+class Prepared:
+    """A workload made concrete: the run's setup (fingerprint with runtime and dtype), model and input."""
+
+    setup: RunSetup
+    geometry: Geometry
+    grid: list[int]
+    model: nn.Module
+    x: torch.Tensor | None
+
+    @property
+    def cache_dir(self) -> Path:
+        return Path("cache") / self.setup.stem
+
+
+def workload_grid(workload: Workload, geometry: Geometry) -> list[int]:
+    """The token counts to measure, ascending; N is always among them (the reference of every pass)."""
+    grid = token_grid(
+        workload.grid_token_start if workload.grid_token_start is not None else geometry.num_tokens,
+        workload.grid_token_stop if workload.grid_token_stop is not None else geometry.min_tokens,
+        workload.grid_token_stride,
+        min_tokens=geometry.min_tokens,
+        max_tokens=geometry.num_tokens,
+    )
+    return sorted(set(grid) | {geometry.num_tokens})
+
+
+def prepare(workload: Workload, pretrained: bool = False, checkpoint: Path | None = None) -> Prepared:
+    """Resolve and check the workload (clocks before any model is built), build the model in its dtype."""
+    setup = prepare_run(workload.model, workload.device, workload.threads, workload.batch_size,
+                        workload.input_size, workload.require_locked_clocks)
+    backend = check_backend(workload.backend, setup.device)
+    dtype = resolve_dtype(workload.dtype, setup.device)
+    model = create_model(setup.model, setup.input_size, pretrained=pretrained, checkpoint=checkpoint)
+    model = model.to(setup.device, dtype)
+    geometry = model_geometry(model)
+    generator = torch.Generator().manual_seed(workload.seed)
+    x = torch.randn(setup.batch_size, 3, *geometry.input_size, generator=generator).to(setup.device, dtype)
+    fingerprint = {**setup.fingerprint, "backend": backend_info(backend), "dtype": workload.dtype}
+    setup = replace(setup, fingerprint=fingerprint)
+    return Prepared(setup, geometry, workload_grid(workload, geometry), model, x)
+
+
+def trace_meta(prepared: Prepared, workload: Workload, what: str) -> dict:
+    """The sidecar of a trace this machine writes (what `pomt.formats.trace.read_sidecar` needs, and more)."""
+    geometry, setup = prepared.geometry, prepared.setup
+    return {
+        "format": "pomt.trace", "version": 1, "model": geometry.model, "batch_size": setup.batch_size,
+        "input_size": list(geometry.input_size), "num_tokens": geometry.num_tokens,
+        "prefix_tokens": geometry.prefix_tokens, "depth": geometry.depth, "threads": setup.fingerprint.get("threads"),
+        "dtype": workload.dtype, "backend": workload.backend, "order": "shuffled per pass", "measured": what,
+        "device": setup.fingerprint, "date": utc_now(),
+    }
+
+
+def open_journal(workload: Workload, prepared: Prepared, name: str, what: str, settings: dict) -> TraceWriter:
+    """`<output>/<stem>.<name>.csv`: continued when `resume` and its settings match, else started afresh."""
+    keys = {"grid": prepared.grid, "seed": workload.seed, "dtype": workload.dtype, "backend": workload.backend,
+            "threads": prepared.setup.fingerprint.get("threads"), "device": prepared.setup.fingerprint.get("name"),
+            **settings}
+    path = Path(workload.output_dir) / f"{prepared.setup.stem}.{name}.csv"
+    return TraceWriter(path, trace_meta(prepared, workload, what), keys, resume=workload.resume)
+
+
+def live_session(workload: Workload, prepared: Prepared, journal: TraceWriter | None = None) -> Session:
+    """Measure the model at a token count on this machine, through the workload's runtime, into the journal
+    (none: nothing written, as in a fresh process's check)."""
+    forward_at = forward_at_tokens(prepared.model, prepared.x, backend=workload.backend, device=prepared.setup.device,
+                                   threads=workload.threads, cache_dir=Path(workload.output_dir) / prepared.cache_dir)
+    source = LiveSource(forward_at, prepared.setup.device, workload.threads, start_s=journal_end_s(journal))
+    return Session(source, journal)
+
+
+def settings_keys(settings: object) -> dict:
+    """A dataclass of settings as journal keys (a resumed run must have been measured with the same)."""
+    return asdict(settings)

@@ -1,0 +1,109 @@
+"""Where samples come from: a live model, a replayed trace, and the journal a resumed run reads."""
+
+import pytest
+import torch
+
+from pomt.formats.trace import Trace, TraceWriter, Visit, read_trace
+from pomt.measurement.sources import (
+    LiveSource,
+    ReplaySource,
+    Session,
+    TraceExhausted,
+    calibrate_reps,
+    forward_at_tokens,
+)
+from pomt.models.registry import create_model
+
+from trace_data import N, linear_levels, synthetic_trace
+
+META = {"model": "deit_tiny", "batch_size": 1, "input_size": [224, 224], "num_tokens": N, "prefix_tokens": 1}
+
+
+def test_a_live_visit_times_the_model_at_its_token_count():
+    model = create_model("test_vit", input_size=96)
+    seen = []
+    model.blocks[0].register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[1]))
+    source = LiveSource(forward_at_tokens(model, torch.randn(1, 3, 96, 96)), threads=1)
+    first = source.visit(10, reps=3, pass_index=4)
+    second = source.visit(37, reps=2, pass_index=4)
+    assert (first.tokens, first.pass_index, len(first.samples_ms)) == (10, 4, 3)
+    assert seen[:4] == [10] * 4  # one untimed forward, then three timed ones, all at 10 tokens
+    assert seen[4:] == [37] * 3
+    assert all(ms > 0 for ms in first.samples_ms) and second.t_s > first.t_s
+
+
+def test_replay_serves_the_nearest_unused_visit_and_never_one_twice():
+    trace = synthetic_trace(linear_levels(), counts=[50, N], passes=3)
+    source = ReplaySource(trace)
+    recorded = [v for v in trace.visits if v.tokens == 50]
+    served = [source.visit(50, reps=3, pass_index=i) for i in range(3)]
+    assert [v.samples_ms for v in served] == [v.samples_ms for v in recorded]  # in time order, each once
+    assert [v.pass_index for v in served] == [0, 1, 2]  # the pass the search asked for
+    with pytest.raises(TraceExhausted):
+        source.visit(50, reps=3, pass_index=3)
+    assert source.preferred_reps == 3 and source.counts == [50, N]
+
+
+def test_the_replay_clock_follows_what_was_served():
+    trace = synthetic_trace(linear_levels(), counts=[50, N], passes=4)
+    source = ReplaySource(trace)
+    start = source.clock_s
+    visit = source.visit(N, reps=3, pass_index=0)
+    assert source.clock_s == pytest.approx(start + (sorted(visit.samples_ms)[1] + sum(visit.samples_ms)) / 1e3)
+
+
+def test_a_pair_of_counts_visited_back_to_back_is_served_from_nearly_one_moment():
+    """Recorded: 50 and 51 far apart in pass 0, side by side in pass 1; a unit gets pass 1's pair."""
+    visits = [Visit(50, 0, 0.0, (5.0,)), Visit(N, 0, 1.0, (9.0,)), Visit(51, 0, 2.0, (5.1,)),
+              Visit(51, 1, 3.0, (5.1,)), Visit(50, 1, 3.1, (5.0,)), Visit(N, 1, 4.0, (9.0,))]
+    trace = Trace(tuple(visits), dict(META))
+    apart = ReplaySource(trace)
+    assert {apart.visit(50, 1, 0).t_s, apart.visit(51, 1, 0).t_s} == {0.0, 2.0}
+    together = ReplaySource(trace)
+    together.begin_unit(0, [50, 51])
+    assert {together.visit(50, 1, 0).t_s, together.visit(51, 1, 0).t_s} == {3.0, 3.1}
+
+
+class Counting:
+    """A source over a replayed trace that counts what it is asked for."""
+
+    def __init__(self, trace):
+        self.inner, self.calls = ReplaySource(trace), []
+
+    def visit(self, tokens, reps, pass_index):
+        self.calls.append(tokens)
+        return self.inner.visit(tokens, reps, pass_index)
+
+
+def test_a_resumed_session_replays_its_journal_before_measuring(tmp_path):
+    trace = synthetic_trace(linear_levels(), counts=[10, 20, N], passes=4)
+    asks = [(v.tokens, v.pass_index) for v in trace.visits][:8]
+    journal = TraceWriter(tmp_path / "j.csv", META, {"seed": 0})
+    first = Session(Counting(trace), journal)
+    for tokens, p in asks[:5]:
+        first.visit(tokens, 3, p)  # then the run is killed
+    resumed_source = Counting(trace)
+    resumed = Session(resumed_source, TraceWriter(tmp_path / "j.csv", META, {"seed": 0}, resume=True))
+    out = [resumed.visit(tokens, 3, p) for tokens, p in asks]
+    assert resumed_source.calls == [t for t, _ in asks[5:]]  # only the visits the journal lacks
+    assert resumed.measured == 3 and resumed.visits == 8
+    assert len(read_trace(tmp_path / "j.csv").visits) == 8
+    assert out[:5] == journal.visits[:5]
+
+
+def test_a_diverging_resume_drops_the_rest_of_the_journal(tmp_path):
+    trace = synthetic_trace(linear_levels(), counts=[10, 20, N], passes=4)
+    journal = TraceWriter(tmp_path / "j.csv", META, {"seed": 0})
+    session = Session(ReplaySource(trace), journal)
+    for tokens in (10, 20, N):
+        session.visit(tokens, 3, 1)
+    again = Session(ReplaySource(trace), TraceWriter(tmp_path / "j.csv", META, {"seed": 0}, resume=True))
+    again.visit(10, 3, 1)
+    again.visit(N, 3, 1)  # the journal's second visit is 20: from here on it is measured anew
+    assert again.measured == 1
+    assert [v.tokens for v in read_trace(tmp_path / "j.csv").visits] == [10, N]
+
+
+@pytest.mark.parametrize(("per_forward", "expected"), [(0.001, 8), (0.03, 3), (0.5, 1), (0.0, 8)])
+def test_calibrated_reps(per_forward, expected):
+    assert calibrate_reps(per_forward, 0.1) == expected

@@ -1,0 +1,94 @@
+import pytest
+import torch
+
+from pomt.errors import GridError
+from pomt.models.geometry import model_geometry, transformer_blocks
+from pomt.models.registry import create_model
+from pomt.models.tokens import forward_at_tokens, gather_tokens, truncate_tokens
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return create_model("deit_tiny", input_size=224)
+
+
+def _entering_counts(model, fn):
+    counts = []
+    def record(_module, args):
+        counts.append(args[0].shape[1])
+
+    hooks = [block.register_forward_pre_hook(record) for block in transformer_blocks(model)]
+    try:
+        fn()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return counts
+
+
+def test_full_token_count_is_exactly_the_model(tiny):
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        assert torch.equal(forward_at_tokens(tiny, x, 197), tiny(x))
+
+
+@pytest.mark.parametrize("selection", ["first", "random"])
+def test_shapes_and_block_token_counts(tiny, selection):
+    x = torch.randn(2, 3, 224, 224)
+    geometry = model_geometry(tiny)
+    for n in (geometry.prefix_tokens + 1, geometry.num_tokens // 2, geometry.num_tokens):
+        with torch.no_grad():
+            counts = _entering_counts(tiny, lambda n=n: forward_at_tokens(tiny, x, n, selection=selection))
+        assert counts == [n] * geometry.depth
+    with torch.no_grad():
+        assert forward_at_tokens(tiny, x, 50, selection=selection).shape == (2, 1000)
+
+
+def test_out_of_range_raises(tiny):
+    with pytest.raises(GridError):
+        forward_at_tokens(tiny, torch.randn(1, 3, 224, 224), 1)
+    with pytest.raises(GridError):
+        forward_at_tokens(tiny, torch.randn(1, 3, 224, 224), 198)
+
+
+def test_hook_is_removed(tiny):
+    with truncate_tokens(tiny, 10):
+        pass
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        assert _entering_counts(tiny, lambda: tiny(x)) == [197] * 12
+
+
+def test_random_selection_is_seeded_and_keeps_prefix():
+    x = torch.arange(2 * 6 * 3, dtype=torch.float32).reshape(2, 6, 3)
+    picked = gather_tokens(x, 1, torch.tensor([[0, 3], [1, 4]]))
+    assert torch.equal(picked[:, 0], x[:, 0])
+    assert torch.equal(picked[0, 1:], x[0, [1, 4]])
+    assert torch.equal(picked[1, 1:], x[1, [2, 5]])
+    model = create_model("deit_tiny", input_size=64)
+    x = torch.randn(3, 3, 64, 64)
+    with torch.no_grad():
+        a = forward_at_tokens(model, x, 6, selection="random", seed=1)
+        b = forward_at_tokens(model, x, 6, selection="random", seed=1)
+        c = forward_at_tokens(model, x, 6, selection="random", seed=2)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+def test_explicit_indices_equal_first_n():
+    model = create_model("deit_tiny", input_size=64)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        first = forward_at_tokens(model, x, 9)
+        explicit = forward_at_tokens(model, x, 9, indices=torch.arange(8))
+    assert torch.equal(first, explicit)
+
+
+def test_authors_dinov2_runs_at_n_tokens():
+    vision_transformer = pytest.importorskip("dinov2.models.vision_transformer")
+    model = vision_transformer.vit_small(patch_size=14, img_size=224).eval()
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        counts = _entering_counts(model, lambda: forward_at_tokens(model, x, 100))
+        assert torch.equal(forward_at_tokens(model, x, 257), model(x))
+    assert counts == [100] * 12
