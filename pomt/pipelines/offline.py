@@ -37,10 +37,11 @@ from pomt.choice.verify import (
     schedule_forward_at,
     verify,
 )
-from pomt.device import fingerprint_hash
+from pomt.device import Fingerprint, fingerprint_hash
 from pomt.errors import DatasetError, GridError, PolicyError, TraceError
 from pomt.formats.curve import rounded, write_curve
 from pomt.formats.schedule import BlockRemoval, Schedule, save_schedule, utc_now
+from pomt.formats.schedule_parts import MeasurementRecord, Prediction, SchedulePolicy, Verified
 from pomt.formats.trace import check_trace_geometry, read_trace
 from pomt.measurement.search import LatencySearch, SearchResult, SearchSettings, confirmed_steps
 from pomt.measurement.sources import LiveSource, ReplaySource, Session, journal_end_s
@@ -108,7 +109,7 @@ class OfflineResult:
     """What a run found and wrote."""
 
     geometry: Geometry
-    device: dict
+    device: Fingerprint
     batch_size: int  # the run's: a replay's is its trace's, whatever --batch-size says
     search: SearchResult | None = None
     accuracy: acc.AccuracyCurve | None = None
@@ -208,8 +209,8 @@ def prepare_replay(workload: Workload, config: OfflineConfig) -> Run:
         "kind": "cpu", "name": meta.get("cpu"), "threads": meta.get("threads"), "torch": meta.get("torch"),
         "timm": meta.get("timm"),
     }
-    setup = RunSetup(name, "replay", {**recorded, "replayed_from": str(config.replay)}, int(meta["batch_size"]),
-                     geometry.input_size)
+    setup = RunSetup(name, "replay", Fingerprint.from_dict({**recorded, "replayed_from": str(config.replay)}),
+                     int(meta["batch_size"]), geometry.input_size)
     if geometry.num_tokens not in trace.counts:
         raise GridError(f"trace {config.replay} has no visit at N = {geometry.num_tokens}, the reference")
     grid = [n for n in workload_grid(workload, geometry) if n in set(trace.counts)]
@@ -268,8 +269,8 @@ def verification_removals(ranked: list[Decision], count: int) -> list[int]:
 
 
 def build_schedule(workload: Workload, config: OfflineConfig, run: Run, decision: Decision, search: SearchResult,
-                   accuracy: acc.AccuracyCurve | None, measurement: dict | None = None,
-                   verified: dict | None = None) -> Schedule:
+                   accuracy: acc.AccuracyCurve | None, measurement: MeasurementRecord | None = None,
+                   verified: Verified | None = None) -> Schedule:
     geometry = run.geometry
     prune = (BlockRemoval(decision.block, decision.remove),) if decision.remove > 0 else ()
     return Schedule(
@@ -281,60 +282,60 @@ def build_schedule(workload: Workload, config: OfflineConfig, run: Run, decision
         depth=geometry.depth,
         method=config.method,
         prune=prune,
-        policy={
-            "name": decision.policy,
-            "alpha": config.alpha if decision.policy == "utility" else None,
-            "max_remove": max_remove(config, geometry, accuracy is not None),
-            "min_gain": config.min_gain,
-            "latency_budget_ms": config.latency_budget_ms,
-            "min_accuracy": config.min_accuracy,
-            "prune_block": config.prune_block,
-            "reason": decision.reason,
-            "reason_code": decision.code,
-        },
-        predicted={
-            "baseline_ms": round(decision.baseline_ms, 4),
-            "pruned_ms": round(decision.predicted_ms, 4),
-            "gain": round(decision.gain, 5),
-            "accuracy": decision.accuracy,
-            "accuracy_kind": accuracy.kind if accuracy else None,
-        },
+        policy=SchedulePolicy(
+            name=decision.policy,
+            alpha=config.alpha if decision.policy == "utility" else None,
+            max_remove=max_remove(config, geometry, accuracy is not None),
+            min_gain=config.min_gain,
+            latency_budget_ms=config.latency_budget_ms,
+            min_accuracy=config.min_accuracy,
+            prune_block=config.prune_block,
+            reason=decision.reason,
+            reason_code=decision.code,
+        ),
+        predicted=Prediction(
+            baseline_ms=round(decision.baseline_ms, 4),
+            pruned_ms=round(decision.predicted_ms, 4),
+            gain=round(decision.gain, 5),
+            accuracy=decision.accuracy,
+            accuracy_kind=accuracy.kind if accuracy else None,
+        ),
         steps=[rounded(step.to_dict()) for step in search.steps],
         device=run.setup.fingerprint,
         curve=f"{run.setup.stem}.curve.csv",
         created=utc_now(),
-        dtype=workload.dtype if run.replay is None else str(run.setup.fingerprint.get("dtype", "float32")),
-        backend=run.setup.fingerprint.get("backend") if run.replay is None else None,
+        dtype=workload.dtype if run.replay is None else run.setup.fingerprint.dtype or "float32",
+        backend=run.setup.fingerprint.backend if run.replay is None else None,
         measurement=measurement,
         verified=verified,
     )
 
 
 def measurement_record(search: SearchResult, run: Run, decision: Decision, config: OfflineConfig,
-                       settings: SearchSettings, fresh_steps: list[dict]) -> dict:
+                       settings: SearchSettings, fresh_steps: list[dict]) -> MeasurementRecord:
     """How the curve was measured and judged, for the schedule (the drift warning included)."""
     effects = [abs(s.paired_pct) for s in search.steps] + ([100 * decision.gain] if decision.remove else [])
-    return {
-        "design": "shuffled passes, reference in every pass, drift-corrected pooling, paired step confirmation",
-        "search": config.search,
-        "passes": settings.passes,
-        "coarse_passes": settings.coarse_passes if config.search == "adaptive" else None,
-        "reps": search.reps,
-        "visits": search.visits,
-        "full_grid_visits": search.full_grid_visits,
-        "evaluation_ratio": round(search.evaluation_ratio, 4),
-        "budget_visits": search.budget_visits,
-        "noise_pct": round(100 * search.noise, 3),
-        "drift": None if search.drift is None else search.drift.to_dict(),
-        "confirmed": len(search.steps),
-        "rejected": [{"low": c.low, "high": c.high, "reason": c.reason} for c in search.rejected_candidates],
-        "fresh_process_steps": fresh_steps or None,
-        "align": settings.align if config.search == "adaptive" else None,
-        "screened_edges": [[c.low, c.high] for c in search.screened],
-        "warning": search.drift_exceeds(effects),
-        "replay": None if run.replay is None else str(run.replay),
-        "trace": None if run.replay is not None else f"{run.setup.stem}.trace.csv",
-    }
+    return MeasurementRecord(
+        design="shuffled passes, reference in every pass, drift-corrected pooling, paired step confirmation",
+        search=config.search,
+        passes=settings.passes,
+        coarse_passes=settings.coarse_passes if config.search == "adaptive" else None,
+        reps=search.reps,
+        visits=search.visits,
+        full_grid_visits=search.full_grid_visits,
+        evaluation_ratio=round(search.evaluation_ratio, 4),
+        budget_visits=search.budget_visits,
+        noise_pct=round(100 * search.noise, 3),
+        drift=None if search.drift is None else search.drift.to_dict(),
+        confirmed=len(search.steps),
+        rejected=[{"low": c.low, "high": c.high, "reason": c.reason} for c in search.rejected_candidates],
+        fresh_process_steps=fresh_steps or None,
+        align=settings.align if config.search == "adaptive" else None,
+        screened_edges=[[c.low, c.high] for c in search.screened],
+        warning=search.drift_exceeds(effects),
+        replay=None if run.replay is None else str(run.replay),
+        trace=None if run.replay is not None else f"{run.setup.stem}.trace.csv",
+    )
 
 
 def verify_decision(workload: Workload, config: OfflineConfig, settings: SearchSettings, run: Run,
@@ -525,15 +526,15 @@ def write_outputs(workload: Workload, config: OfflineConfig, settings: SearchSet
     result.paths["curve"] = write_curve(out / f"{stem}.curve.csv", search.points, result.accuracy)
     verified = None
     if result.verification is not None:
-        verified = result.verification.record(fingerprint_hash(run.setup.fingerprint))
-        verified["method_cost_ms"] = {str(r): round(c, 4) for r, c in result.method_cost.items()} or None
-        fresh = result.fresh_verification
-        verified["fresh_process"] = None if fresh is None else fresh.record(fingerprint_hash(run.setup.fingerprint))
+        here, fresh = fingerprint_hash(run.setup.fingerprint), result.fresh_verification
+        verified = Verified.of(result.verification.record(here),
+                               {str(r): round(c, 4) for r, c in result.method_cost.items()} or None,
+                               None if fresh is None else fresh.record(here))
     measurement = measurement_record(search, run, decision, config, settings, result.fresh_steps)
     result.schedule = build_schedule(workload, config, run, decision, search, result.accuracy, measurement, verified)
     result.paths["schedule"] = save_schedule(result.schedule, out / f"{stem}.schedule.json")
     utility = utility_values(setting, config.alpha) if setting.accuracy is not None else None
-    title = (f"{run.geometry.model} on {run.setup.fingerprint.get('name', run.setup.device)}, batch "
+    title = (f"{run.geometry.model} on {run.setup.fingerprint.name or run.setup.device}, batch "
              f"{run.setup.batch_size}, {run.geometry.input_size[0]}x{run.geometry.input_size[1]} px")
     if run.replay is not None:
         title += f" (replay of {Path(run.replay).name})"

@@ -6,6 +6,7 @@ import numpy as np
 
 from pomt.choice.fresh import FreshJob, held_in_both, placement_hint, step_holds, verify_in_fresh_process
 from pomt.choice.verify import verify
+from pomt.device import Fingerprint
 from pomt.formats.schedule import BlockRemoval, Schedule
 from pomt.formats.trace import Visit
 from pomt.measurement.search import Confirmation, SearchResult, SearchSettings
@@ -61,9 +62,9 @@ def test_the_fresh_process_rebuilds_the_workload_and_measures_the_patched_model(
 
 
 def test_a_cpu_user_under_the_default_allocator_is_told_about_placement():
-    assert "MALLOC_MMAP_THRESHOLD_" in placement_hint({"kind": "cpu", "allocator": {}})
-    assert placement_hint({"kind": "cpu", "allocator": {"MALLOC_MMAP_THRESHOLD_": "1073741824"}}) is None
-    assert placement_hint({"kind": "cuda", "allocator": {}}) is None
+    assert "MALLOC_MMAP_THRESHOLD_" in placement_hint(Fingerprint(kind="cpu", allocator={}))
+    assert placement_hint(Fingerprint(kind="cpu", allocator={"MALLOC_MMAP_THRESHOLD_": "1073741824"})) is None
+    assert placement_hint(Fingerprint(kind="cuda", allocator={})) is None
 
 
 def rounds_of(low_ms: list[float], high_ms: list[float]) -> list[tuple[Visit, Visit]]:
@@ -113,7 +114,7 @@ def test_a_confirmed_step_the_fresh_process_does_not_show_is_rejected_before_the
                           steps=[], candidates=[true, false, beyond], drift=None, noise=0.01, reps=2, visits=10,
                           measured=10, full_grid_visits=100, budget_visits=20, budget_spent=False)
     result = OfflineResult(geometry=model_geometry(create_model(MODEL, input_size=224)),
-                           device={"kind": "cpu", "allocator": {}}, batch_size=2)
+                           device=Fingerprint.from_dict({"kind": "cpu", "allocator": {}}), batch_size=2)
     checked = check_steps_in_fresh_process(workload, SearchSettings(), search, reach=100, result=result)
     assert {(s.tokens, s.upper_tokens) for s in checked.steps} == {(100, 197), (2, 3)}
     (rejected,) = checked.rejected_candidates
