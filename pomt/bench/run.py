@@ -41,8 +41,16 @@ from pomt.models.geometry import model_geometry
 from pomt.models.registry import architecture, create_model
 from pomt.options import option
 from pomt.patching import token_counts
-from pomt.runtimes import Backend, backend_info, build_forward, check_backend, parameter_dtype, resolve_dtype
-from pomt.workload.prepare import BACKENDS, DTYPES
+from pomt.runtimes import (
+    BACKENDS,
+    DTYPES,
+    Backend,
+    backend_info,
+    build_forward,
+    check_backend,
+    parameter_dtype,
+    resolve_dtype,
+)
 from pomt.workload.setup import RunSetup, output_stem, prepare_run
 
 

@@ -21,11 +21,8 @@ from pomt.measurement.sources import LiveSource, Session, forward_at_tokens, jou
 from pomt.models.geometry import Geometry, model_geometry
 from pomt.models.registry import create_model
 from pomt.options import option
-from pomt.runtimes import Backend, backend_info, check_backend, resolve_dtype
+from pomt.runtimes import BACKENDS, DTYPES, backend_info, check_backend, resolve_dtype
 from pomt.workload.setup import RunSetup, prepare_run
-
-BACKENDS = tuple(b.value for b in Backend)
-DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
