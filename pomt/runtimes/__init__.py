@@ -14,6 +14,7 @@ from pomt.runtimes.backend import (
     backend_info,
     check_backend,
     package_version,
+    parse_backend,
     resolve_dtype,
 )
 from pomt.runtimes.export import onnx_program
@@ -36,5 +37,6 @@ __all__ = [
     "openvino_tensor",
     "package_version",
     "parameter_dtype",
+    "parse_backend",
     "resolve_dtype",
 ]

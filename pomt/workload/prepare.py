@@ -74,10 +74,17 @@ def workload_grid(workload: Workload, geometry: Geometry) -> list[int]:
     return sorted(set(grid) | {geometry.num_tokens})
 
 
-def prepare(workload: Workload, pretrained: bool = False, checkpoint: Path | None = None) -> Prepared:
-    """Resolve and check the workload (clocks before any model is built), build the model in its dtype."""
-    setup = prepare_run(workload.model, workload.device, workload.threads, workload.batch_size,
-                        workload.input_size, workload.require_locked_clocks)
+def prepare(
+    workload: Workload, pretrained: bool = False, checkpoint: str | Path | None = None, run: RunSetup | None = None
+) -> Prepared:
+    """Resolve and check the workload (clocks before any model is built), build the model in its dtype.
+
+    `run`: the run already resolved for this workload (a benchmark sweep's cell, `RunSetup.at`); its
+    model, device, batch and input size are then used as they are.
+    """
+    setup = run if run is not None else prepare_run(workload.model, workload.device, workload.threads,
+                                                    workload.batch_size, workload.input_size,
+                                                    workload.require_locked_clocks)
     backend = check_backend(workload.backend, setup.device)
     dtype = resolve_dtype(workload.dtype, setup.device)
     model = create_model(setup.model, setup.input_size, pretrained=pretrained, checkpoint=checkpoint)
