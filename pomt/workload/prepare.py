@@ -1,9 +1,9 @@
 """What is measured, and how it is set up on this machine: one (model, batch, input size, dtype, runtime)
 and the token grid, shared by the offline computation and `pomt record`.
 
-`prepare` builds the model in its dtype on its device with a seeded input; `open_journal` opens (or, with
-`resume`, continues) the trace a run writes every visit to; `live_session` measures through the runtime
-on this machine into that journal.
+`prepare` builds the model in its dtype on its device with a seeded input (the benchmark's cells too);
+`open_journal` opens (or, with `resume`, continues) the trace a run writes every visit to;
+`live_session` measures through the runtime on this machine into that journal.
 """
 
 from __future__ import annotations
