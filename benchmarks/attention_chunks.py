@@ -26,6 +26,7 @@ from pomt.device import resolve_device
 from pomt.measurement.timing import interleaved
 from pomt.models.registry import create_model
 from pomt.patching import attention, patch
+from pomt.runtimes import DTYPES
 
 WHOLE = 2**62  # a budget every matrix fits in
 
@@ -52,13 +53,13 @@ def main() -> None:
     parser.add_argument("--remove", type=int, default=392)
     parser.add_argument("--block", type=int, default=3)
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
     parser.add_argument("--budgets-mb", type=float, nargs="+", default=[4, 16, 64, 256, 0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--calls", type=int, default=3, help="calls per timed round")
     args = parser.parse_args()
     device = resolve_device(args.device)
-    dtype = getattr(torch, args.dtype)
+    dtype = DTYPES[args.dtype]
     torch.manual_seed(0)
     model = create_model(args.model, pretrained=False, input_size=args.input_size).eval().to(device, dtype)
     x = torch.randn(args.batch_size, 3, args.input_size, args.input_size, device=device, dtype=dtype)

@@ -37,12 +37,11 @@ from pomt.errors import CurveError, ScheduleError
 from pomt.formats.curve import read_curve
 from pomt.formats.schedule import Schedule, load_schedule
 from pomt.measurement.timing import fixed_threads, interleaved
-from pomt.models.geometry import model_geometry
-from pomt.models.registry import architecture, create_model
+from pomt.models.registry import architecture
 from pomt.options import option
 from pomt.patching import token_counts
-from pomt.runtimes import Backend, backend_info, build_forward, check_backend, parameter_dtype, resolve_dtype
-from pomt.workload.prepare import BACKENDS, DTYPES
+from pomt.runtimes import BACKENDS, DTYPES, Backend, backend_info, build_forward, parameter_dtype, parse_backend
+from pomt.workload.prepare import Workload, prepare
 from pomt.workload.setup import RunSetup, output_stem, prepare_run
 
 
@@ -101,8 +100,15 @@ class _Setup:
     schedule: Schedule | None
     run: RunSetup
 
+    def workload(self) -> Workload:
+        """The run as a workload: what `pomt.workload.prepare.prepare` builds the model and input from."""
+        config, run = self.config, self.run
+        return Workload(model=run.model, batch_size=run.batch_size, input_size=run.input_size, device=run.device,
+                        threads=config.threads, dtype=config.dtype, backend=config.backend,
+                        require_locked_clocks=config.require_locked_clocks, seed=config.seed)
 
-def prepare(config: BenchConfig) -> _Setup:
+
+def resolve(config: BenchConfig) -> _Setup:
     """Validate the configuration and resolve the run before any model is built."""
     variant_methods(config.methods)
     schedule = load_schedule(config.schedule) if config.schedule is not None else None
@@ -119,22 +125,19 @@ def prepare(config: BenchConfig) -> _Setup:
 
 def run_benchmark(config: BenchConfig, progress: bool | None = None) -> BenchResult:
     """Benchmark the configured variants at one batch size and input size."""
-    return _run_cell(prepare(config), progress)
+    return _run_cell(resolve(config), progress)
 
 
 def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) -> BenchResult:
-    config, schedule, run = setup.config, setup.schedule if schedule_here else None, setup.run
-    device, batch, size = run.device, run.batch_size, run.input_size
-    backend, dtype = check_backend(config.backend, device), resolve_dtype(config.dtype, device)
-    run = replace(run, fingerprint=replace(run.fingerprint, backend=backend_info(backend), dtype=config.dtype))
-    base = create_model(run.model, input_size=size, pretrained=config.pretrained, checkpoint=config.checkpoint)
-    base = base.to(device, dtype)
-    geometry = model_geometry(base)
+    config, schedule = setup.config, setup.schedule if schedule_here else None
+    prepared = prepare(setup.workload(), config.pretrained, config.checkpoint, run=setup.run)
+    run, base, geometry, x = prepared.setup, prepared.model, prepared.geometry, prepared.x
+    del prepared  # no reference to the base model but `base`, deleted once its copies, the variants, are built
+    device, batch, size, backend = run.device, run.batch_size, run.input_size, parse_backend(config.backend)
     if schedule is not None:
         schedule.check_geometry(geometry)
         if architecture(schedule.model) != run.architecture:
             warnings.warn(f"schedule was made for {schedule.model}, benchmarking {run.model}", stacklevel=2)
-    x = torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(config.seed)).to(device, dtype)
     predicted = predictor(schedule, config.schedule, geometry) if schedule is not None else None
 
     reductions = plan_reductions(config.methods, geometry, config.remove, config.r, config.prune_block,
@@ -342,7 +345,7 @@ def run_sweep(
 ) -> SweepResult:
     """Run the benchmark in every (batch size, input size) cell; a schedule joins only the cells at its
     own input size (elsewhere its token counts do not apply)."""
-    setup = prepare(config)
+    setup = resolve(config)
     batch_sizes, input_sizes = list(dict.fromkeys(batch_sizes)), list(dict.fromkeys(input_sizes))
     runs = {(b, s): setup.run.at(b, s) for b in batch_sizes for s in input_sizes}
     schedule = setup.schedule

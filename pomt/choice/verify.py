@@ -30,13 +30,13 @@ from pomt.deploy.apply import apply_schedule
 from pomt.formats.schedule import Schedule
 from pomt.formats.schedule_parts import VerificationRecord
 from pomt.formats.trace import Visit
-from pomt.measurement.sources import ForwardAt, ProgramCache, Session
+from pomt.measurement.sources import ForwardAt, Session
 from pomt.measurement.stats import Drift, drift, drift_profile, paired_effect
 from pomt.measurement.timing import fixed_threads, synchronize, time_calls
 from pomt.models.geometry import model_geometry, transformer_blocks
 from pomt.models.tokens import truncate_tokens
 from pomt.patching import patch, unpatch
-from pomt.runtimes import Forward, build_forward
+from pomt.runtimes import Forward, ProgramCache, build_forward
 
 
 def method_cost(

@@ -16,7 +16,7 @@ from pomt.errors import PatchError, ScheduleError
 from pomt.formats.schedule_parts import MeasurementRecord, Prediction, SchedulePolicy, Verified
 from pomt.io import atomic_write_json
 from pomt.models.geometry import Geometry
-from pomt.runtimes import DTYPES, Backend
+from pomt.runtimes import BACKENDS, DTYPES
 
 FORMAT = "pomt.schedule"
 VERSION = 1
@@ -212,9 +212,8 @@ def _backend(data: Mapping) -> dict | None:
     if "backend" not in data or data["backend"] is None:
         return None
     value = _mapping(data, "backend")
-    names = [b.value for b in Backend]
-    if value.get("name") not in names:
-        raise ScheduleError(f"schedule field 'backend.name' must be one of {', '.join(names)}, got "
+    if value.get("name") not in BACKENDS:
+        raise ScheduleError(f"schedule field 'backend.name' must be one of {', '.join(BACKENDS)}, got "
                             f"{value.get('name')!r}")
     version = value.get("version")
     if version is not None and not isinstance(version, str):

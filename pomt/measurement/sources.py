@@ -9,11 +9,10 @@ and a resumed run is served the visits it already made, in order, before it meas
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
@@ -24,7 +23,7 @@ from torch import nn
 
 from pomt.formats.trace import Trace, TraceWriter, Visit, rounded
 from pomt.measurement.timing import fixed_threads, synchronize, time_calls
-from pomt.runtimes import Forward, build_forward
+from pomt.runtimes import ProgramCache, build_forward
 
 ForwardAt = Callable[[int], AbstractContextManager[Callable[[], object]]]
 PAIRED = 2  # a pass of two counts is a paired round
@@ -48,30 +47,6 @@ def forward_at_tokens(model: nn.Module, x: torch.Tensor, *, backend: str = "eage
     return ProgramCache(lambda n: build_forward(model, x, backend=backend, device=device, tokens=n,
                                                 cache_dir=cache_dir, cache_key="latency", threads=threads),
                         keep=0 if backend == "eager" else keep)
-
-
-class ProgramCache:
-    """A `ForwardAt` over a builder of closable forwards, keeping the last `keep` open (0: close each)."""
-
-    def __init__(self, build: Callable[[int], Forward], keep: int = 0):
-        self.build, self.keep = build, keep
-        self._open: OrderedDict[int, Forward] = OrderedDict()
-
-    @contextlib.contextmanager
-    def __call__(self, key: int) -> Iterator[Forward]:
-        if self.keep == 0:
-            forward = self.build(key)
-            try:
-                yield forward
-            finally:
-                forward.close()
-            return
-        if key not in self._open:
-            self._open[key] = self.build(key)
-            while len(self._open) > self.keep:
-                self._open.popitem(last=False)[1].close()
-        self._open.move_to_end(key)
-        yield self._open[key]
 
 
 class LiveSource:

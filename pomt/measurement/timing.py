@@ -1,17 +1,17 @@
 """Honest latency measurement: warm-up, fixed threads, synchronised timing, robust statistics.
 
-A latency point is a small value object; statistics are computed in one place (`summarise`).
-CPU and MPS use `torch.utils.benchmark.Timer`; CUDA uses CUDA events around every call.
+Statistics of a list of per-call latencies are computed in one place (`summarise`). On CUDA every call
+is timed with CUDA events; elsewhere with the synchronised wall clock (`time_callable` through
+`torch.utils.benchmark.Timer`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -23,7 +23,6 @@ from torch.utils import benchmark  # noqa: E402
 
 DEFAULT_MIN_RUN_S = 0.2
 DEFAULT_WARMUP = 2
-SPREAD_LIMIT = 0.05  # IQR / median above which a point is re-measured
 
 
 @dataclass(frozen=True)
@@ -36,11 +35,6 @@ class Stats:
     p10_ms: float
     mean_ms: float
     samples: int
-
-    @property
-    def spread(self) -> float:
-        """IQR relative to the median: the noise figure used to decide re-measurement."""
-        return self.iqr_ms / self.median_ms if self.median_ms > 0 else math.inf
 
 
 def summarise(times_ms: list[float] | np.ndarray) -> Stats:
@@ -57,45 +51,6 @@ def summarise(times_ms: list[float] | np.ndarray) -> Stats:
         mean_ms=float(t.mean()),
         samples=int(t.size),
     )
-
-
-@dataclass(frozen=True)
-class LatencyPoint:
-    """Latency of one forward pass at a given number of kept tokens."""
-
-    tokens: int
-    median_ms: float
-    iqr_ms: float
-    samples: int
-    threads: int
-    device: str
-    min_ms: float = float("nan")
-    p10_ms: float = float("nan")
-    clocks: dict = field(default_factory=dict, compare=False)
-
-    @property
-    def spread(self) -> float:
-        return self.iqr_ms / self.median_ms if self.median_ms > 0 else math.inf
-
-    def to_row(self) -> dict:
-        """Flat dict for CSV/JSON (clock snapshot left out)."""
-        row = asdict(self)
-        row.pop("clocks")
-        return row
-
-    @classmethod
-    def from_stats(cls, tokens: int, stats: Stats, threads: int, device: str, clocks: dict | None = None):
-        return cls(
-            tokens=tokens,
-            median_ms=stats.median_ms,
-            iqr_ms=stats.iqr_ms,
-            samples=stats.samples,
-            threads=threads,
-            device=device,
-            min_ms=stats.min_ms,
-            p10_ms=stats.p10_ms,
-            clocks=clocks or {},
-        )
 
 
 @contextlib.contextmanager
@@ -182,63 +137,11 @@ def time_callable(
     return summarise(times), used_threads
 
 
-def measure_point(
-    fn: Callable[[], object],
-    tokens: int,
-    device: str = "cpu",
-    threads: int | None = None,
-    min_run_s: float = DEFAULT_MIN_RUN_S,
-    spread_limit: float = SPREAD_LIMIT,
-    retries: int = 2,
-    snapshot: Callable[[], dict] | None = None,
-    warmup: int = DEFAULT_WARMUP,
-) -> LatencyPoint:
-    """Measure one point; re-measure (keeping the tighter result) while its spread is too large."""
-    before = snapshot() if snapshot else {}
-    best: Stats | None = None
-    for attempt in range(retries + 1):
-        stats, used = time_callable(fn, device, threads, warmup=warmup, min_run_s=min_run_s * (1 + attempt))
-        if best is None or stats.spread < best.spread:
-            best = stats
-        if best.spread <= spread_limit:
-            break
-    after = snapshot() if snapshot else {}
-    clocks = {"before": before, "after": after} if snapshot else {}
-    return LatencyPoint.from_stats(tokens, best, used, device, clocks)
-
-
-@dataclass(frozen=True)
-class ABResult:
-    """Interleaved comparison of two callables: statistics of each and the ratio of B over A."""
-
-    a: Stats
-    b: Stats
-    ratio_median: float
-    ratio_min: float
-
-
-def interleaved_ab(
-    fn_a: Callable[[], object],
-    fn_b: Callable[[], object],
-    device: str = "cpu",
-    threads: int | None = None,
-    rounds: int = 20,
-    calls_per_round: int = 1,
-    warmup: int = DEFAULT_WARMUP,
-) -> ABResult:
-    """Alternate A and B calls (A B B A A B ...) so that drift and noise hit both alike."""
-    return interleaved({"a": fn_a, "b": fn_b}, device, threads, rounds, calls_per_round, warmup).as_ab()
-
-
 @dataclass(frozen=True)
 class InterleavedResult:
     """Per-variant statistics from one interleaved run."""
 
     stats: dict[str, Stats]
-
-    def as_ab(self) -> ABResult:
-        a, b = self.stats["a"], self.stats["b"]
-        return ABResult(a=a, b=b, ratio_median=b.median_ms / a.median_ms, ratio_min=b.min_ms / a.min_ms)
 
 
 def interleaved(

@@ -1,9 +1,9 @@
 """What is measured, and how it is set up on this machine: one (model, batch, input size, dtype, runtime)
 and the token grid, shared by the offline computation and `pomt record`.
 
-`prepare` builds the model in its dtype on its device with a seeded input; `open_journal` opens (or, with
-`resume`, continues) the trace a run writes every visit to; `live_session` measures through the runtime
-on this machine into that journal.
+`prepare` builds the model in its dtype on its device with a seeded input (the benchmark's cells too);
+`open_journal` opens (or, with `resume`, continues) the trace a run writes every visit to;
+`live_session` measures through the runtime on this machine into that journal.
 """
 
 from __future__ import annotations
@@ -21,11 +21,8 @@ from pomt.measurement.sources import LiveSource, Session, forward_at_tokens, jou
 from pomt.models.geometry import Geometry, model_geometry
 from pomt.models.registry import create_model
 from pomt.options import option
-from pomt.runtimes import Backend, backend_info, check_backend, resolve_dtype
+from pomt.runtimes import BACKENDS, DTYPES, backend_info, check_backend, resolve_dtype
 from pomt.workload.setup import RunSetup, prepare_run
-
-BACKENDS = tuple(b.value for b in Backend)
-DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -77,10 +74,17 @@ def workload_grid(workload: Workload, geometry: Geometry) -> list[int]:
     return sorted(set(grid) | {geometry.num_tokens})
 
 
-def prepare(workload: Workload, pretrained: bool = False, checkpoint: Path | None = None) -> Prepared:
-    """Resolve and check the workload (clocks before any model is built), build the model in its dtype."""
-    setup = prepare_run(workload.model, workload.device, workload.threads, workload.batch_size,
-                        workload.input_size, workload.require_locked_clocks)
+def prepare(
+    workload: Workload, pretrained: bool = False, checkpoint: str | Path | None = None, run: RunSetup | None = None
+) -> Prepared:
+    """Resolve and check the workload (clocks before any model is built), build the model in its dtype.
+
+    `run`: the run already resolved for this workload (a benchmark sweep's cell, `RunSetup.at`); its
+    model, device, batch and input size are then used as they are.
+    """
+    setup = run if run is not None else prepare_run(workload.model, workload.device, workload.threads,
+                                                    workload.batch_size, workload.input_size,
+                                                    workload.require_locked_clocks)
     backend = check_backend(workload.backend, setup.device)
     dtype = resolve_dtype(workload.dtype, setup.device)
     model = create_model(setup.model, setup.input_size, pretrained=pretrained, checkpoint=checkpoint)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 
 from pomt.bench.flops import count_flops, match_amount
 from pomt.bench.report import COLUMNS, slower_than_unpruned
+from pomt.bench.run import BenchConfig
 from pomt.bench.variants import flops_function, plan_reductions, tome_removal
 from pomt.checks import METHODS
 from pomt.cli import main
@@ -22,6 +24,7 @@ from pomt.formats.schedule_parts import Prediction
 from pomt.models.geometry import model_geometry
 from pomt.models.registry import create_model
 from pomt.patching import patch, token_counts
+from pomt.runtimes import BACKENDS, DTYPES
 
 from conftest import assert_one_line_error, run_script
 from flops_oracle import vit_flops
@@ -90,6 +93,11 @@ def test_match_amount_finds_the_closest_amount():
     assert match_amount(flops.__getitem__, 60.0, 0, 10) == 6  # 58 is closer than 65
     assert match_amount(flops.__getitem__, 1000.0, 0, 10) == 0
     assert match_amount(flops.__getitem__, -5.0, 0, 10) == 10
+
+
+def test_dtype_and_backend_options_are_the_runtimes_names():
+    meta = {f.name: f.metadata for f in dataclasses.fields(BenchConfig)}
+    assert meta["dtype"]["choices"] == tuple(DTYPES) and meta["backend"]["choices"] == BACKENDS
 
 
 def test_tome_removal_spreads_the_merge_count_over_the_last_blocks():

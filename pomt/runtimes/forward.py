@@ -1,0 +1,160 @@
+"""One forward of a model in one runtime, as a closable callable that pomt times like an eager forward.
+
+`build_forward` checks the runtime, then builds the forward of (model, input, runtime, kept tokens):
+eager runs the model itself; torch.compile, ONNX Runtime, OpenVINO and TensorRT run the static program
+of that token count, loaded from the program cache when it holds it. `ProgramCache` keeps the last few
+forwards open, so a measurement that goes back and forth between counts does not build them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pomt.errors import BackendError
+from pomt.models.geometry import model_geometry
+from pomt.runtimes.backend import Backend, check_backend, first_line
+from pomt.runtimes.compile import compile_run
+from pomt.runtimes.eager import eager_run
+from pomt.runtimes.onnxruntime import onnxruntime_run
+from pomt.runtimes.openvino import openvino_run
+from pomt.runtimes.programs import cached_onnx, program_folder, program_key
+from pomt.runtimes.tensorrt import tensorrt_run
+
+
+class Forward:
+    """One forward of a model in one runtime: call it to run it; `close()` (or a with block) releases it.
+
+    `cache_hit` says whether the program came from the cache (no export or compile this time);
+    `artifact` is the cached file it runs, when there is one.
+    """
+
+    def __init__(
+        self,
+        run: Callable[[], object],
+        backend: Backend,
+        tokens: int | None,
+        *,
+        cache_hit: bool = False,
+        artifact: Path | None = None,
+        release: Callable[[], None] | None = None,
+    ) -> None:
+        self._run, self.backend, self.tokens = run, backend, tokens
+        self.cache_hit, self.artifact, self._release = cache_hit, artifact, release
+
+    def __call__(self) -> object:
+        return self._run()
+
+    def close(self) -> None:
+        """Remove the token hook (eager) and drop the runtime's session so its memory can go."""
+        release, self._release = self._release, None
+        self._run = _closed
+        if release is not None:
+            release()
+
+    def __enter__(self) -> Forward:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _closed() -> object:
+    raise RuntimeError("this Forward is closed")
+
+
+def build_forward(
+    model: nn.Module,
+    example: torch.Tensor,
+    *,
+    backend: Backend | str,
+    device: str,
+    tokens: int | None = None,
+    cache_dir: str | Path | None = None,
+    cache_key: str | None = None,
+    threads: int | None = None,
+) -> Forward:
+    """A callable that runs ONE forward of `model` on `example` in `backend` (synchronous; warm-up is yours).
+
+    `tokens`: keep that many tokens right after patch + position embedding (static for non-eager
+    backends: one export per count), or None to run the model as it is (e.g. patched with a schedule).
+    Model and example must already be on `device` in the dtype to measure. `cache_dir` keeps exported
+    programs between runs. `cache_key` stands for the weights in their key: by default a fingerprint
+    of the parameters, so a cached program computes this model's outputs; a fixed string (e.g.
+    "latency") reuses programs across models that differ only in weights, for timing alone (a resumed
+    search on fresh random weights). `threads`: the runtime's intra-op threads (default torch's current
+    count). Eager leaves the token hook on `model` until the Forward is closed.
+    """
+    backend = check_backend(backend, device)
+    _check_inputs(model, example, device)
+    if backend == Backend.ONNXRUNTIME and example.dtype == torch.bfloat16 and not device.startswith("cuda"):
+        raise BackendError("onnxruntime on the CPU takes numpy inputs and numpy has no bfloat16; use openvino")
+    if tokens is not None:
+        model_geometry(model).check_tokens(tokens)
+    threads = threads or torch.get_num_threads()
+    if backend == Backend.EAGER:
+        run, release = eager_run(model, example, tokens)
+        return Forward(run, backend, tokens, release=release)
+    cache = Path(cache_dir) if cache_dir is not None else None
+    if backend == Backend.COMPILE:
+        run, hit = compile_run(model, example, tokens, cache)
+        return Forward(run, backend, tokens, cache_hit=hit)
+    key = program_key(model, example, tokens, cache_key)
+    with program_folder(cache) as folder:
+        if backend == Backend.TENSORRT:
+            run, artifact, hit = tensorrt_run(model, example, tokens, folder, key, device)
+        else:
+            artifact, hit = cached_onnx(model, example, tokens, folder, key)
+            runner = onnxruntime_run if backend == Backend.ONNXRUNTIME else openvino_run
+            run = runner(artifact, example, device, threads)
+        forward = Forward(run, backend, tokens, cache_hit=hit, artifact=artifact if cache else None)
+        try:
+            forward()
+        except Exception as exc:
+            forward.close()
+            raise BackendError(f"{backend.value} cannot run this model: {first_line(exc)}") from exc
+    return forward
+
+
+def parameter_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype of the model's weights, which its inputs must match; None for a model without any."""
+    parameter = next(model.parameters(), None)
+    return None if parameter is None else parameter.dtype
+
+
+def _check_inputs(model: nn.Module, example: torch.Tensor, device: str) -> None:
+    dtype = parameter_dtype(model)
+    if dtype is not None and dtype != example.dtype:
+        raise ValueError(f"model parameters are {dtype} but the example is {example.dtype}; cast both")
+    if example.device.type != torch.device(device).type:
+        raise ValueError(f"the example is on {example.device}, not on {device}")
+
+
+class ProgramCache:
+    """`cache(key)`: a context giving the Forward `build(key)` makes, the last `keep` kept open (0: each
+    closed after use); a `ForwardAt` of `pomt.measurement.sources`."""
+
+    def __init__(self, build: Callable[[int], Forward], keep: int = 0):
+        self.build, self.keep = build, keep
+        self._open: OrderedDict[int, Forward] = OrderedDict()
+
+    @contextlib.contextmanager
+    def __call__(self, key: int) -> Iterator[Forward]:
+        if self.keep == 0:
+            forward = self.build(key)
+            try:
+                yield forward
+            finally:
+                forward.close()
+            return
+        if key not in self._open:
+            self._open[key] = self.build(key)
+            while len(self._open) > self.keep:
+                self._open.popitem(last=False)[1].close()
+        self._open.move_to_end(key)
+        yield self._open[key]
