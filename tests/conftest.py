@@ -1,4 +1,4 @@
-"""Shared fixtures: small models built once per session, CLI runner helpers."""
+"""Shared fixtures: small models built once per session, CLI runner helpers, a fake sysfs tree and NVML."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from device_fakes import FakeNvml
 from tiny_data import make_image_folder, train_tiny_vit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,3 +80,24 @@ def trained(tmp_path_factory):
     checkpoint = tmp_path_factory.mktemp("ckpt") / "tiny.pth"
     train_accuracy = train_tiny_vit(root, checkpoint)
     return root, checkpoint, train_accuracy
+
+
+@pytest.fixture
+def fake_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where pomt.device reads sysfs and keeps the lock state: empty folders under tmp_path."""
+    root = tmp_path / "sysfs"
+    monkeypatch.setenv("POMT_SYSFS_ROOT", str(root))
+    monkeypatch.setenv("POMT_STATE_DIR", str(tmp_path / "state"))
+    return root
+
+
+@pytest.fixture
+def fake_nvml(fake_root, monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    """NVML answered by `FakeNvml` for CUDA device 0, any device name taken as available."""
+    from pomt.device import fingerprint, gpu
+
+    nvml = FakeNvml()
+    monkeypatch.setattr(gpu, "_NVML", nvml)
+    monkeypatch.setattr(gpu, "_HANDLES", {0: "handle-0"})
+    monkeypatch.setattr(fingerprint, "resolve_device", lambda name: name)
+    return nvml

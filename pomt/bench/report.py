@@ -79,11 +79,11 @@ def format_table(result: BenchResult) -> str:
     body = [[_cell(row.get(col), fmt) for _, col, fmt in _TABLE] for row in result.rows]
     meta = result.meta
     kind = meta.get("accuracy_kind") or "none"
-    fp = meta.get("fingerprint", {})
+    fp = result.run.fingerprint
     title = (
-        f"{meta.get('model')} on {result.run.device} ({fp.get('name', '?')}), batch {result.run.batch_size}, "
+        f"{meta.get('model')} on {result.run.device} ({fp.name or '?'}), batch {result.run.batch_size}, "
         f"input {result.run.input_size[0]}, {meta.get('threads')} threads, {meta.get('rounds')} rounds, "
-        f"clocks locked: {fp.get('clocks_locked')}"
+        f"clocks locked: {fp.clocks_locked}"
     )
     notes = [
         f"accuracy: {kind}" + (f" on {meta.get('accuracy_samples')} samples" if kind != "none" else ""),

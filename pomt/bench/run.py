@@ -176,7 +176,7 @@ def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) 
     meta = {
         "model": run.model,
         "device": device,
-        "fingerprint": run.fingerprint,
+        "fingerprint": run.fingerprint.to_dict(),
         "threads": threads,
         "rounds": config.rounds,
         "calls_per_round": config.calls_per_round,
@@ -214,7 +214,7 @@ def _static_row(variant: Variant, x: torch.Tensor, run: RunSetup, predicted: Pre
         "predicted_ratio": None if predicted is None else predicted(reduction.method, reduction.removal),
         "gflops": count_flops(variant.model, x) / batch / 1e9,
         "params_m": params / 1e6,
-        "clocks_locked": run.fingerprint.get("clocks_locked"),
+        "clocks_locked": run.fingerprint.clocks_locked,
         "reducer": reduction.method or "",
         "amount": reduction.amount,
         "removal": {str(k): v for k, v in sorted(reduction.removal.items())},
@@ -228,7 +228,7 @@ def predictor(schedule: Schedule, source: object, geometry) -> Predictor | None:
     """Latency of a variant over the unpruned model's, predicted from the schedule's curve file (beside the
     schedule): every block at the tokens it receives (`pomt.choice.policy.predict_from_counts`), plus the method's
     own cost where the schedule measured it. Without the curve, the schedule's own prediction only."""
-    baseline, pruned = schedule.predicted.get("baseline_ms"), schedule.predicted.get("pruned_ms")
+    baseline, pruned = schedule.predicted.baseline_ms, schedule.predicted.pruned_ms
     curve = None
     if schedule.curve and isinstance(source, (str, Path)):
         try:
@@ -241,7 +241,7 @@ def predictor(schedule: Schedule, source: object, geometry) -> Predictor | None:
         own = (schedule.method, schedule.removal)
         return lambda method, removal: 1.0 if not removal else (
             pruned / baseline if (method, dict(removal)) == own else None)
-    costs = (schedule.verified or {}).get("method_cost_ms") or {}
+    costs = (schedule.verified.method_cost_ms if schedule.verified is not None else None) or {}
     cost = cost_function({int(r): float(c) for r, c in costs.items()})
     n, prefix, depth = geometry.num_tokens, geometry.prefix_tokens, geometry.depth
     unpruned = predict_from_counts(curve, [n] * depth)

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from pomt.deploy.apply import apply_schedule
 from pomt.formats.schedule import Schedule
+from pomt.formats.schedule_parts import VerificationRecord
 from pomt.formats.trace import Visit
 from pomt.measurement.sources import ForwardAt, Session
 from pomt.measurement.stats import Drift, drift, drift_profile, paired_effect
@@ -163,24 +164,24 @@ class Verification:
     reps: int
     drift: Drift | None
 
-    def record(self, fingerprint_hash: str) -> dict:
-        """The schedule's `verified` object."""
+    def record(self, fingerprint_hash: str) -> VerificationRecord:
+        """What the schedule's `verified` object says of this verification."""
         chosen = self.chosen
         predicted = chosen.predicted_ms if chosen else None
-        return {
-            "unpruned_ms": round(self.unpruned_ms, 4),
-            "pruned_ms": round(chosen.pruned_ms, 4) if chosen else round(self.unpruned_ms, 4),
-            "speedup": round(chosen.speedup, 4) if chosen else 1.0,
-            "speedup_ci": [round(v, 4) for v in chosen.speedup_ci] if chosen else [1.0, 1.0],
-            "predicted_ms": None if predicted is None else round(predicted, 4),
-            "prediction_error": None if predicted is None else round(chosen.pruned_ms / predicted - 1.0, 4),
-            "candidates": [c.to_dict() for c in self.candidates],
-            "samples": self.rounds * self.reps,
-            "rounds": self.rounds,
-            "reason": self.reason,
-            "drift": None if self.drift is None else self.drift.to_dict(),
-            "device_fingerprint_hash": fingerprint_hash,
-        }
+        return VerificationRecord(
+            unpruned_ms=round(self.unpruned_ms, 4),
+            pruned_ms=round(chosen.pruned_ms, 4) if chosen else round(self.unpruned_ms, 4),
+            speedup=round(chosen.speedup, 4) if chosen else 1.0,
+            speedup_ci=(round(chosen.speedup_ci[0], 4), round(chosen.speedup_ci[1], 4)) if chosen else (1.0, 1.0),
+            predicted_ms=None if predicted is None else round(predicted, 4),
+            prediction_error=None if predicted is None else round(chosen.pruned_ms / predicted - 1.0, 4),
+            candidates=tuple(c.to_dict() for c in self.candidates),
+            samples=self.rounds * self.reps,
+            rounds=self.rounds,
+            reason=self.reason,
+            drift=None if self.drift is None else self.drift.to_dict(),
+            device_fingerprint_hash=fingerprint_hash,
+        )
 
 
 def verify(

@@ -40,7 +40,7 @@ def device_command(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Print the device fingerprint and clock state that measurements record."""
-    info = device_fingerprint(resolve_device(device), threads)
+    info = device_fingerprint(resolve_device(device), threads).to_dict()
     if as_json:
         typer.echo(json.dumps(info, indent=2, default=str))
         return

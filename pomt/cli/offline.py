@@ -25,9 +25,9 @@ def print_report(result: OfflineResult) -> None:
     device = result.device
     echo(f"model      {g.model}  {g.input_size[0]}x{g.input_size[1]} px  batch {result.batch_size}  "
          f"N={g.num_tokens} (prefix {g.prefix_tokens})  depth {g.depth}")
-    where = f"replay of {device['replayed_from']}, measured on " if device.get("replayed_from") else ""
-    echo(f"device     {where}{device.get('name')}  threads {device.get('threads')}  "
-         f"clocks_locked={device.get('clocks_locked')}  backend {(device.get('backend') or {}).get('name', 'eager')}")
+    where = f"replay of {device.replayed_from}, measured on " if device.replayed_from else ""
+    echo(f"device     {where}{device.name}  threads {device.threads}  clocks_locked={device.clocks_locked}  "
+         f"backend {(device.backend or {}).get('name', 'eager')}")
     search = result.search
     if search is not None:
         echo(f"latency    {search.visits} visits of {search.reps} forwards ({search.measured} measured now, "
@@ -79,7 +79,8 @@ def print_report(result: OfflineResult) -> None:
              f"(policy {d.policy}: {d.reason})")
         echo(f"predicted  {d.baseline_ms:.3f} ms -> {d.predicted_ms:.3f} ms  (gain {100 * d.gain:.1f}%"
              + (f", accuracy {d.accuracy:.3f})" if d.accuracy is not None else ")"))
-    warning = (result.schedule.measurement or {}).get("warning") if result.schedule else None
+    measurement = result.schedule.measurement if result.schedule else None
+    warning = measurement.warning if measurement else None
     if warning:
         echo(f"warning    {warning}")
     for note in result.notes:

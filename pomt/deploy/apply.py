@@ -47,9 +47,9 @@ def _check_verified(schedule: Schedule, model: nn.Module, strict: bool) -> None:
     else:
         device = next((p.device for p in model.parameters()), None)
         here = fingerprint_hash(device_fingerprint(str(device) if device is not None else "cpu"))
-        if here == verified.get("device_fingerprint_hash"):
+        if here == verified.device_fingerprint_hash:
             return
-        message = (f"schedule was verified on another device (fingerprint {verified.get('device_fingerprint_hash')}, "
+        message = (f"schedule was verified on another device (fingerprint {verified.device_fingerprint_hash}, "
                    f"this one is {here}): its measured speedup may not hold here")
     if strict:
         raise ScheduleError(message + " (strict)")
@@ -72,7 +72,7 @@ def apply_schedule(
     """
     schedule = load_schedule(schedule)
     schedule.check_geometry(model_geometry(model))
-    kind, wanted = _device_kind(model), schedule.device.get("kind")
+    kind, wanted = _device_kind(model), schedule.device.kind
     if wanted and kind and wanted != kind:
         _mismatch(f"schedule was made on {wanted}, the model is on {kind}", strict)
     dtype = _dtype_name(model)

@@ -131,7 +131,8 @@ def export_schedule(
         "prune": [{"block": step.block, "remove": step.remove} for step in schedule.prune],
         "kept_tokens": schedule.kept_tokens,
         "verified": None if schedule.verified is None else {
-            key: schedule.verified.get(key) for key in ("speedup", "speedup_ci", "device_fingerprint_hash")
+            "speedup": schedule.verified.speedup, "speedup_ci": list(schedule.verified.speedup_ci),
+            "device_fingerprint_hash": schedule.verified.device_fingerprint_hash,
         },
         "input_shape": list(example.shape),
         "dtype": schedule.dtype,

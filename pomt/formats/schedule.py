@@ -1,4 +1,6 @@
-"""The versioned schedule JSON: one loader that validates, one writer that writes atomically."""
+"""The versioned schedule JSON: one loader that validates, one writer that writes atomically. Its policy,
+prediction, measurement and verification objects are typed in `pomt.formats.schedule_parts`, the device in
+`pomt.device.fingerprint.Fingerprint`."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pomt.checks import check_method, check_prune_block
+from pomt.device.fingerprint import Fingerprint
 from pomt.errors import PatchError, ScheduleError
+from pomt.formats.schedule_parts import MeasurementRecord, Prediction, SchedulePolicy, Verified
 from pomt.io import atomic_write_json
 from pomt.models.geometry import Geometry
 from pomt.runtimes import BACKENDS, DTYPES
@@ -42,16 +46,16 @@ class Schedule:
     depth: int
     method: str
     prune: tuple[BlockRemoval, ...]
-    policy: dict = field(default_factory=dict)
-    predicted: dict = field(default_factory=dict)
+    policy: SchedulePolicy = field(default_factory=SchedulePolicy)
+    predicted: Prediction = field(default_factory=Prediction)
     steps: list = field(default_factory=list)
-    device: dict = field(default_factory=dict)
+    device: Fingerprint = field(default_factory=Fingerprint)
     curve: str | None = None
     created: str = ""
     dtype: str = "float32"
     backend: dict | None = None
-    measurement: dict | None = None  # how the curve was measured: passes, visits, drift, steps judged
-    verified: dict | None = None  # the patched model measured against the unpruned one (pomt.choice.verify)
+    measurement: MeasurementRecord | None = None  # how the curve was measured: passes, visits, drift, steps judged
+    verified: Verified | None = None  # the patched model measured against the unpruned one (pomt.choice.verify)
 
     @property
     def backend_name(self) -> str:
@@ -81,15 +85,15 @@ class Schedule:
             "method": self.method,
             "prune": [asdict(item) for item in self.prune],
             "kept_tokens": self.kept_tokens,
-            "policy": self.policy,
-            "predicted": self.predicted,
+            "policy": self.policy.to_dict(),
+            "predicted": self.predicted.to_dict(),
             "steps": self.steps,
-            "device": self.device,
+            "device": self.device.to_dict(),
             "curve": self.curve,
             "created": self.created or utc_now(),
             **({"backend": self.backend} if self.backend is not None else {}),
-            **({"measurement": self.measurement} if self.measurement is not None else {}),
-            **({"verified": self.verified} if self.verified is not None else {}),
+            **({"measurement": self.measurement.to_dict()} if self.measurement is not None else {}),
+            **({"verified": self.verified.to_dict()} if self.verified is not None else {}),
         }
 
     def check_geometry(self, geometry: Geometry) -> None:
@@ -171,8 +175,7 @@ def schedule_from_dict(data: Mapping) -> Schedule:
     kept = _int(data, "kept_tokens", 1)
     if kept != num_tokens - removed:
         raise ScheduleError(f"schedule kept_tokens {kept} != num_tokens {num_tokens} - removed {removed}")
-    for key in ("policy", "predicted", "device"):
-        _mapping(data, key)
+    policy, predicted, device = (_mapping(data, key) for key in ("policy", "predicted", "device"))
     if not isinstance(data["steps"], list):
         raise ScheduleError("schedule field 'steps' must be a list")
     return Schedule(
@@ -184,16 +187,16 @@ def schedule_from_dict(data: Mapping) -> Schedule:
         depth=depth,
         method=data["method"],
         prune=tuple(prune),
-        policy=dict(data["policy"]),
-        predicted=dict(data["predicted"]),
+        policy=SchedulePolicy.from_dict(policy),
+        predicted=Prediction.from_dict(predicted),
         steps=list(data["steps"]),
-        device=dict(data["device"]),
+        device=Fingerprint.from_dict(device),
         curve=data["curve"],
         created=str(data["created"]),
         dtype=_dtype(data),
         backend=_backend(data),
-        measurement=_optional_mapping(data, "measurement"),
-        verified=_verified(data),
+        measurement=_measurement(data),
+        verified=None if data.get("verified") is None else Verified.from_dict(data["verified"]),
     )
 
 
@@ -218,27 +221,9 @@ def _backend(data: Mapping) -> dict | None:
     return dict(value)
 
 
-def _optional_mapping(data: Mapping, key: str) -> dict | None:
-    return None if data.get(key) is None else dict(_mapping(data, key))
-
-
-VERIFIED_NUMBERS = ("unpruned_ms", "pruned_ms", "speedup")
-
-
-def _verified(data: Mapping) -> dict | None:
-    """The optional `verified` object: what the patched model measured (absent: never measured)."""
-    value = _optional_mapping(data, "verified")
-    if value is None:
-        return None
-    for key in VERIFIED_NUMBERS:
-        if isinstance(value.get(key), bool) or not isinstance(value.get(key), (int, float)) or value[key] <= 0:
-            raise ScheduleError(f"schedule field 'verified.{key}' must be a positive number, got {value.get(key)!r}")
-    interval = value.get("speedup_ci")
-    if not (isinstance(interval, list) and len(interval) == 2 and all(isinstance(v, (int, float)) for v in interval)):
-        raise ScheduleError(f"schedule field 'verified.speedup_ci' must be [low, high], got {interval!r}")
-    if not isinstance(value.get("candidates"), list) or not isinstance(value.get("device_fingerprint_hash"), str):
-        raise ScheduleError("schedule field 'verified' needs a 'candidates' list and a 'device_fingerprint_hash'")
-    return value
+def _measurement(data: Mapping) -> MeasurementRecord | None:
+    """The optional `measurement` object (absent in schedules of an older pomt)."""
+    return None if data.get("measurement") is None else MeasurementRecord.from_dict(_mapping(data, "measurement"))
 
 
 def load_schedule(source: str | Path | Mapping | Schedule) -> Schedule:

@@ -82,7 +82,7 @@ def record(workload: Workload, settings: RecordSettings) -> Recording:
                         drift=None if seen is None else seen.to_dict())
     steps = steps_in_trace(visits, min_step=settings.min_step)
     stem = f"{prepared.setup.stem}.record"
-    title = (f"{prepared.geometry.model} on {prepared.setup.fingerprint.get('name')}, batch {prepared.setup.batch_size}"
+    title = (f"{prepared.geometry.model} on {prepared.setup.fingerprint.name}, batch {prepared.setup.batch_size}"
              f": {settings.passes} shuffled passes")
     plot = plot_offline(Path(workload.output_dir) / f"{stem}.png", title, pool_visits(visits, n),
                         corrected_values(visits), steps, [], None, drift=seen)

@@ -92,8 +92,7 @@ def prepare(
     geometry = model_geometry(model)
     generator = torch.Generator().manual_seed(workload.seed)
     x = torch.randn(setup.batch_size, 3, *geometry.input_size, generator=generator).to(setup.device, dtype)
-    fingerprint = {**setup.fingerprint, "backend": backend_info(backend), "dtype": workload.dtype}
-    setup = replace(setup, fingerprint=fingerprint)
+    setup = replace(setup, fingerprint=replace(setup.fingerprint, backend=backend_info(backend), dtype=workload.dtype))
     return Prepared(setup, geometry, workload_grid(workload, geometry), model, x)
 
 
@@ -103,16 +102,16 @@ def trace_meta(prepared: Prepared, workload: Workload, what: str) -> dict:
     return {
         "format": "pomt.trace", "version": 1, "model": geometry.model, "batch_size": setup.batch_size,
         "input_size": list(geometry.input_size), "num_tokens": geometry.num_tokens,
-        "prefix_tokens": geometry.prefix_tokens, "depth": geometry.depth, "threads": setup.fingerprint.get("threads"),
+        "prefix_tokens": geometry.prefix_tokens, "depth": geometry.depth, "threads": setup.fingerprint.threads,
         "dtype": workload.dtype, "backend": workload.backend, "order": "shuffled per pass", "measured": what,
-        "device": setup.fingerprint, "date": utc_now(),
+        "device": setup.fingerprint.to_dict(), "date": utc_now(),
     }
 
 
 def open_journal(workload: Workload, prepared: Prepared, name: str, what: str, settings: dict) -> TraceWriter:
     """`<output>/<stem>.<name>.csv`: continued when `resume` and its settings match, else started afresh."""
     keys = {"grid": prepared.grid, "seed": workload.seed, "dtype": workload.dtype, "backend": workload.backend,
-            "threads": prepared.setup.fingerprint.get("threads"), "device": prepared.setup.fingerprint.get("name"),
+            "threads": prepared.setup.fingerprint.threads, "device": prepared.setup.fingerprint.name,
             **settings}
     path = Path(workload.output_dir) / f"{prepared.setup.stem}.{name}.csv"
     return TraceWriter(path, trace_meta(prepared, workload, what), keys, resume=workload.resume)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from pomt.checks import check_batch_size
-from pomt.device import device_fingerprint, resolve_device
+from pomt.device import Fingerprint, device_fingerprint, resolve_device
 from pomt.device import require_locked_clocks as refuse_unlocked_clocks
 from pomt.models.registry import architecture, default_input_size, normalise_input_size, resolve_model_name
 
@@ -21,7 +21,7 @@ class RunSetup:
 
     model: str  # timm name, pretrained tag kept
     device: str  # cpu, cuda, cuda:N or mps
-    fingerprint: dict
+    fingerprint: Fingerprint
     batch_size: int
     input_size: tuple[int, int]
 

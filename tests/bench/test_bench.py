@@ -17,8 +17,10 @@ from pomt.bench.run import BenchConfig
 from pomt.bench.variants import flops_function, plan_reductions, tome_removal
 from pomt.checks import METHODS
 from pomt.cli import main
+from pomt.device import Fingerprint
 from pomt.errors import PatchError
 from pomt.formats.schedule import BlockRemoval, Schedule, save_schedule
+from pomt.formats.schedule_parts import Prediction
 from pomt.models.geometry import model_geometry
 from pomt.models.registry import create_model
 from pomt.patching import patch, token_counts
@@ -53,8 +55,8 @@ def write_schedule(
         depth=DEPTH,
         method="pomt",
         prune=tuple(BlockRemoval(b, r) for b, r in removal.items()),
-        predicted=predicted or {"baseline_ms": 5.0, "pruned_ms": 4.0},
-        device={"kind": "cpu"},
+        predicted=Prediction.from_dict(predicted or {"baseline_ms": 5.0, "pruned_ms": 4.0}),
+        device=Fingerprint(kind="cpu"),
     )
     return save_schedule(schedule, path)
 

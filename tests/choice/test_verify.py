@@ -34,10 +34,10 @@ def test_the_fewest_removed_within_a_step_of_the_fastest_ships():
     assert found.chosen.speedup_ci[0] > 1.0
     assert found.chosen.predicted_ms == pytest.approx(0.9 * found.unpruned_ms)
     record = found.record("abc")
-    assert record["speedup"] == pytest.approx(found.chosen.speedup, abs=1e-4)
-    assert record["prediction_error"] == pytest.approx(found.chosen.pruned_ms / (0.9 * found.unpruned_ms) - 1, abs=1e-3)
-    assert [c["remove"] for c in record["candidates"]] == [20, 26]
-    assert record["device_fingerprint_hash"] == "abc" and record["samples"] == 10 * 3
+    assert record.speedup == pytest.approx(found.chosen.speedup, abs=1e-4)
+    assert record.prediction_error == pytest.approx(found.chosen.pruned_ms / (0.9 * found.unpruned_ms) - 1, abs=1e-3)
+    assert [c["remove"] for c in record.candidates] == [20, 26]
+    assert record.device_fingerprint_hash == "abc" and record.samples == 10 * 3
 
 
 def test_a_removal_that_costs_more_than_it_saves_is_never_shipped():
@@ -45,7 +45,7 @@ def test_a_removal_that_costs_more_than_it_saves_is_never_shipped():
     assert found.chosen is None
     assert "no candidate is measurably faster" in found.reason
     record = found.record("abc")
-    assert record["speedup"] == 1.0 and record["pruned_ms"] == record["unpruned_ms"]
+    assert record.speedup == 1.0 and record.pruned_ms == record.unpruned_ms
     slower = next(c for c in found.candidates if c.remove == 10)
     assert slower.speedup < 1 and not slower.qualifies
 

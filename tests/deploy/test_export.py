@@ -18,6 +18,7 @@ import torch
 
 from pomt.deploy.apply import UnverifiedScheduleWarning, apply_schedule
 from pomt.deploy.export import default_output, export_schedule
+from pomt.device import Fingerprint
 from pomt.errors import ExportError
 from pomt.formats.schedule import BlockRemoval, Schedule, save_schedule
 from pomt.models.geometry import model_geometry
@@ -51,7 +52,7 @@ def _schedule(folder, method: str, batch: int = 1, remove: int = 56):
     schedule = Schedule(
         model=geometry.model, input_size=geometry.input_size, batch_size=batch, num_tokens=geometry.num_tokens,
         prefix_tokens=geometry.prefix_tokens, depth=geometry.depth, method=method, prune=prune,
-        device={"kind": "cpu"},
+        device=Fingerprint(kind="cpu"),
     )
     return save_schedule(schedule, folder / f"{MODEL}_{method}_bs{batch}.schedule.json")
 

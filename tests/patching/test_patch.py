@@ -13,8 +13,10 @@ import timm
 import torch
 
 from pomt.deploy.apply import UnverifiedScheduleWarning, apply_schedule
+from pomt.device import Fingerprint
 from pomt.errors import PatchError, ScheduleError
 from pomt.formats.schedule import BlockRemoval, Schedule
+from pomt.formats.schedule_parts import Verified
 from pomt.models.geometry import model_geometry, transformer_blocks
 from pomt.patching import METHODS, attention, patch, patch_state, token_counts, unpatch
 from pomt.patching.attention import call_layer
@@ -313,8 +315,8 @@ def _schedule(batch: int = 1, kind: str = "cpu", verified: dict | None = None, *
     """A deit_small schedule removing 56 tokens at block 3, verified on this machine unless told."""
     return Schedule(
         model="deit_small_patch16_224", input_size=(224, 224), batch_size=batch, num_tokens=197,
-        prefix_tokens=1, depth=12, method="pomt", prune=(BlockRemoval(3, 56),), device={"kind": kind},
-        verified=verified_record() if verified is None else verified, **extra,
+        prefix_tokens=1, depth=12, method="pomt", prune=(BlockRemoval(3, 56),), device=Fingerprint(kind=kind),
+        verified=Verified.from_dict(verified_record() if verified is None else verified), **extra,
     ).to_dict()
 
 

@@ -1,6 +1,6 @@
 """Replaying every trace of the bank gives the schedule JSON and curve CSV it gave before pomt's layout change
-(`tests/data/golden`, written by 6e122db): a refactoring must not change an answer. Timestamps aside, and
-paths compared by file name."""
+(`tests/data/golden`, written by 6e122db): a refactoring must not change an answer, nor the order of its keys.
+Timestamps aside, and paths compared by file name."""
 
 from __future__ import annotations
 
@@ -44,5 +44,6 @@ def test_a_replay_gives_the_answer_it_gave_before_the_layout_change(trace, tmp_p
     written = next(tmp_path.glob("*.schedule.json"))
     expected = json.loads((GOLDEN / f"{trace}.schedule.json").read_text())
     assert comparable(json.loads(written.read_text())) == comparable(expected)
+    assert json.dumps(comparable(json.loads(written.read_text()))) == json.dumps(comparable(expected))  # key order
     curve = next(tmp_path.glob("*.curve.csv"))
     assert curve.read_text() == (GOLDEN / f"{trace}.curve.csv").read_text()

@@ -25,7 +25,7 @@ def test_prepare_builds_the_model_and_input_of_the_run_it_is_given():
     assert prepared.x.shape == (2, 3, 64, 64) and prepared.x.dtype == torch.bfloat16
     assert next(prepared.model.parameters()).dtype == torch.bfloat16
     fingerprint = prepared.setup.fingerprint
-    assert fingerprint["dtype"] == "bfloat16" and fingerprint["backend"]["name"] == "eager"
+    assert fingerprint.dtype == "bfloat16" and fingerprint.backend["name"] == "eager"
     assert prepared.grid == list(range(prepared.geometry.min_tokens, prepared.geometry.num_tokens + 1))
     again = prepare(workload, run=run)
     assert torch.equal(again.x, prepared.x)  # the input is seeded

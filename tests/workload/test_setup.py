@@ -21,7 +21,7 @@ def test_prepare_run_resolves_before_any_model_is_built():
     setup = prepare_run("dinov2_small", "cpu", threads=1, batch_size=2)
     assert (setup.model, setup.device, setup.batch_size) == ("vit_small_patch14_dinov2", "cpu", 2)
     assert setup.input_size == (518, 518)  # the pretrained config's size, read without building the model
-    assert setup.fingerprint["threads"] == 1 and setup.stem == "vit_small_patch14_dinov2_cpu_bs2_is518"
+    assert setup.fingerprint.threads == 1 and setup.stem == "vit_small_patch14_dinov2_cpu_bs2_is518"
     assert setup.at(8, 224).stem == "vit_small_patch14_dinov2_cpu_bs8_is224"
     with pytest.raises(BatchSizeError):
         setup.at(0, 224)
@@ -43,7 +43,7 @@ def test_prepare_run_rejects_bad_settings(kwargs, error):
 
 @pytest.mark.parametrize("script", ["offline_computation.py", "benchmark.py"])
 def test_both_entry_points_refuse_unlocked_clocks(script, tmp_path):
-    if device_fingerprint("cpu")["clocks_locked"] is True:
+    if device_fingerprint("cpu").clocks_locked is True:
         pytest.skip("this machine's CPU clocks are locked")
     result = run_script(script, "--model", "deit_tiny", "--device", "cpu", "--require-locked-clocks",
                         "--output-dir", str(tmp_path))

@@ -1,0 +1,121 @@
+"""What the offline computation is asked to do besides measuring (`OfflineConfig`, whose fields are its CLI
+options), the checks of it, and the limits it sets on a schedule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pomt.checks import METHODS, check_method, check_prune_block
+from pomt.choice.policy import POLICIES
+from pomt.errors import DatasetError, GridError, PolicyError
+from pomt.measurement.search import SearchSettings
+from pomt.models.geometry import Geometry
+from pomt.options import option
+from pomt.workload.prepare import Workload
+
+SEARCHES = ("adaptive", "full")
+BLIND_SHARE = 0.25  # of the patch tokens: the most a schedule removes by default when accuracy is unknown
+
+
+@dataclass(frozen=True)
+class OfflineConfig:
+    """What the offline computation does with a workload (`pomt.workload.prepare.Workload`) besides measuring it
+    (`SearchSettings`); each field is also the CLI option of its name (`pomt.options`)."""
+
+    search: str = option("adaptive", "Coarse grid refined at candidate steps (adaptive), or every count.",
+                         choices=SEARCHES)
+    replay: Path | None = option(None, "Analyse a recorded trace (CSV with its JSON sidecar) instead of measuring; "
+                                       "model, batch and input size are the trace's.")
+    dataset_root: Path | None = option(
+        None, "ImageFolder for accuracy (top-1), or a folder of images (agreement with the unpruned model)."
+    )
+    checkpoint: Path | None = option(None, "Local checkpoint (state dict or timm file).")
+    pretrained: bool | None = option(
+        None, "Pretrained weights (default: only when accuracy is measured and no checkpoint is given).",
+        negatable=True,
+    )
+    accuracy_samples: int = option(500, "Images in the seeded accuracy sample.")
+    accuracy_points: int = option(12, "Token counts at which A(n) is measured.")
+    accuracy_batch_size: int = option(32, "Images per forward while measuring accuracy.", min=1)
+    alpha: float = option(0.5, "Utility weight of latency against accuracy.")
+    policy: str | None = option(
+        None, "Default: budget with a budget, utility with accuracy, else step.", choices=POLICIES
+    )
+    latency_budget_ms: float | None = option(None, "Latency the schedule must meet.")
+    min_accuracy: float | None = option(None, "Lowest acceptable A(n), in [0, 1].")
+    max_remove: int | None = option(None, "Most tokens the schedule may remove (default: all but one with an "
+                                          "accuracy estimate; a quarter of the patch tokens without one, since "
+                                          "pruning more would be a guess about accuracy, not latency).")
+    min_gain: float = option(0.03, "Least speedup (fraction) worth pruning for, predicted and measured.")
+    prune_block: int = option(3, "Block (0-based) where tokens are removed.")
+    method: str = option("pomt", "Reducer the schedule is applied with.", choices=METHODS)
+    verify: bool = option(True, "Measure the patched model against the unpruned one before shipping.",
+                          negatable=True)
+    verify_rounds: int = option(10, "Rounds of the verification (every candidate once per round).", min=3)
+    verify_candidates: int = option(2, "Best-ranked removals verified (plus the other side of a targeted step).",
+                                    min=1)
+    verify_fresh: bool = option(True, "Measure the confirmed steps within reach, and the removals that qualified, "
+                                      "once more in a fresh process (a step near N can sit elsewhere there); "
+                                      "keep only what holds in both.",
+                                negatable=True)
+    latency_only: bool = option(False, "Measure latency only (no accuracy).")
+    accuracy_only: bool = option(False, "Estimate accuracy only; write its CSV.")
+    accuracy_curve: Path | None = option(None, "Accuracy CSV from an --accuracy-only run.")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a run is asked: the workload measured, the offline configuration, the search's settings."""
+
+    workload: Workload
+    config: OfflineConfig
+    settings: SearchSettings
+
+
+def validate(config: OfflineConfig, settings: SearchSettings) -> None:
+    """Reject bad settings before anything is resolved or built (`check_pruning` checks the rest)."""
+    check_method(config.method)
+    settings.check()
+    if config.search not in SEARCHES:
+        raise GridError(f"unknown search {config.search!r}; choose one of {', '.join(SEARCHES)}")
+    if config.latency_only and config.accuracy_only:
+        raise PolicyError("--latency-only and --accuracy-only exclude each other")
+    if config.replay is not None and config.accuracy_only:
+        raise PolicyError("--replay analyses latency; --accuracy-only measures none")
+    if config.policy is not None and config.policy not in POLICIES:
+        raise PolicyError(f"unknown policy {config.policy!r}; choose one of {', '.join(POLICIES)}")
+    if config.policy == "budget" and config.latency_budget_ms is None:
+        raise PolicyError("the budget policy needs --latency-budget-ms")
+    if not 0.0 <= config.alpha <= 1.0:
+        raise PolicyError(f"--alpha must lie in [0, 1], got {config.alpha}")
+    if config.accuracy_samples < 1:
+        raise PolicyError(f"--accuracy-samples must be at least 1, got {config.accuracy_samples}")
+    if config.dataset_root is not None and not Path(config.dataset_root).is_dir():
+        raise DatasetError(f"dataset folder not found: {config.dataset_root}")
+
+
+def check_pruning(config: OfflineConfig, geometry: Geometry) -> None:
+    """The pruning block and the removal limit, against the model."""
+    check_prune_block(config.prune_block, geometry.depth, "--prune-block")
+    if config.max_remove is not None and not 0 <= config.max_remove <= geometry.patch_tokens - 1:
+        raise GridError(f"--max-remove {config.max_remove} is outside [0, {geometry.patch_tokens - 1}]")
+
+
+def max_remove(config: OfflineConfig, geometry: Geometry, accuracy_known: bool) -> int:
+    """The most tokens a schedule may remove: the setting, else all but one patch token when accuracy is
+    known, else a quarter of the patch tokens (`BLIND_SHARE`)."""
+    if config.max_remove is not None:
+        return config.max_remove
+    return geometry.patch_tokens - 1 if accuracy_known else int(BLIND_SHARE * geometry.patch_tokens)
+
+
+def needs_accuracy_model(config: OfflineConfig) -> bool:
+    """Whether this run measures A(n) itself (a dataset, latency wanted too, no accuracy curve given)."""
+    return config.dataset_root is not None and not config.latency_only and config.accuracy_curve is None
+
+
+def policy_name(config: OfflineConfig, accuracy_known: bool) -> str:
+    """The policy asked for, else budget with a budget, utility with accuracy, step without."""
+    return config.policy or ("budget" if config.latency_budget_ms is not None else
+                             "utility" if accuracy_known else "step")

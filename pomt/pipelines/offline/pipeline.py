@@ -1,0 +1,96 @@
+"""`run_offline`: the offline computation's stages strung together, and what a run found and wrote."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pomt.choice.accuracy import AccuracyCurve
+from pomt.choice.policy import Decision
+from pomt.choice.verify import Verification
+from pomt.device.fingerprint import Fingerprint
+from pomt.errors import PolicyError
+from pomt.formats.schedule import Schedule
+from pomt.measurement.search import SearchResult, SearchSettings
+from pomt.models.geometry import Geometry
+from pomt.pipelines.offline.accuracy import estimate_accuracy, given_accuracy
+from pomt.pipelines.offline.config import (
+    OfflineConfig,
+    Request,
+    max_remove,
+    needs_accuracy_model,
+    policy_name,
+    validate,
+)
+from pomt.pipelines.offline.fresh_steps import check_steps_in_fresh_process
+from pomt.pipelines.offline.latency import measure_latency
+from pomt.pipelines.offline.outputs import write_outputs
+from pomt.pipelines.offline.prepare import Run, prepare_run
+from pomt.pipelines.offline.ranking import policy_setting, rank
+from pomt.pipelines.offline.records import Findings, final_schedule
+from pomt.pipelines.offline.verdict import decide, here_only_note
+from pomt.workload.prepare import Workload
+
+
+@dataclass(frozen=True)
+class OfflineResult:
+    """What a run found and wrote."""
+
+    geometry: Geometry
+    device: Fingerprint
+    batch_size: int  # the run's: a replay's is its trace's, whatever --batch-size says
+    search: SearchResult | None = None
+    accuracy: AccuracyCurve | None = None
+    decision: Decision | None = None
+    verification: Verification | None = None
+    fresh_verification: Verification | None = None  # the same candidates measured in a new process
+    fresh_steps: list[dict] = field(default_factory=list)  # the steps within reach, checked in a new process
+    method_cost: dict[int, float] = field(default_factory=dict)
+    schedule: Schedule | None = None
+    paths: dict[str, Path] = field(default_factory=dict)
+    measure_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def run_offline(workload: Workload, config: OfflineConfig | None = None,
+                settings: SearchSettings | None = None) -> OfflineResult:
+    """Run every stage the configuration asks for and write the outputs (see `pomt.pipelines.offline`)."""
+    request = Request(workload, config or OfflineConfig(), settings or SearchSettings())
+    config, settings = request.config, request.settings
+    validate(config, settings)
+    run = prepare_run(workload, config, settings)
+    accuracy = given_accuracy(config, run)
+    if config.accuracy_only:
+        return accuracy_only(workload, config, run)
+    known = accuracy is not None or needs_accuracy_model(config)
+    reach = run.geometry.num_tokens - max_remove(config, run.geometry, known)
+    latency = measure_latency(request, run, reach)
+    if run.replay is None and config.verify_fresh and policy_name(config, known) == "step":
+        latency = check_steps_in_fresh_process(workload, settings, latency, reach)
+    paths = {} if latency.trace is None else {"trace": latency.trace}
+    if needs_accuracy_model(config):
+        accuracy, paths["accuracy"] = estimate_accuracy(workload, config, run, latency.search.steps)
+    ranking = rank(config, policy_setting(config, run.geometry, latency.search, accuracy), latency.search)
+    verdict = decide(request, run, ranking)
+    findings = Findings(latency, accuracy, ranking, verdict)
+    if verdict.journal is not None:
+        paths["verify"] = verdict.journal
+    schedule = final_schedule(run, config, settings, findings)
+    paths |= write_outputs(Path(workload.output_dir), run, config, findings, schedule)
+    note = here_only_note(run.setup.fingerprint, latency, verdict)
+    return OfflineResult(
+        geometry=run.geometry, device=run.setup.fingerprint, batch_size=run.setup.batch_size, search=latency.search,
+        accuracy=accuracy, decision=verdict.decision, verification=verdict.verification,
+        fresh_verification=verdict.fresh_verification, fresh_steps=list(latency.fresh_steps),
+        method_cost=dict(verdict.method_cost), schedule=schedule, paths=paths, measure_seconds=latency.seconds,
+        notes=[*verdict.notes, *([note] if note else [])],
+    )
+
+
+def accuracy_only(workload: Workload, config: OfflineConfig, run: Run) -> OfflineResult:
+    """`--accuracy-only`: A(n) on the dataset folder, written to its CSV; nothing measured."""
+    if config.dataset_root is None:
+        raise PolicyError("--accuracy-only needs --dataset-root")
+    accuracy, path = estimate_accuracy(workload, config, run)
+    return OfflineResult(geometry=run.geometry, device=run.setup.fingerprint, batch_size=run.setup.batch_size,
+                         accuracy=accuracy, paths={"accuracy": path})

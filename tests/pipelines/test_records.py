@@ -1,0 +1,69 @@
+"""The records a schedule carries: how its curve was measured, what the patched model measured."""
+
+from pathlib import Path
+
+from pomt.choice.verify import CandidateResult, Verification
+from pomt.device import fingerprint_hash
+from pomt.formats.schedule import load_schedule
+from pomt.measurement.search import SearchSettings
+from pomt.measurement.stats import Drift
+from pomt.pipelines.offline.config import OfflineConfig
+from pomt.pipelines.offline.latency import Latency
+from pomt.pipelines.offline.ranking import policy_setting, rank
+from pomt.pipelines.offline.records import Findings, final_schedule, measurement_record, verified_record
+from pomt.pipelines.offline.verdict import Verdict
+
+from offline_data import GEOMETRY, LIVE, N, make_run, search_result
+
+CONFIG, SETTINGS = OfflineConfig(), SearchSettings()
+RANKING = rank(CONFIG, policy_setting(CONFIG, GEOMETRY, search_result(), None), search_result())
+FRESH = ({"low": 150, "high": 151, "held": True, "paired_pct": 20.0},)
+CHOSEN = CandidateResult(47, 8.123456, 1.2345678, (1.2, 1.27), 1e-5, True, 8.5)
+HERE = Verification(10.0, (CHOSEN,), CHOSEN, "measured 1.235x", 10, 3, None)
+
+
+def test_the_measurement_record_says_how_the_curve_was_measured():
+    latency = Latency(search_result(), 12.0, Path("x.trace.csv"), FRESH)
+    record = measurement_record(make_run(), CONFIG, SETTINGS, latency, RANKING.ranked[0])
+    assert record.design.startswith("shuffled passes") and record.search == "adaptive"
+    assert (record.passes, record.coarse_passes, record.align) == (SETTINGS.passes, SETTINGS.coarse_passes,
+                                                                   SETTINGS.align)
+    assert (record.reps, record.visits, record.full_grid_visits, record.budget_visits) == (3, 120, 232, 400)
+    assert record.evaluation_ratio == round(120 / 232, 4) and record.noise_pct == 1.235 and record.confirmed == 1
+    assert record.rejected == [{"low": 180, "high": 181, "reason": "none at 181 -> 180"}]
+    assert record.screened_edges == [[175, 176]] and record.fresh_process_steps == list(FRESH)
+    assert record.drift is None and record.warning is None
+    assert record.replay is None and record.trace == "deit_small_patch16_224_cpu_bs4_is224.trace.csv"
+
+
+def test_a_full_search_on_a_replay_records_no_coarse_passes_and_the_trace_it_read():
+    drifting = search_result(drift=Drift(N, 1.3, (10.0, 13.0)))
+    record = measurement_record(make_run(Path("t.csv")), OfflineConfig(search="full"), SETTINGS,
+                                Latency(drifting, 1.0), RANKING.ranked[0])
+    assert (record.coarse_passes, record.align, record.fresh_process_steps) == (None, None, None)
+    assert record.replay == "t.csv" and record.trace is None
+    assert record.drift["drift_pct"] == 30.0 and "drifted 30.0%" in record.warning
+
+
+def test_the_verified_record_joins_both_processes_and_the_method_cost():
+    assert verified_record(LIVE, Verdict(RANKING.ranked[0])) is None
+    fresh = Verification(10.1, (CHOSEN,), CHOSEN, "fresh", 10, 3, None)
+    verdict = Verdict(RANKING.ranked[0], HERE, fresh, {47: 0.123456, 46: -0.02})
+    record = verified_record(LIVE, verdict)
+    assert record.device_fingerprint_hash == fingerprint_hash(LIVE) == record.fresh_process.device_fingerprint_hash
+    assert (record.speedup, record.speedup_ci, record.pruned_ms) == (1.2346, (1.2, 1.27), 8.1235)
+    assert record.method_cost_ms == {"47": 0.1235, "46": -0.02} and record.fresh_process.reason == "fresh"
+    here = fingerprint_hash(LIVE)
+    assert record.to_dict() == {**HERE.record(here).to_dict(), "method_cost_ms": record.method_cost_ms,
+                                "fresh_process": fresh.record(here).to_dict()}
+    alone = verified_record(LIVE, Verdict(RANKING.ranked[0], HERE))
+    assert alone.method_cost_ms is None and alone.fresh_process is None
+
+
+def test_the_final_schedule_reports_every_finding_and_loads_back():
+    latency = Latency(search_result(), 1.0, Path("x.trace.csv"))
+    findings = Findings(latency, None, RANKING, Verdict(RANKING.ranked[0], HERE))
+    schedule = final_schedule(make_run(), CONFIG, SETTINGS, findings)
+    assert schedule.removal == {3: 47} and schedule.measurement.visits == 120 and schedule.verified.speedup == 1.2346
+    assert [s["tokens"] for s in schedule.steps] == [150]
+    assert load_schedule(schedule.to_dict()).to_dict() == schedule.to_dict()

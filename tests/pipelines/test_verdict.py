@@ -1,0 +1,86 @@
+"""What ships, decided from the ranking and the verifications (hand-made here, measured in test_offline)."""
+
+from dataclasses import replace
+from pathlib import Path
+
+from pomt.choice.fresh import placement_hint
+from pomt.choice.verify import CandidateResult, Verification
+from pomt.device import Fingerprint
+from pomt.measurement.search import SearchSettings
+from pomt.pipelines.offline.config import OfflineConfig, Request
+from pomt.pipelines.offline.latency import Latency
+from pomt.pipelines.offline.ranking import policy_setting, rank
+from pomt.pipelines.offline.verdict import FreshCheck, Verdict, decide, here_only_note, shipped
+from pomt.workload.prepare import Workload
+
+from offline_data import GEOMETRY, N, make_run, search_result
+
+REQUEST = Request(Workload(progress=False), OfflineConfig(), SearchSettings())
+RANKING = rank(REQUEST.config, policy_setting(REQUEST.config, GEOMETRY, search_result(), None), search_result())
+FIRST = RANKING.ranked[0]  # lands below the drop 151 -> 150
+
+
+def candidate(remove: int, speedup: float, qualifies: bool) -> CandidateResult:
+    return CandidateResult(remove, 10.0 / speedup, speedup, (speedup - 0.02, speedup + 0.02), 1e-4, qualifies)
+
+
+def verification(chosen: CandidateResult | None, *candidates: CandidateResult, reason: str = "ok") -> Verification:
+    return Verification(10.0, tuple(candidates), chosen, reason, 10, 3, None)
+
+
+def test_a_removal_measured_slower_ships_nothing():
+    here = verification(None, candidate(N - 150, 1.01, False), reason="no candidate is measurably faster")
+    decision = shipped(REQUEST.config, RANKING, here, None)
+    assert (decision.remove, decision.code, decision.reason) == (0, "not_faster", "no candidate is measurably faster")
+
+
+def test_the_verified_removal_ships_with_what_was_measured_in_its_reason():
+    chosen = candidate(N - 150, 1.2, True)
+    decision = shipped(REQUEST.config, RANKING, verification(chosen, chosen, reason="measured 1.200x"), None)
+    assert decision == replace(FIRST, reason=f"{FIRST.reason}; verified: measured 1.200x", code="verified")
+
+
+def test_the_other_side_of_the_targeted_step_ships_as_what_it_is():
+    chosen = candidate(N - 151, 1.2, True)
+    decision = shipped(REQUEST.config, RANKING, verification(chosen, chosen, reason="measured 1.200x"), None)
+    assert (decision.kept_tokens, decision.policy, decision.code) == (151, "step", "verified")
+    assert decision.reason == (f"the other side of the step the policy's first choice targets ({FIRST.reason}); "
+                               "verified: measured 1.200x")
+
+
+def test_a_removal_needs_the_fresh_process_too():
+    chosen = candidate(N - 150, 1.2, True)
+    here = verification(chosen, chosen, reason="measured 1.200x")
+    fresh = verification(None, candidate(N - 150, 1.0, False))
+    failed = FreshCheck(None, "in a fresh process: no gain", replace(here, chosen=None), fresh)
+    decision = shipped(REQUEST.config, RANKING, failed.here, failed)
+    assert (decision.remove, decision.code) == (0, "not_in_fresh_process")
+    assert decision.reason == "verified here, not in a fresh process: no gain"
+    held = FreshCheck(chosen, "in a fresh process: measured 1.190x", here, fresh)
+    decision = shipped(REQUEST.config, RANKING, here, held)
+    assert decision.remove == N - 150 and decision.reason.endswith(
+        "; verified: measured 1.200x; in a fresh process: measured 1.190x")
+
+
+def test_a_replay_or_no_verify_ships_the_first_ranked_unverified_and_nothing_ranked_ships_nothing():
+    replayed = decide(REQUEST, make_run(replay=Path("trace.csv")), RANKING)
+    assert replayed == Verdict(FIRST, notes=("replayed trace: the patched model was not measured, the schedule is "
+                                             "unverified",))
+    unverified = decide(replace(REQUEST, config=OfflineConfig(verify=False)), make_run(), RANKING)
+    assert unverified == Verdict(FIRST, notes=("--no-verify: the schedule is unverified",))
+    empty = decide(REQUEST, make_run(), replace(RANKING, ranked=()))
+    assert empty.decision.code == "no_step" and empty.verification is None and empty.notes == ()
+
+
+def test_the_allocator_advice_names_what_held_here_only():
+    cpu = Fingerprint(kind="cpu", allocator={})
+    steps = ({"low": 150, "high": 151, "held": False}, {"low": 120, "high": 121, "held": True})
+    latency, quiet = Latency(search_result(), 1.0, fresh_steps=steps), Latency(search_result(), 1.0)
+    chosen = candidate(N - 150, 1.2, True)
+    removal = Verdict(FIRST, verification=verification(None, chosen), fresh_verification=verification(None, chosen))
+    shipped_both = Verdict(FIRST, verification=verification(chosen, chosen), fresh_verification=verification(chosen))
+    assert here_only_note(cpu, latency, shipped_both) == placement_hint(cpu, "1 of 2 steps within reach")
+    assert here_only_note(cpu, quiet, removal) == placement_hint(cpu, "the removal")
+    assert here_only_note(cpu, latency, removal) == placement_hint(cpu, "1 of 2 steps within reach and the removal")
+    assert here_only_note(cpu, quiet, shipped_both) is None
+    assert here_only_note(Fingerprint(kind="cuda", allocator={}), latency, removal) is None
