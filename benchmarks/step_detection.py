@@ -53,9 +53,9 @@ import numpy as np
 from scipy.stats import median_abs_deviation
 
 from pomt.formats.trace import Trace, inject_steps, read_trace
+from pomt.measurement.drift import drift_profile
 from pomt.measurement.search import Confirmation, LatencySearch, SearchResult, SearchSettings, confirmed_steps
 from pomt.measurement.sources import ReplaySource, Session, TraceExhausted
-from pomt.measurement.stats import drift_profile
 from pomt.measurement.steps import Step, steps_in_trace
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"

@@ -3,7 +3,7 @@
 Measurement design (so that a machine whose speed drifts does not shape the curve):
 - Passes. The counts of a set are visited once per pass in a seeded random order, with the reference
   count (N) in every pass: a randomised block design. Each count pools its passes, every visit taken
-  relative to its pass's reference visit (`pomt.measurement.stats.pool_visits`). Never one ascending sweep.
+  relative to its pass's reference visit (`pomt.measurement.drift.pool_visits`). Never one ascending sweep.
 - Full search: every grid count in `passes` passes.
 - Adaptive search: a coarse subset in `coarse_passes` passes (enough to flag candidates: confirmation
   decides). Where the grid allows, the subset is the aligned edges: every multiple a of `align` below N
@@ -25,10 +25,10 @@ Measurement design (so that a machine whose speed drifts does not shape the curv
   by a t-test at `alpha`, by at least `min_step`, on at least MIN_ROUNDS rounds, at up to three looks
   that share `alpha` (`confirmation_looks`; the third, at twice `confirm_rounds`, only for a candidate
   still promising); while the rounds are few, no single round may carry the verdict. The test borrows
-  the noise of the other pairs measured (a moderated t-test, `pomt.measurement.stats.paired_effect`) when all its
+  the noise of the other pairs measured (a moderated t-test, `pomt.measurement.paired.paired_effect`) when all its
   rounds were taken in one state of the machine (`_steady`). Only confirmed steps are reported; a
   non-monotone edge (fewer tokens, more time) is confirmed the same way. The curve a search returns is
-  reconciled with its paired rounds (`pomt.measurement.stats.reconcile_levels`), a judged pair with the effect its
+  reconciled with its paired rounds (`pomt.measurement.drift.reconcile_levels`), a judged pair with the effect its
   verdict rests on.
 A visit is one untimed forward at the new count and `reps` timed forwards; the budget, the full grid's
 cost and every figure the search reports count visits. Given its seed and what it measures the search
@@ -45,21 +45,18 @@ from tqdm import tqdm
 
 from pomt.errors import GridError
 from pomt.formats.trace import Visit
-from pomt.measurement.sources import Session, TraceExhausted, calibrate_reps
-from pomt.measurement.stats import (
-    SCREEN_MIN_PAIRS,
+from pomt.measurement.drift import (
     CurvePoint,
     Drift,
-    PairedEffect,
     corrected_values,
     drift,
     drift_profile,
-    paired_effect,
     pool_visits,
-    pooled_pair_noise,
     reconcile_levels,
     relative_noise,
 )
+from pomt.measurement.paired import SCREEN_MIN_PAIRS, PairedEffect, paired_effect, pooled_pair_noise
+from pomt.measurement.sources import Session, TraceExhausted, calibrate_reps
 from pomt.measurement.steps import Step, detect_steps, paired_step, trend
 from pomt.options import option
 
@@ -317,7 +314,7 @@ class LatencySearch:
 
     def curve(self) -> list[CurvePoint]:
         """The pooled, drift-corrected curve of every visit so far, reconciled with the paired rounds of
-        every pair tested (`pomt.measurement.stats.reconcile_levels`); cached per visit, pair and verdict count.
+        every pair tested (`pomt.measurement.drift.reconcile_levels`); cached per visit, pair and verdict count.
 
         Confirmation visits count too: when a bisection was misled by one disturbed visit, the rounds
         of its (rejected) confirmation correct the levels and the detector moves the candidate. A pair
@@ -612,7 +609,7 @@ class LatencySearch:
 
     def _paired(self, rounds: list[tuple[Visit, Visit]], offset: float) -> PairedEffect:
         """The paired effect of high over low tokens, each visit corrected for the drift at its time, its
-        t-test moderated by the noise of every other pair measured so far (`pomt.measurement.stats`). Borrowing
+        t-test moderated by the noise of every other pair measured so far (`pomt.measurement.paired`). Borrowing
         that noise assumes every round's two visits were taken in one state of the machine (`_steady`);
         pairs whose rounds were not are tested on their own, and lend nothing."""
         own = {(a.tokens, b.tokens) for a, b in rounds}

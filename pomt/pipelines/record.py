@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pomt.measurement.drift import Drift, corrected_values, drift, pool_visits, relative_noise
 from pomt.measurement.search import LatencySearch, SearchSettings
-from pomt.measurement.stats import Drift, corrected_values, drift, pool_visits, relative_noise
 from pomt.measurement.steps import Step, steps_in_trace
 from pomt.options import option
 from pomt.plots import plot_offline
