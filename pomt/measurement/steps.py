@@ -55,7 +55,7 @@ class Step:
 
     `drop_ms` is the raw latency change before - after; `excess_ms` the shift over the trend (positive
     for a drop); `significance` that shift over its standard error. The `paired_*` fields, filled once the
-    step is confirmed by paired measurement (`pomt.measurement.search`), give the same change in %
+    step is confirmed by paired measurement (`pomt.measurement.confirmation`), give the same change in %
     (positive for a drop) as measured alternately at both counts, with its confidence interval and p-value.
     """
 

@@ -42,8 +42,9 @@ from pomt.errors import DatasetError, GridError, PolicyError, TraceError
 from pomt.formats.curve import rounded, write_curve
 from pomt.formats.schedule import BlockRemoval, Schedule, save_schedule, utc_now
 from pomt.formats.trace import check_trace_geometry, read_trace
+from pomt.measurement.confirmation import confirmed_steps
 from pomt.measurement.drift import corrected_values
-from pomt.measurement.search import LatencySearch, SearchResult, SearchSettings, confirmed_steps
+from pomt.measurement.search import LatencySearch, SearchResult, SearchSettings
 from pomt.measurement.sources import LiveSource, ReplaySource, Session, journal_end_s
 from pomt.models.geometry import Geometry, model_geometry
 from pomt.models.registry import create_model, resolve_model_name

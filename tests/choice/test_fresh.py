@@ -8,9 +8,10 @@ from pomt.choice.fresh import FreshJob, held_in_both, placement_hint, step_holds
 from pomt.choice.verify import verify
 from pomt.formats.schedule import BlockRemoval, Schedule
 from pomt.formats.trace import Visit
+from pomt.measurement.confirmation import Confirmation
 from pomt.measurement.drift import CurvePoint
 from pomt.measurement.paired import paired_effect
-from pomt.measurement.search import Confirmation, SearchResult, SearchSettings
+from pomt.measurement.search import SearchResult, SearchSettings
 from pomt.measurement.sources import ReplaySource, Session
 from pomt.models.geometry import model_geometry
 from pomt.models.registry import create_model
