@@ -11,8 +11,8 @@ alternating from round to round so that drift weighs on both alike: `pair` visit
 back (A B, then B A the next round) and a + 1 on its own, in a shuffled order; `apart` visits every count
 on its own in a shuffled order in which no (a - 1, a) is adjacent. For each a it prints L(a - 1) / L(a) and
 L(a + 1) / L(a) in each condition (the geometric mean over rounds, with a 95% interval from
-`pomt.measurement.stats.paired_effect`) and a Welch t-test of pair against apart. No timing threshold: it prints what it
-measured.
+`pomt.measurement.paired.paired_effect`) and a Welch t-test of pair against apart. No timing threshold: it prints what
+it measured.
 
 On the 2-core AMD VM (deit_tiny, batch 1, 2 threads, 16 rounds, 2026-11-23) the two conditions agreed at
 all 8 edges (p 0.05-0.96; L(65)/L(64) +4.9% both ways, L(17)/L(16) +9.4% back to back and +11.1% apart, the
@@ -33,8 +33,8 @@ import numpy as np
 from scipy import stats as scipy_stats
 from tqdm import tqdm
 
+from pomt.measurement.paired import paired_effect
 from pomt.measurement.sources import calibrate_reps
-from pomt.measurement.stats import paired_effect
 from pomt.workload.prepare import Workload, live_session, prepare
 
 Levels = dict[int, float]  # visit median (ms) per count, one round of one condition

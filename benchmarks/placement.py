@@ -2,8 +2,8 @@
 
 In one process, the model and its input are built afresh several times (each after a filler allocation of
 random size, so the allocator's history differs), and each placement measures N against N - `--remove`
-kept tokens in paired rounds (A B, B A, ...; `pomt.measurement.stats.paired_effect` on the per-round medians). This runs
-in a child process per allocator setting: glibc's defaults (its mmap threshold adapts to what was freed),
+kept tokens in paired rounds (A B, B A, ...; `pomt.measurement.paired.paired_effect` on the per-round medians). This
+runs in a child process per allocator setting: glibc's defaults (its mmap threshold adapts to what was freed),
 and the threshold fixed low and high (`MALLOC_MMAP_THRESHOLD_`, which also turns the adaptation off).
 
 On the 2-core VM (deit_small, batch 4, 2 threads), which placements run slow depends on the heap's whole
@@ -28,8 +28,8 @@ import sys
 import numpy as np
 import torch
 
+from pomt.measurement.paired import paired_effect
 from pomt.measurement.sources import LiveSource, forward_at_tokens
-from pomt.measurement.stats import paired_effect
 from pomt.models.geometry import model_geometry
 from pomt.models.registry import create_model, resolve_model_name
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from reproducibility import ROOT, TOLERANCE, seen_in
 
 from pomt.formats.trace import read_trace
-from pomt.measurement.stats import pool_visits
+from pomt.measurement.drift import pool_visits
 from pomt.measurement.steps import Step, steps_in_trace
 from pomt.models.geometry import model_geometry
 from pomt.models.registry import create_model

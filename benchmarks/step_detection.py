@@ -53,9 +53,11 @@ import numpy as np
 from scipy.stats import median_abs_deviation
 
 from pomt.formats.trace import Trace, inject_steps, read_trace
-from pomt.measurement.search import Confirmation, LatencySearch, SearchResult, SearchSettings, confirmed_steps
+from pomt.measurement.confirmation import Confirmation, confirmed_steps, rejected
+from pomt.measurement.design import design_rounds
+from pomt.measurement.drift import corrected_values, drift_profile, relative_noise
+from pomt.measurement.search import LatencySearch, SearchResult, SearchSettings
 from pomt.measurement.sources import ReplaySource, Session, TraceExhausted
-from pomt.measurement.stats import drift_profile
 from pomt.measurement.steps import Step, steps_in_trace
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
@@ -123,11 +125,11 @@ def spending(search: LatencySearch, truth: list[Step]) -> Counter[str]:
     """Where a run's visits went: its coarse passes, the passes that refined candidates, and the paired rounds
     it added to the design's, by the verdict they led to."""
     spent: Counter[str] = Counter()
-    for visit in search.design:
+    for visit in search.measurer.design:
         spent["coarse scan" if visit.pass_index <= search.settings.coarse_passes else "refining"] += 1
-    for pair, rounds in search.rounds.items():
-        added = 2 * max(0, len(rounds) - len(search.design_rounds(*pair)))
-        verdict = search.judged.get(pair)
+    for pair, rounds in search.judge.rounds.items():
+        added = 2 * max(0, len(rounds) - len(design_rounds(search.measurer.design, *pair)))
+        verdict = search.judge.judged.get(pair)
         if verdict is not None and verdict.accepted:
             on_truth = near(Known(*pair, 0.0), truth)
             spent["rounds confirming a truth step" if on_truth else "rounds confirming another step"] += added
@@ -162,27 +164,27 @@ def pairing_noise(trace: Trace) -> dict[bool, tuple[float, int]]:
 def oracle(search: LatencySearch, truth: list[Step]) -> SearchResult:
     """The search's coarse scan and aligned-edge verdicts, then each truth step not yet matched by a confirmed
     one, largest first: its counts measured in one pass, then confirmed (see the module docstring)."""
-    s = search.settings
-    search.reps = search.session.source.preferred_reps
-    search.measure_units(search.coarse, s.coarse_passes)
+    s, m, judged = search.settings, search.measurer, search.judge.judged
+    m.reps = m.session.source.preferred_reps
+    m.measure_units(search.coarse, s.coarse_passes)
     search.judge_anchors()
     for step in sorted(truth, key=lambda t: -abs(t.paired_pct)):
-        confirmed = confirmed_steps(search.curve(), list(search.judged.values()))
-        if near(step, confirmed) or search.budget - search.session.visits < 2 * s.confirm_rounds + 3:
+        confirmed = confirmed_steps(search.curve(), list(judged.values()))
+        if near(step, confirmed) or m.left() < 2 * s.confirm_rounds + 3:
             continue
         pair = (step.tokens, step.upper_tokens)
         try:
             unmeasured = [n for n in pair if n not in {p.tokens for p in search.curve()}]
             if unmeasured:
-                search.measure_passes(unmeasured, 1)
-            search.judged[pair] = search.confirm(*pair, z=float("inf"))
+                m.measure_passes(unmeasured, 1)
+            judged[pair] = search.confirm(*pair, z=float("inf"))
         except TraceExhausted as exc:
-            search.judged[pair] = Confirmation(*pair, None, False, "none", f"not examined: {exc}", float("inf"))
+            judged[pair] = rejected(*pair, f"not examined: {exc}", float("inf"))
     points = search.curve()
-    verdicts = list(search.judged.values())
+    verdicts = list(judged.values())
     return SearchResult(points=points, steps=confirmed_steps(points, verdicts), candidates=verdicts, drift=None,
-                        noise=search.noise(), reps=search.reps, visits=search.session.visits,
-                        measured=search.session.measured, full_grid_visits=search.full_grid_visits,
+                        noise=relative_noise(corrected_values(m.visits())), reps=m.reps, visits=m.session.visits,
+                        measured=m.session.measured, full_grid_visits=search.full_grid_visits,
                         budget_visits=search.budget, budget_spent=False)
 
 

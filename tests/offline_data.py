@@ -8,8 +8,10 @@ from pathlib import Path
 from torch import nn
 
 from pomt.device import Fingerprint
-from pomt.measurement.search import Confirmation, SearchResult
-from pomt.measurement.stats import CurvePoint, Drift, paired_effect
+from pomt.measurement.confirmation import Confirmation
+from pomt.measurement.drift import CurvePoint, Drift
+from pomt.measurement.paired import paired_effect
+from pomt.measurement.search import SearchResult
 from pomt.measurement.steps import Step
 from pomt.models.geometry import Geometry
 from pomt.pipelines.offline.prepare import Run

@@ -31,8 +31,8 @@ from pomt.choice.verify import CandidateResult, Verification, choose, schedule_f
 from pomt.device.fingerprint import Fingerprint
 from pomt.formats.schedule import Schedule
 from pomt.formats.trace import Visit
+from pomt.measurement.paired import PairedEffect, paired_effect
 from pomt.measurement.sources import LiveSource, Session
-from pomt.measurement.stats import PairedEffect, paired_effect
 from pomt.workload.prepare import Prepared, Workload, live_session, prepare
 
 Pair = tuple[int, int]

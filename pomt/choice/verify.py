@@ -6,7 +6,7 @@
   warm state. Predictions add it.
 - `verify`: the patched model, through `pomt.apply_schedule`, against the unpruned model. Every round
   visits each variant once in a seeded random order; each visit is corrected for the drift at its time
-  (`pomt.measurement.stats.drift_profile`), and each candidate's speedup is judged on its paired log-ratios with the
+  (`pomt.measurement.drift.drift_profile`), and each candidate's speedup is judged on its paired log-ratios with the
   unpruned visits of the same rounds. A candidate qualifies when its speedup is significant (interval
   above 1) and at least 1 + `min_gain`; the one shipped removes the fewest tokens among those whose
   speedup is within `min_step` of the fastest one's (prune just enough). None qualifying: remove 0.
@@ -30,8 +30,9 @@ from pomt.deploy.apply import apply_schedule
 from pomt.formats.schedule import Schedule
 from pomt.formats.schedule_parts import VerificationRecord
 from pomt.formats.trace import Visit
+from pomt.measurement.drift import Drift, drift, drift_profile
+from pomt.measurement.paired import paired_effect
 from pomt.measurement.sources import ForwardAt, Session
-from pomt.measurement.stats import Drift, drift, drift_profile, paired_effect
 from pomt.measurement.timing import fixed_threads, synchronize, time_calls
 from pomt.models.geometry import model_geometry, transformer_blocks
 from pomt.models.tokens import truncate_tokens

@@ -10,7 +10,7 @@ from pathlib import Path
 from pomt.choice.accuracy import AccuracyCurve
 from pomt.errors import CurveError
 from pomt.io import atomic_write_csv
-from pomt.measurement.stats import CurvePoint
+from pomt.measurement.drift import CurvePoint
 
 COLUMNS = (
     "tokens", "latency_ms", "median_ms", "relative", "spread_ms", "min_ms", "visits", "samples", "se_ms",

@@ -84,7 +84,7 @@ class ReplaySource:
     of counts a pass visits back to back, `begin_unit`) is served the two unused recorded visits closest
     in time to each other (nearer the clock breaking ties): the two sides of a pair come from as nearly
     the same moment of the recording as it allows, as live. Served visits keep their recorded time, so
-    `pomt.measurement.stats.drift_profile` sees the recording's own drift. A recorded visit
+    `pomt.measurement.drift.drift_profile` sees the recording's own drift. A recorded visit
     is never served twice: when a count's visits are used up the replay raises `TraceExhausted` (a
     replay cannot invent measurements). A visit keeps its recorded length whatever `reps` asks
     (`preferred_reps` tells a search the trace's own).

@@ -8,7 +8,7 @@ count (duplicates averaged):
    the steps found so far removed. A global fit works alike on dense, sparse and irregular grids, and
    a step does not bend its own trend.
 2. Noise. Each point's standard error, given by the caller (`noise_ms`: one figure or one per point;
-   pomt measures it as the spread between visits of the same count, `pomt.measurement.stats`), never below 0.01 %
+   pomt measures it as the spread between visits of the same count, `pomt.measurement.drift`), never below 0.01 %
    of its latency. Without it, the normal-scaled `scipy.stats.median_abs_deviation` of the residual
    differences (change minus trend change) over sqrt(2), one figure for the whole curve.
 3. Spikes. An interior point lying more than k noise units away from the median level of the `window`
@@ -39,7 +39,8 @@ from scipy.stats import median_abs_deviation
 
 from pomt.errors import CurveError
 from pomt.formats.trace import Visit
-from pomt.measurement.stats import PairedEffect, drift_profile, paired_effect
+from pomt.measurement.drift import drift_profile
+from pomt.measurement.paired import PairedEffect, paired_effect
 
 NOISE_FLOOR = 1e-4  # relative: no timer resolves a curve to better than 0.01 %
 JUMP_GUESS = 3.0  # noise units of a single-interval change that count as a step for the first trend
@@ -53,9 +54,9 @@ class Step:
     """One significant level shift between `tokens` (low side) and `upper_tokens` (high side).
 
     `drop_ms` is the raw latency change before - after; `excess_ms` the shift over the trend (positive
-    for a drop); `significance` that shift over its standard error. The `paired_*` fields, filled once
-    the step is confirmed by paired measurement (`pomt.measurement.search`), give the same change in % (positive for
-    a drop) as measured alternately at both counts, with its confidence interval and p-value.
+    for a drop); `significance` that shift over its standard error. The `paired_*` fields, filled once the
+    step is confirmed by paired measurement (`pomt.measurement.confirmation`), give the same change in %
+    (positive for a drop) as measured alternately at both counts, with its confidence interval and p-value.
     """
 
     tokens: int
@@ -280,9 +281,8 @@ def _shift(
     return h, abs(h) / se if se > 0 else math.inf
 
 
-def _candidates(
-    t: np.ndarray, y: np.ndarray, sigma: np.ndarray, k: float, window: int, spread: int, known: Known
-) -> Known:
+def _candidates(t: np.ndarray, y: np.ndarray, sigma: np.ndarray, k: float, window: int, spread: int,
+                known: Known) -> Known:
     """(sign, first interval, last interval, shift, significance) of each step that passes k."""
     m = len(t) - 1
     e_all, staircase = _levels(t, y, known, sigma)

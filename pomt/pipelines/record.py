@@ -5,7 +5,7 @@ Every grid count is visited in `passes` shuffled passes, the reference N `refere
 each multiple of `align` right beside the count below it (alternating order), as a search's coarse scan
 visits them, so a replay can serve those pairs back to back; or, with `chain`, every count beside a
 neighbour, the pairs shifted every other pass, so that a replay can serve any adjacent pair back to back
-(`pomt.measurement.search.chained_units`): the pairs a search confirms off the aligned edges, and the a + 1
+(`pomt.measurement.design.chained_units`): the pairs a search confirms off the aligned edges, and the a + 1
 side of each.
 Every timed forward is kept with its count, pass and time in `<stem>.record.csv`, the device fingerprint
 in its JSON sidecar; a killed recording continues with `--resume`. The trace is then analysed as the
@@ -19,8 +19,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pomt.measurement.search import LatencySearch, SearchSettings
-from pomt.measurement.stats import Drift, corrected_values, drift, pool_visits, relative_noise
+from pomt.formats.trace import Visit
+from pomt.measurement.design import Measurer, aligned_units, chained_units, checked_grid
+from pomt.measurement.drift import Drift, corrected_values, drift, pool_visits, relative_noise
+from pomt.measurement.search import SearchSettings
+from pomt.measurement.sources import Session
 from pomt.measurement.steps import Step, steps_in_trace
 from pomt.options import option
 from pomt.plots import plot_offline
@@ -60,24 +63,38 @@ class Recording:
     steps: list[Step]
 
 
+def dense_trace(session: Session, grid: list[int], reference: int, settings: RecordSettings, *, seed: int = 0,
+                progress: bool = True) -> tuple[list[Visit], int]:
+    """(every visit, timed forwards per visit) of the dense design (see the module docstring); nothing judged."""
+    grid = checked_grid(grid, reference)
+    measurer = Measurer(session, reference, seed=seed, total=settings.passes * len(grid), progress=progress)
+    measurer.calibrate(settings.reps, settings.visit_s)
+    if settings.chain:
+        for number in range(settings.passes):
+            measurer.measure_units(chained_units(grid, number), 1, settings.reference_visits)
+    else:
+        measurer.measure_units(aligned_units(grid, reference, settings.align), settings.passes,
+                               settings.reference_visits)
+    measurer.close()
+    return measurer.visits(), measurer.reps
+
+
 def record(workload: Workload, settings: RecordSettings) -> Recording:
     """Record the workload's dense trace (see the module docstring)."""
     prepared = prepare(workload)
-    search_settings = SearchSettings(passes=settings.passes, reps=settings.reps, visit_s=settings.visit_s,
-                                     align=settings.align).check()
+    SearchSettings(passes=settings.passes, reps=settings.reps, visit_s=settings.visit_s,
+                   align=settings.align).check()  # the limits a search puts on the same settings
     journal = open_journal(workload, prepared, "record", "whole model, tokens truncated after embedding",
                            {"passes": settings.passes, "reps": settings.reps, "visit_s": settings.visit_s,
                             "reference_visits": settings.reference_visits, "align": settings.align,
                             "chain": settings.chain})
     session = live_session(workload, prepared, journal)
     started = time.perf_counter()
-    search = LatencySearch(session, prepared.grid, prepared.geometry.num_tokens, search_settings, adaptive=False,
-                           seed=workload.seed, progress=workload.progress)
-    visits = search.record(settings.reference_visits, chain=settings.chain)
-    seconds = time.perf_counter() - started
     n = prepared.geometry.num_tokens
+    visits, reps = dense_trace(session, prepared.grid, n, settings, seed=workload.seed, progress=workload.progress)
+    seconds = time.perf_counter() - started
     seen = drift(visits, n)
-    journal.update_meta(passes=settings.passes, reps=search.reps, stride=workload.grid_token_stride,
+    journal.update_meta(passes=settings.passes, reps=reps, stride=workload.grid_token_stride,
                         align=0 if settings.chain else settings.align, chain=settings.chain,
                         drift=None if seen is None else seen.to_dict())
     steps = steps_in_trace(visits, min_step=settings.min_step)

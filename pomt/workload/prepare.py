@@ -16,7 +16,7 @@ from torch import nn
 
 from pomt.formats.schedule import utc_now
 from pomt.formats.trace import TraceWriter
-from pomt.measurement.search import token_grid
+from pomt.measurement.design import token_grid
 from pomt.measurement.sources import LiveSource, Session, forward_at_tokens, journal_end_s
 from pomt.models.geometry import Geometry, model_geometry
 from pomt.models.registry import create_model

@@ -9,8 +9,8 @@ from pomt.choice.verify import verify
 from pomt.device import Fingerprint
 from pomt.formats.schedule import BlockRemoval, Schedule
 from pomt.formats.trace import Visit
+from pomt.measurement.paired import paired_effect
 from pomt.measurement.sources import ReplaySource, Session
-from pomt.measurement.stats import paired_effect
 from pomt.models.geometry import model_geometry
 from pomt.models.registry import create_model
 from pomt.workload.prepare import Workload

@@ -11,15 +11,9 @@ import pytest
 from pomt.choice.policy import Setting, rank_step
 from pomt.errors import GridError
 from pomt.formats.trace import TraceWriter, inject_steps, read_trace
-from pomt.measurement.search import (
-    LOOK_ALPHAS,
-    LatencySearch,
-    SearchSettings,
-    chained_units,
-    confirmation_looks,
-    expected_levels,
-    token_grid,
-)
+from pomt.measurement.candidates import expected_levels
+from pomt.measurement.design import design_rounds
+from pomt.measurement.search import LatencySearch, SearchSettings
 from pomt.measurement.sources import ReplaySource, Session
 from pomt.measurement.steps import steps_in_trace
 
@@ -91,10 +85,10 @@ def test_drift_alone_makes_no_step_at_the_low_end_either(seed):
     trace = synthetic_trace(linear_levels(), passes=32, drift=slow_drift(0.5, 20.0), noise=0.01, order="ascending",
                             seed=seed)
     run = LatencySearch(Session(ReplaySource(trace)), trace.counts, N, SearchSettings(), progress=False)
-    run.reps = 1
-    run.measure_units(run.coarse, run.settings.coarse_passes)
+    run.measurer.reps = 1
+    run.measurer.measure_units(run.coarse, run.settings.coarse_passes)
     run.judge_anchors()
-    run.measure_passes([3, 4], 1)
+    run.measurer.measure_passes([3, 4], 1)
     assert not run.confirm(3, 4, z=0.0).accepted
 
 
@@ -132,38 +126,20 @@ def test_the_budget_caps_the_visits():
 
 
 def positions(search_state):
-    return {id(v): i for i, v in enumerate(search_state.design)}
+    return {id(v): i for i, v in enumerate(search_state.measurer.design)}
 
 
 def test_anchor_pairs_are_visited_back_to_back_in_every_coarse_pass_in_alternating_order():
     trace = synthetic_trace(linear_levels(), passes=32, noise=0.01)
     state = LatencySearch(Session(ReplaySource(trace)), GRID, N, SearchSettings(), progress=False)
     assert state.anchors == [(n - 1, n) for n in range(8, N, 8)]
-    state.measure_units(state.coarse, 3)
+    state.measurer.measure_units(state.coarse, 3)
     where = positions(state)
     for low, high in state.anchors:
-        rounds = state.design_rounds(low, high)
+        rounds = design_rounds(state.measurer.design, low, high)
         assert [where[id(b)] - where[id(a)] for a, b in rounds] == [1, -1, 1]  # A B, B A, A B
     assert LatencySearch(Session(ReplaySource(trace)), GRID, N, SearchSettings(align=0)).anchors == []
     assert LatencySearch(Session(ReplaySource(trace)), GRID[::2] + [N], N, SearchSettings()).anchors == []
-
-
-def test_a_chained_recording_puts_every_two_neighbours_back_to_back_in_half_the_passes_both_ways():
-    trace = synthetic_trace(linear_levels(), passes=32, noise=0.01)
-    grid = list(range(150, N + 1))
-    state = LatencySearch(Session(ReplaySource(trace)), grid, N, SearchSettings(passes=4), adaptive=False,
-                          progress=False)
-    visits = state.record(2, chain=True)
-    for number in range(4):
-        units = chained_units(grid, number)
-        assert sorted(n for unit in units for n in unit) == grid  # every count once a pass
-    adjacent: dict[tuple[int, int], list[int]] = {}
-    for a, b in zip(visits, visits[1:], strict=False):
-        if a.pass_index == b.pass_index and abs(a.tokens - b.tokens) == 1:
-            adjacent.setdefault((min(a.tokens, b.tokens), max(a.tokens, b.tokens)), []).append(b.tokens - a.tokens)
-    for low, high in zip(grid, grid[1:], strict=False):  # by the design, not by chance of the shuffle
-        assert (low, high) in adjacent and {1, -1} <= set(adjacent[(low, high)])
-    assert sum(v.tokens == N for v in visits) >= 4 * 2  # the reference in every pass, as often as asked
 
 
 def test_dips_at_aligned_counts_are_confirmed_from_the_coarse_rounds_alone():
@@ -252,28 +228,6 @@ def test_injected_steps_into_a_synthetic_trace_read_as_steps():
     trace = inject_steps(synthetic_trace(linear_levels(), passes=32, noise=0.01), {120: 1.07})
     found, _ = search(trace)
     assert [(s.tokens, s.kind) for s in found.steps] == [(120, "drop")]
-
-
-def test_confirmation_looks_split_alpha_over_half_all_and_twice_the_rounds():
-    assert [rounds for rounds, _ in confirmation_looks(6)] == [3, 6, 12]
-    assert [share for _, share in confirmation_looks(6)] == list(LOOK_ALPHAS)
-    assert confirmation_looks(3) == [(3, LOOK_ALPHAS[0] + LOOK_ALPHAS[1]), (6, LOOK_ALPHAS[2])]  # merged
-    for rounds in (3, 4, 6, 7, 10):
-        assert sum(share for _, share in confirmation_looks(rounds)) == pytest.approx(1.0)
-
-
-def test_token_grid():
-    assert token_grid(197, 2, 1, min_tokens=2, max_tokens=197) == list(range(2, 198))
-    grid = token_grid(197, 2, 50, min_tokens=2, max_tokens=197)
-    assert grid == [2, 47, 97, 147, 197]  # counted down from the start, both ends kept
-    assert token_grid(2, 197, 50, min_tokens=2, max_tokens=197) == [2, 52, 102, 152, 197]
-    assert token_grid(100, 100, 1, min_tokens=2, max_tokens=197) == [100]
-
-
-@pytest.mark.parametrize(("start", "stop", "stride"), [(198, 2, 1), (197, 1, 1), (197, 2, 0)])
-def test_token_grid_errors(start, stop, stride):
-    with pytest.raises(GridError, match=r"\[2, 197\]|stride"):
-        token_grid(start, stop, stride, min_tokens=2, max_tokens=197)
 
 
 DEEP = ["deit_tiny_bs1_amd_shuffled", "deit_small_bs1_amd_shuffled", "deit_tiny_bs4_amd_shuffled",
@@ -392,7 +346,8 @@ def test_aligned_edges_left_open_are_judged_before_the_budget_goes_to_bisection(
     coarse = 3 * (len({n for unit in run.coarse for n in unit} - {N}) + 1)  # and the reference in each pass
     elsewhere = [c for c in found.candidates if (c.low, c.high) not in run.anchors and c.effect is not None]
     assert run.pending
-    assert not waiting or (len(run.design) == coarse and not elsewhere), (waiting, len(run.design) - coarse)
+    design = run.measurer.design
+    assert not waiting or (len(design) == coarse and not elsewhere), (waiting, len(design) - coarse)
 
 
 @pytest.mark.parametrize("name", ["deit_tiny_bs1_amd_shuffled", "deit_small_bs1_amd_aligned_shuffled"])
@@ -421,6 +376,6 @@ def test_a_replay_whose_reference_visits_are_used_up_goes_on_without_it():
     found = run.run()
     assert source.left(N) == 0
     assert not any(f"visits of {N} tokens" in c.reason for c in found.candidates)
-    passes = {v.pass_index for v in run.design}  # coarse and refinement passes (confirmation rounds apart)
-    with_reference = {v.pass_index for v in run.design if v.tokens == N}
+    passes = {v.pass_index for v in run.measurer.design}  # coarse and refinement passes (confirmation rounds apart)
+    with_reference = {v.pass_index for v in run.measurer.design if v.tokens == N}
     assert passes - with_reference  # refinement passes measured after the trace had no more of N

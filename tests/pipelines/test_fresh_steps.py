@@ -3,8 +3,10 @@
 from pomt.choice.fresh import placement_hint
 from pomt.choice.policy import Decision
 from pomt.device import Fingerprint
-from pomt.measurement.search import Confirmation, SearchResult, SearchSettings
-from pomt.measurement.stats import CurvePoint, paired_effect
+from pomt.measurement.confirmation import Confirmation
+from pomt.measurement.drift import CurvePoint
+from pomt.measurement.paired import paired_effect
+from pomt.measurement.search import SearchResult, SearchSettings
 from pomt.pipelines.offline.fresh_steps import check_steps_in_fresh_process
 from pomt.pipelines.offline.latency import Latency
 from pomt.pipelines.offline.verdict import Verdict, here_only_note

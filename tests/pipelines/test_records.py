@@ -5,8 +5,8 @@ from pathlib import Path
 from pomt.choice.verify import CandidateResult, Verification
 from pomt.device import fingerprint_hash
 from pomt.formats.schedule import load_schedule
+from pomt.measurement.drift import Drift
 from pomt.measurement.search import SearchSettings
-from pomt.measurement.stats import Drift
 from pomt.pipelines.offline.config import OfflineConfig
 from pomt.pipelines.offline.latency import Latency
 from pomt.pipelines.offline.ranking import policy_setting, rank

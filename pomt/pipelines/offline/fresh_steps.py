@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pomt.choice.fresh import StepJob, step_holds, step_rounds_in_fresh_process
-from pomt.measurement.search import Confirmation, SearchSettings, confirmed_steps
-from pomt.measurement.stats import PairedEffect
+from pomt.measurement.confirmation import Confirmation, confirmed_steps
+from pomt.measurement.paired import PairedEffect
+from pomt.measurement.search import SearchSettings
 from pomt.pipelines.offline.latency import Latency
 from pomt.workload.prepare import Workload
 

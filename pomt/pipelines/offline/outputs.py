@@ -8,7 +8,7 @@ from pathlib import Path
 from pomt.choice.policy import utility_values
 from pomt.formats.curve import write_curve
 from pomt.formats.schedule import Schedule, save_schedule
-from pomt.measurement.stats import corrected_values
+from pomt.measurement.drift import corrected_values
 from pomt.pipelines.offline.config import OfflineConfig
 from pomt.pipelines.offline.prepare import Run
 from pomt.pipelines.offline.records import Findings

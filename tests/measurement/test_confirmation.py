@@ -1,0 +1,113 @@
+"""The paired verdict on one candidate: looks, the one-round rule, and a Judge on replayed rounds."""
+
+import math
+
+import numpy as np
+import pytest
+
+from pomt.measurement.confirmation import (
+    LOOK_ALPHAS,
+    MIN_ROUNDS,
+    Judge,
+    accepted,
+    confirmation_looks,
+    confirmed_steps,
+    one_round_carries,
+    rejected,
+)
+from pomt.measurement.design import Measurer
+from pomt.measurement.drift import CurvePoint
+from pomt.measurement.paired import paired_effect
+from pomt.measurement.sources import ReplaySource, Session
+
+from trace_data import N, linear_levels, synthetic_trace
+
+
+def test_confirmation_looks_split_alpha_over_half_all_and_twice_the_rounds():
+    assert [rounds for rounds, _ in confirmation_looks(6)] == [3, 6, 12]
+    assert [share for _, share in confirmation_looks(6)] == list(LOOK_ALPHAS)
+    assert confirmation_looks(3) == [(3, LOOK_ALPHAS[0] + LOOK_ALPHAS[1]), (6, LOOK_ALPHAS[2])]  # merged
+    for rounds in (3, 4, 6, 7, 10):
+        assert sum(share for _, share in confirmation_looks(rounds)) == pytest.approx(1.0)
+
+
+def effect_of(log_ratios):
+    d = np.asarray(log_ratios)
+    return paired_effect(np.ones(d.size), np.exp(d))
+
+
+def test_one_round_cannot_carry_a_step_while_the_rounds_are_few():
+    carried = np.log([0.98, 0.97, 0.877])  # without the third round the rest read less than 3%
+    assert one_round_carries(carried, effect_of(carried), min_step=0.03)
+    steady = np.log([0.94, 0.95, 0.93])
+    assert not one_round_carries(steady, effect_of(steady), min_step=0.03)
+    many = np.log([0.98, 0.97, 0.877, 0.97, 0.98, 0.975])  # enough rounds for screening to judge each
+    assert not one_round_carries(many, effect_of(many), min_step=0.03)
+
+
+def test_verdicts_name_their_kind_and_reason():
+    drop = accepted(100, 101, effect_of(np.log([0.92, 0.93, 0.925])), 3, 5.0)
+    assert drop.accepted and drop.kind == "drop" and drop.reason.startswith("confirmed: drop of 7.")
+    assert drop.paired_pct == pytest.approx(7.5, abs=0.1)
+    no = rejected(100, 101, "not examined: the visit budget is spent", 5.0)
+    assert not no.accepted and no.kind == "none" and no.paired_pct is None and not no.screened
+    assert no.to_dict()["paired"] is None and drop.to_dict()["paired"]["pairs"] == 3
+
+
+def test_confirmed_steps_are_the_accepted_verdicts_on_the_curve():
+    points = [CurvePoint(n, ms, ms, 1.0, 0.0, ms, 3, 3, 0.01) for n, ms in ((100, 9.0), (101, 10.0), (150, 12.0))]
+    drop = accepted(100, 101, effect_of(np.log([0.9, 0.9, 0.9])), 3, 5.0)
+    steps = confirmed_steps(points, [drop, rejected(101, 150, "not significant", 1.0)])
+    assert [(s.tokens, s.upper_tokens, s.kind) for s in steps] == [(100, 101, "drop")]
+    assert steps[0].before_ms == 10.0 and steps[0].after_ms == 9.0
+
+
+def judge_on(levels, budget=None, noise=0.003, seed=0):
+    trace = synthetic_trace(levels, passes=32, drift=lambda t: 1.0, noise=noise, seed=seed)
+    measurer = Measurer(Session(ReplaySource(trace)), N, budget=budget, progress=False)
+    measurer.calibrate(None, 0.1)
+    return Judge(measurer, alpha=0.01, min_step=0.03, confirm_rounds=6)
+
+
+def trend_offset(low, high):
+    return math.log(linear_levels()(low) / linear_levels()(high))
+
+
+def test_a_judge_confirms_a_real_step_at_its_first_look():
+    judge = judge_on(linear_levels({100: 1.08}))
+    verdict = judge.confirm(100, 101, 4.0, trend_offset(100, 101))
+    assert verdict.accepted and verdict.kind == "drop" and verdict.effect.pairs == 3  # a clear step: half the rounds
+    assert len(judge.rounds[(100, 101)]) == 3 and len(judge.measurer.paired) == 6
+    assert verdict.paired_pct == pytest.approx(100 * (1 - 1 / 1.08), abs=1.5)
+
+
+def test_a_judge_rejects_a_flat_pair_after_all_its_rounds():
+    judge = judge_on(linear_levels())
+    verdict = judge.confirm(100, 101, 4.0, trend_offset(100, 101))
+    assert not verdict.accepted and verdict.kind == "none"
+    assert verdict.reason.startswith(("not significant", "smaller than the minimum step"))
+    assert verdict.effect.pairs >= MIN_ROUNDS and len(judge.rounds[(100, 101)]) in (6, 12)
+
+
+def test_a_promising_step_earns_the_extra_look_where_the_budget_pays_for_it():
+    """A 4% step in noise of 2% a sample: six rounds leave it at p = 0.015, short of the second look's 0.004."""
+    offset = trend_offset(100, 101)
+    rich = judge_on(linear_levels({100: 1.04}), noise=0.02, seed=1)
+    verdict = rich.confirm(100, 101, 4.0, offset)
+    assert verdict.accepted and len(rich.rounds[(100, 101)]) == 12
+    poor = judge_on(linear_levels({100: 1.04}), budget=16, noise=0.02, seed=1)  # six rounds and 4 visits
+    verdict = poor.confirm(100, 101, 4.0, offset)
+    assert not verdict.accepted and verdict.reason.startswith("not significant") and len(poor.measurer.paired) == 12
+
+
+def test_screening_on_rounds_already_taken_judges_or_leaves_open():
+    judge = judge_on(linear_levels({100: 1.08, 120: 1.02}))
+    for pair in ((100, 101), (120, 121), (140, 141)):
+        judge.rounds[pair] = [(v[pair[0]], v[pair[1]]) for v in
+                              (judge.measurer.paired_round(pair[::-1]) for _ in range(3))]
+    z = {pair: judge.screen(*pair, trend_offset(*pair), candidate_k=3.0) for pair in judge.rounds}
+    assert z[(100, 101)] is None and judge.judged[(100, 101)].accepted
+    flat = judge.judged.get((140, 141))
+    assert z[(140, 141)] is None and flat.screened and not flat.accepted
+    small = judge.judged[(120, 121)]  # a 2% step, below the minimum
+    assert z[(120, 121)] is None and small.screened and small.reason.startswith("smaller than the minimum step")
