@@ -145,10 +145,8 @@ def held_in_both(here: Verification, fresh: Verification, min_gain: float,
 
 def placement_hint(fingerprint: Fingerprint, what: str = "the removal") -> str | None:
     """What to tell a CPU user whose removal, or step within reach, did not hold in a fresh process while the
-    host allocator ran with its defaults; None elsewhere. `benchmarks/placement.py`: under glibc's adaptive
-    mmap threshold some placements ran N 6-11% slower than N - 3, none with the threshold fixed; and three
-    offline runs under the defaults each confirmed a step at 197->196 or 196->195 that a fresh process did
-    not show, three with MALLOC_MMAP_THRESHOLD_=131072 none (deit_small, batch 4, 2026-11-24)."""
+    host allocator ran with its defaults; None elsewhere (why: docs/method.md, measured by
+    `benchmarks/placement.py` in docs/results/)."""
     if fingerprint.kind != "cpu" or fingerprint.allocator:
         return None
     return (f"{what} held in the measuring process, not in a fresh one: on CPU that can be memory placement "

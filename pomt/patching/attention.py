@@ -68,10 +68,9 @@ def probs_budget(q: torch.Tensor) -> int:
     """Bytes of explicit probabilities a patched block holds at once, for queries q (B, H, N, d).
 
     On the CPU PROBS_BYTES: small chunks cost it nothing. On a GPU small chunks make small matrix products
-    (16 MB is 13 query rows of deit_base at batch 64 and 448 px: 0.61x the unpruned speed on an H100, against
-    1.25x for the whole matrix), so a chunk there may take as much as a (B, N, MLP_RATIO x C) activation,
-    which the block's MLP holds anyway: MLP_RATIO x d query rows (256 for 64-dimensional heads), one chunk
-    at 224 px, about N / 256 at larger inputs."""
+    that run slowly (docs/results/h100-2026-11-24.md), so a chunk there may take as much as a
+    (B, N, MLP_RATIO x C) activation, which the block's MLP holds anyway: MLP_RATIO x d query rows (256 for
+    64-dimensional heads), one chunk at 224 px, about N / 256 at larger inputs."""
     if q.device.type == "cpu":
         return PROBS_BYTES
     batch, heads, tokens, dim = q.shape
