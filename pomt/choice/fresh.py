@@ -1,19 +1,10 @@
 """The verification again, in a fresh process: the promise must hold where the schedule is served.
 
-On the 2-core VM the position of a step near N changes from one process to the next (deit_small at batch 4:
-194 kept tokens read 0.92, 0.98, 1.00 and 0.91 of N in four processes; README, "A step can move between
-processes"). A search confirms the steps of the process it runs in, and the verification beside it measures
-the same process, so a removal it ships can rest on a step that the serving process does not have. The
-offline computation therefore measures its candidates once more in a new interpreter (`spawn`): the model
-built afresh from the workload (random weights: latency does not depend on them), the same input seed, the
-same paired rounds and criterion (`pomt.choice.verify.verify`). A removal ships only when it qualified in both.
-
-The steps a removal could land below are checked the same way before the policy sees them: the confirmed
-steps within the policy's reach are measured in paired rounds (A B, B A, ...) in a fresh process, and a step
-counts only when that process shows it too (in the same direction, significant at the search's alpha
-one-sided, and at least half the minimum step). A step
-that one process's memory layout makes is not a property of the model, batch, input and device, and a run
-that happened to get it would otherwise answer differently from the runs that did not.
+A step near N can move from one process to the next, so a removal verified in the measuring process may rest
+on a step the serving process lacks. The candidates are therefore measured once more in a new interpreter
+(`spawn`: the model built afresh from the workload, same input seed, same paired rounds and criterion as
+`pomt.choice.verify.verify`), and a removal ships only when it qualified in both. The confirmed steps within
+the policy's reach are checked the same way before the policy sees them (docs/method.md, section 8).
 """
 
 from __future__ import annotations

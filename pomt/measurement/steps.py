@@ -1,30 +1,11 @@
 """Detection of latency steps (level shifts) in a measured curve L(n) with scipy.
 
-Model: L(n) = smooth trend + a sum of level shifts (steps) + noise. On the points sorted by token
-count (duplicates averaged):
-
-1. Trend. A robust quadratic (`trend`: repeated-median slopes, then least squares with every interval
-   whose change departs by more than 3 noise units taken out as an offset), fitted to the curve with
-   the steps found so far removed. A global fit works alike on dense, sparse and irregular grids, and
-   a step does not bend its own trend.
-2. Noise. Each point's standard error, given by the caller (`noise_ms`: one figure or one per point;
-   pomt measures it as the spread between visits of the same count, `pomt.measurement.drift`), never below 0.01 %
-   of its latency. Without it, the normal-scaled `scipy.stats.median_abs_deviation` of the residual
-   differences (change minus trend change) over sqrt(2), one figure for the whole curve.
-3. Spikes. An interior point lying more than k noise units away from the median level of the `window`
-   points on each side, on the same side of both, is a spike: a feature narrower than the grid around
-   it (or a disturbed measurement), reported apart and left out of the step search.
-4. Steps. For every interval, the level shift h = mean(detrended level of `window` points above) -
-   mean(`window` points below) with the other known steps taken out, and its significance
-   z = |h| / standard error of h (from the noise of the points on each side).
-   `scipy.signal.find_peaks(height=k)` on z (drops and rises apart) gives candidates; each is placed
-   at the interval with the largest residual change nearby and widened
-   by up to `spread` neighbouring intervals that carry a clear part of it (a step spread over 2-3
-   tokens is reported once; its low side is the lowest of them). Touching candidates are merged and
-   re-scored; those with z >= k remain. Steps 1 and 4 repeat until the set of steps settles.
-
-A "drop" is the usual step: fewer tokens, faster than the trend predicts. A "rise" is the edge of a
-non-monotone region: fewer tokens, slower. Two steps closer than about `window` points count as one.
+L(n) is modelled as a smooth robust quadratic trend, plus level shifts (steps), plus noise (each point's
+standard error, from the caller or from the residuals). Narrow spikes are reported apart; candidate steps are
+the peaks (`scipy.signal.find_peaks`) of the shift's significance z over the intervals, placed, widened over
+a step spread across 2-3 tokens, merged, and kept when z >= k; trend and steps are refitted until they
+settle. A "drop": fewer tokens, faster than the trend predicts; a "rise": fewer tokens, slower. The whole
+procedure: docs/method.md, section 5.
 """
 
 from __future__ import annotations
