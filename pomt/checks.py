@@ -6,9 +6,10 @@ setting in the message the way the caller's user knows it (a CLI flag, or a fiel
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from pomt.errors import BatchSizeError, PatchError
+from pomt.choice.binomial import CONFIDENCE, half_width, trials_for_half_width
+from pomt.errors import BatchSizeError, CalibrationError, PatchError
 
 METHODS = ("pomt", "topk", "tome", "l2norm", "random")
 
@@ -32,3 +33,49 @@ def check_batch_size(batch: int) -> int:
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise BatchSizeError(f"batch size must be an integer >= 1, got {batch!r}")
     return batch
+
+
+def check_removal(method: str, block: int, remove: int, patch_tokens: int) -> int:
+    """Raise PatchError unless `method` can remove `remove` of the `patch_tokens` patch tokens entering
+    `block`: at least one patch token stays; ToMe merges at most half of them (its published cap,
+    `pomt.patching.tome.max_merge`), which a schedule must respect rather than have clamped."""
+    if isinstance(remove, bool) or not isinstance(remove, int) or remove < 0:
+        raise PatchError(f"tokens to remove at block {block} must be an integer >= 0, got {remove!r}")
+    if method == "tome" and remove > patch_tokens // 2:
+        raise PatchError(f"ToMe merges at most half the {patch_tokens} patch tokens entering block {block} "
+                         f"(r <= {patch_tokens // 2}), got r = {remove}")
+    if remove >= patch_tokens:
+        raise PatchError(f"block {block} cannot remove {remove} tokens: only {patch_tokens} patch tokens are left "
+                         f"there (remove at most {patch_tokens - 1})")
+    return remove
+
+
+def check_removals(method: str, removal: Mapping[int, int], num_tokens: int, prefix_tokens: int,
+                   depth: int) -> dict[int, int]:
+    """Check a whole {block: remove} schedule block by block (`check_prune_block`, `check_removal` with
+    the tokens left at each block); returns it sorted, zero removals dropped."""
+    for block in removal:
+        check_prune_block(block, depth)
+    patch_tokens, checked = num_tokens - prefix_tokens, {}
+    for block, remove in sorted(removal.items()):
+        check_removal(method, block, remove, patch_tokens)
+        if remove:
+            checked[block] = remove
+            patch_tokens -= remove
+    return checked
+
+
+def check_calibration_size(images: int, accuracy: float, max_drop_points: float,
+                           confidence: float = CONFIDENCE, label: str = "--max-accuracy-drop") -> int:
+    """Raise CalibrationError when the Wilson interval of `accuracy` on `images` calibration images is wider
+    on each side than the accuracy drop asked (in points): such a drop could not be told from noise."""
+    if max_drop_points <= 0:
+        raise CalibrationError(f"{label} must be positive, got {max_drop_points:g}")
+    width = half_width(accuracy, images, confidence) * 100
+    if width > max_drop_points:
+        needed = trials_for_half_width(accuracy, max_drop_points / 100, confidence)
+        raise CalibrationError(
+            f"{images} calibration images measure an accuracy of {accuracy:.1%} to within +-{width:.1f} points "
+            f"({confidence:.0%} Wilson interval), wider than the {max_drop_points:g}-point drop asked by {label}: "
+            f"give at least {needed} images or allow a drop of {width:.1f} points or more")
+    return images

@@ -59,3 +59,11 @@ class BackendError(PomtError):
 
 class ExportError(PomtError):
     """A model cannot be exported (an operation without a translation), or the export does not match PyTorch."""
+
+
+class CalibrationError(PomtError):
+    """The calibration images cannot answer what is asked of them (too few for the accuracy drop asked)."""
+
+
+class AccuracyCacheError(PomtError):
+    """An accuracy cache (journal) is corrupt or belongs to another model."""

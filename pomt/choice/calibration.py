@@ -1,0 +1,101 @@
+"""Accuracy of candidate schedules, measured on the patched model itself over calibration images.
+
+The images are split once, seeded, into a search split (what a search compares candidates on) and a
+held-out split (what a chosen schedule is reported on). Top-1 against the labels of an ImageFolder, or
+without labels the agreement with the unpruned model's top-1. Candidates are evaluated together, batch by
+batch, sharing the unpruned prefix (`pomt.choice.shared_prefix`); each result is journalled
+(`pomt.choice.accuracy_journal`) under a key naming the candidate and the split's exact images, so a
+killed search resumes and a repeated evaluation is free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset, Subset, TensorDataset
+
+from pomt.choice.accuracy import AGREEMENT, TOP1, _batches, image_loader
+from pomt.choice.accuracy_journal import AccuracyJournal
+from pomt.choice.binomial import Proportion
+from pomt.choice.candidates import Candidate
+from pomt.choice.shared_prefix import count_correct
+from pomt.errors import DatasetError
+
+SEARCH, HELD_OUT = "search", "held_out"
+
+
+def split_indices(size: int, held_out: float = 0.5, seed: int = 0) -> dict[str, list[int]]:
+    """Seeded split of `size` items into the search and held-out splits (each sorted, neither empty)."""
+    if size < 2:
+        raise DatasetError(f"calibration needs at least 2 images (a search and a held-out one), got {size}")
+    if not 0.0 < held_out < 1.0:
+        raise DatasetError(f"the held-out share must lie in (0, 1), got {held_out}")
+    order = np.random.default_rng(seed).permutation(size)
+    held = min(size - 1, max(1, round(size * held_out)))
+    return {SEARCH: sorted(order[held:].tolist()), HELD_OUT: sorted(order[:held].tolist())}
+
+
+def dataset_digest(dataset: Dataset) -> str:
+    """A digest of what a dataset holds: its files' bytes and labels for image folders, else its tensors."""
+    digest = hashlib.sha256()
+    if hasattr(dataset, "samples") or hasattr(dataset, "paths"):
+        items = getattr(dataset, "samples", None) or [(path, -1) for path in dataset.paths]
+        for path, label in items:
+            digest.update(f"{Path(path).name}:{label}:".encode())
+            digest.update(Path(path).read_bytes())
+    elif isinstance(dataset, TensorDataset):
+        for tensor in dataset.tensors:
+            digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    else:
+        raise DatasetError(f"cannot name the images of a {type(dataset).__name__} for the accuracy cache")
+    return digest.hexdigest()[:16]
+
+
+class Calibration:
+    """The model, its calibration images in two splits, and the journal of what was measured on them."""
+
+    def __init__(self, model: nn.Module, dataset: Dataset, kind: str, journal: AccuracyJournal, *,
+                 held_out: float = 0.5, seed: int = 0, batch_size: int = 16, device: str = "cpu",
+                 dtype: torch.dtype | None = None, progress: bool = False) -> None:
+        if kind not in (TOP1, AGREEMENT):
+            raise ValueError(f"kind must be {TOP1!r} or {AGREEMENT!r}, got {kind!r}")
+        self.model, self.kind, self.journal = model, kind, journal
+        self.batch_size, self.device, self.dtype, self.progress = batch_size, device, dtype, progress
+        self.indices = split_indices(len(dataset), held_out, seed)
+        self.datasets = {name: Subset(dataset, idx) for name, idx in self.indices.items()}
+        data = dataset_digest(dataset)
+        self.split_ids = {
+            name: f"{name}:{kind}:{data}:" + hashlib.sha256(str(idx).encode()).hexdigest()[:12]
+            for name, idx in self.indices.items()
+        }
+        self.evaluated = 0  # candidates measured (not read from the journal) by this object
+        self.seconds = 0.0  # time those measurements took
+
+    def size(self, split: str = SEARCH) -> int:
+        return len(self.indices[split])
+
+    def cached(self, candidate: Candidate, split: str = SEARCH) -> Proportion | None:
+        return self.journal.get(candidate, self.split_ids[split])
+
+    def measure(self, candidates: Sequence[Candidate], split: str = SEARCH) -> dict[Candidate, Proportion]:
+        """{candidate: its accuracy on `split`}: journalled results read back, the others measured together
+        in one pass over the split's images and journalled."""
+        unique = list(dict.fromkeys(candidates))
+        missing = [c for c in unique if self.cached(c, split) is None]
+        if missing:
+            start = time.perf_counter()
+            batches = _batches(image_loader(self.datasets[split], self.batch_size), self.progress)
+            correct, total = count_correct(self.model, missing, batches, self.kind == AGREEMENT, self.device,
+                                           self.dtype)
+            for candidate in missing:
+                self.journal.add(candidate, self.split_ids[split], Proportion(correct[candidate], total))
+            self.evaluated += len(missing)
+            self.seconds += time.perf_counter() - start
+        return {c: self.cached(c, split) for c in unique}
+

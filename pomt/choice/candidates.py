@@ -1,0 +1,58 @@
+"""A schedule across blocks as a search candidate: one reducer and how many tokens it removes at each block.
+
+A value object, hashable and ordered, with a stable text key (the accuracy cache's and the outputs' name for
+it). Every candidate that removes nothing is the same candidate, the unpruned model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pomt.checks import check_method
+
+REDUCERS = ("pomt", "topk", "tome", "l2norm")
+UNPRUNED = "none"
+
+
+@dataclass(frozen=True, order=True)
+class Candidate:
+    """`method` removing `remove` tokens at each (block, remove) of `removal` (sorted, no zeros)."""
+
+    method: str
+    removal: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def of(cls, method: str, removal: Mapping[int, int]) -> Candidate:
+        """The candidate removing removal[b] tokens at block b with `method` (zero entries dropped)."""
+        kept = tuple(sorted((int(b), int(r)) for b, r in removal.items() if r))
+        if not kept:
+            return cls(UNPRUNED)
+        return cls(check_method(method, REDUCERS), kept)
+
+    @property
+    def unpruned(self) -> bool:
+        return not self.removal
+
+    @property
+    def first_block(self) -> int | None:
+        """The first block that removes tokens (None for the unpruned model)."""
+        return self.removal[0][0] if self.removal else None
+
+    def as_dict(self) -> dict[int, int]:
+        """{block: remove}, as `pomt.patch` takes it."""
+        return dict(self.removal)
+
+    @property
+    def key(self) -> str:
+        """A stable text name, e.g. `tome:0=2,1=2` or `none`."""
+        if self.unpruned:
+            return UNPRUNED
+        return f"{self.method}:" + ",".join(f"{b}={r}" for b, r in self.removal)
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "removal": {str(b): r for b, r in self.removal}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> Candidate:
+        return cls.of(data["method"], {int(b): int(r) for b, r in data["removal"].items()})

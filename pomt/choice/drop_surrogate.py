@@ -1,0 +1,75 @@
+"""A cheap stand-in for a schedule's accuracy drop, fitted on single-block probes, to rank candidates
+before they are measured (pure maths).
+
+Additive over blocks: drop(schedule) = sum_b d(b, s_b), s_b the share of the patch tokens entering block b
+that it removes. d is measured by probes, single-block schedules at a few blocks and shares (their drop
+from the unpruned accuracy, floored at 0 and made non-decreasing in the share), and interpolated: linearly
+in the share from d(b, 0) = 0, extended past the largest probed share along its last slope (a larger cut
+never looks free), then linearly between probed blocks, held beyond them. It ignores how cuts compound
+across blocks; the search measures the candidates it proposes, so the stand-in only has to order them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from pomt.choice.candidates import Candidate
+
+
+def probe_candidates(method: str, num_tokens: int, prefix_tokens: int, depth: int, blocks: int = 4,
+                     shares: tuple[float, ...] = (0.25, 0.5)) -> dict[Candidate, tuple[int, float]]:
+    """{single-block candidate: (block, share removed)} at `blocks` evenly spaced blocks (first and last
+    included) and each share of the N - P patch tokens (ToMe at most half)."""
+    patches = num_tokens - prefix_tokens
+    most = patches // 2 if method == "tome" else patches - 1
+    probes = {}
+    for block in sorted({int(b) for b in np.linspace(0, depth - 1, num=max(1, min(blocks, depth))).round()}):
+        for share in shares:
+            remove = min(most, max(1, round(share * patches)))
+            if remove >= 1:
+                probes[Candidate.of(method, {block: remove})] = (block, remove / patches)
+    return probes
+
+
+@dataclass(frozen=True)
+class DropSurrogate:
+    """d(block, share) on a grid of probed blocks x shares (accuracy-drop fractions, >= 0)."""
+
+    blocks: tuple[int, ...]
+    shares: tuple[float, ...]
+    drops: tuple[tuple[float, ...], ...]  # drops[i][j]: block blocks[i], share shares[j]
+
+    def at(self, block: int, share: float) -> float:
+        """d(block, share); 0 for no removal."""
+        if share <= 0:
+            return 0.0
+        per_block = [self._along_share(row, share) for row in self.drops]
+        return float(np.interp(block, self.blocks, per_block))
+
+    def _along_share(self, row: tuple[float, ...], share: float) -> float:
+        xs, ys = (0.0, *self.shares), (0.0, *row)
+        if share <= xs[-1]:
+            return float(np.interp(share, xs, ys))
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return ys[-1] + slope * (share - xs[-1])
+
+    def predict(self, counts: list[int], candidate: Candidate, prefix_tokens: int) -> float:
+        """The stand-in drop of `candidate`, whose blocks receive `counts` tokens."""
+        return sum(self.at(b, (counts[b] - counts[b + 1]) / (counts[b] - prefix_tokens))
+                   for b, _ in candidate.removal)
+
+
+def fit_surrogate(probes: Mapping[tuple[int, float], float], baseline: float) -> DropSurrogate:
+    """The surrogate from probe accuracies {(block, share): accuracy} and the unpruned accuracy; shares
+    probed at one block but not another are filled by interpolation along the share at that block."""
+    blocks = tuple(sorted({b for b, _ in probes}))
+    shares = tuple(sorted({s for _, s in probes}))
+    rows = []
+    for block in blocks:
+        known = sorted((s, max(0.0, baseline - a)) for (b, s), a in probes.items() if b == block)
+        xs, ys = [0.0] + [s for s, _ in known], [0.0] + list(np.maximum.accumulate([d for _, d in known]))
+        rows.append(tuple(float(np.interp(s, xs, ys)) for s in shares))
+    return DropSurrogate(blocks, shares, tuple(rows))

@@ -1,0 +1,193 @@
+"""The speed-accuracy frontier of schedules across blocks and reducers, searched on a measured-accuracy budget.
+
+Latency is predicted for any candidate from one curve (`LatencyModel`); accuracy is measured (an oracle:
+`Calibration.measure` on the search split), and every candidate measured counts against `max_evals`, read
+from the cache or not, so a resumed search takes the same decisions. The search:
+
+1. the unpruned model and the uniform families (`pomt.choice.families`), always, as candidates and as the
+   baselines to beat;
+2. per reducer, with an equal share of what is left of the budget:
+   a. probes: single-block removals at a few blocks and shares, which fit an additive stand-in for the
+      accuracy drop (`pomt.choice.drop_surrogate`);
+   b. a dynamic programme over blocks (`pomt.choice.schedule_dp`) proposes, for each stand-in drop up to
+      `drop_span` times `max_accuracy_drop`, the fastest per-block schedule within it, and the fastest
+      of all; landing counts just below confirmed steps are among its choices;
+   c. the proposals, ordered from slowest to fastest, are bisected on measured accuracy for the fastest
+      within `max_accuracy_drop` of the unpruned model (and, with a latency budget, the proposals at its
+      edge are measured first); what budget is left goes to the unmeasured proposals nearest that boundary.
+
+Why this shape: a measured accuracy costs a pass over the calibration images, a predicted latency nothing.
+A greedy walk over blocks pays a measurement for every block it considers at every step (D per step);
+the stand-in needs a handful of probes per reducer, the programme is exact for the stand-in (to one
+bucket) in well under a second, and bisection spends about log2 of the proposals on measuring them.
+The stand-in ignores how cuts compound across blocks, which is why proposals are measured, never
+trusted; where the stand-in is exact (an additive accuracy), the bisection finds the optimum.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from pomt.checks import check_method
+from pomt.choice.binomial import Proportion
+from pomt.choice.candidates import REDUCERS, Candidate
+from pomt.choice.drop_surrogate import fit_surrogate, probe_candidates
+from pomt.choice.families import uniform_families
+from pomt.choice.pareto import EPSILON, Evaluated, pareto_front
+from pomt.choice.schedule_dp import BlockProgramme, landing_counts
+from pomt.choice.schedule_latency import LatencyModel
+
+Oracle = Callable[[Sequence[Candidate]], Mapping[Candidate, Proportion]]
+UNPRUNED = Candidate.of("pomt", {})
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How hard and where to search; `steps` are the low-side token counts of confirmed steps."""
+
+    reducers: tuple[str, ...] = REDUCERS
+    max_evals: int = 80
+    max_accuracy_drop: float = 1.0  # points
+    latency_budget_ms: float | None = None
+    steps: tuple[int, ...] = ()
+    family_points: int = 5
+    probe_blocks: int = 4
+    probe_shares: tuple[float, ...] = (0.25, 0.5)
+    max_share: float = 0.75
+    grid: int = 24
+    buckets_per_drop: int = 16  # the programme's resolution: stand-in drop buckets per max_accuracy_drop
+    drop_span: int = 6  # stand-in drops up to this many times max_accuracy_drop are searched closely
+
+
+@dataclass(frozen=True)
+class FrontierResult:
+    """Every evaluated schedule, the unpruned one, the frontier, and how many evaluations were asked."""
+
+    baseline: Evaluated
+    evaluated: tuple[Evaluated, ...]
+    frontier: tuple[Evaluated, ...]
+    evals: int
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"baseline": self.baseline.to_dict(), "evals": self.evals, "notes": list(self.notes),
+                "evaluated": [e.to_dict() for e in self.evaluated],
+                "frontier": [e.candidate.key for e in self.frontier]}
+
+
+class FrontierSearch:
+    """One search: the latency model, the accuracy oracle, the settings, and what was measured so far."""
+
+    def __init__(self, latency: LatencyModel, oracle: Oracle, settings: SearchSettings = SearchSettings()) -> None:
+        for method in settings.reducers:
+            check_method(method, REDUCERS)
+        self.latency, self.oracle, self.settings = latency, oracle, settings
+        self.records: dict[Candidate, Evaluated] = {}
+        self.asked = 0
+        self.notes: list[str] = []
+
+    @property
+    def left(self) -> int:
+        return max(0, self.settings.max_evals - self.asked)
+
+    def measure(self, labelled: Mapping[Candidate, str], force: bool = False) -> None:
+        """Measure the candidates not measured yet in one oracle call, within the budget unless `force`."""
+        new = [c for c in labelled if c not in self.records]
+        if not force:
+            new = new[: self.left]
+        if not new:
+            return
+        results = self.oracle(new)
+        self.asked += len(new)
+        for c in new:
+            self.records[c] = Evaluated(c, labelled[c], self.latency.predict(c), results[c])
+
+    def run(self) -> FrontierResult:
+        """The whole search (see the module docstring)."""
+        s, lat = self.settings, self.latency
+        self.measure({UNPRUNED: "unpruned"}, force=True)
+        families = uniform_families(lat.num_tokens, lat.prefix_tokens, lat.depth, s.steps, s.family_points)
+        labelled: dict[Candidate, str] = {}
+        for name, candidates in families.items():
+            labelled.update({c: name for c in candidates if c not in labelled})
+        self.measure(labelled, force=True)
+        if self.asked > s.max_evals:
+            self.notes.append(f"the uniform families alone took {self.asked} evaluations (max_evals "
+                              f"{s.max_evals}): no per-block search")
+        for i, method in enumerate(s.reducers):
+            self.search_reducer(method, self.left // (len(s.reducers) - i))
+        evaluated = tuple(self.records.values())
+        return FrontierResult(self.records[UNPRUNED], evaluated, tuple(pareto_front(evaluated)), self.asked,
+                              tuple(self.notes))
+
+    def search_reducer(self, method: str, budget: int) -> None:
+        """Probes, the programme's proposals, and their bisection for one reducer, within `budget`."""
+        s, lat = self.settings, self.latency
+        shares = s.probe_shares
+        blocks = min(s.probe_blocks, (budget // 2) // max(1, len(shares)))
+        if blocks < 2:
+            if budget:
+                self.notes.append(f"{method}: {budget} evaluations left, too few for a per-block search")
+            return
+        start = self.asked
+        probes = probe_candidates(method, lat.num_tokens, lat.prefix_tokens, lat.depth, blocks, shares)
+        self.measure(dict.fromkeys(probes, f"probe-{method}"))
+        measured = {probes[c]: self.records[c].accuracy for c in probes if c in self.records}
+        baseline = self.records[UNPRUNED].accuracy
+        programme = BlockProgramme(lat, method, fit_surrogate(measured, baseline),
+                                   landing_counts(lat.num_tokens, lat.prefix_tokens, s.steps, s.grid), s.max_share)
+        step = s.max_accuracy_drop / 100 / s.buckets_per_drop
+        found = programme.schedules(step, s.buckets_per_drop * s.drop_span) + programme.schedules(math.inf, 0)
+        proposals = sorted({c for c in found if not c.unpruned}, key=lambda c: (-lat.predict(c), c))
+        self.bisect(proposals, f"search-{method}", budget - (self.asked - start))
+
+    def bisect(self, proposals: list[Candidate], family: str, budget: int) -> None:
+        """Measure proposals (slowest first) to find the fastest within the accuracy drop; see the module doc."""
+        s = self.settings
+        stop = self.asked + budget
+        floor = self.records[UNPRUNED].accuracy - s.max_accuracy_drop / 100
+
+        def measured(i: int) -> Evaluated | None:
+            if proposals[i] not in self.records and self.asked < stop:
+                self.measure({proposals[i]: family})
+            return self.records.get(proposals[i])
+
+        if s.latency_budget_ms is not None:
+            edge = next((i for i, c in enumerate(proposals) if self.latency.predict(c) <= s.latency_budget_ms), None)
+            for i in () if edge is None else (edge, edge + 1):
+                if i < len(proposals):
+                    measured(i)
+        low, high = -1, len(proposals)
+        while high - low > 1:
+            middle = (low + high) // 2
+            point = measured(middle)
+            if point is None:
+                break
+            low, high = (middle, high) if point.accuracy >= floor - EPSILON else (low, middle)
+        for i in sorted(range(len(proposals)), key=lambda i: (abs(i - high + 0.5), i)):
+            if self.asked >= stop:
+                break
+            measured(i)
+
+
+def search_frontier(latency: LatencyModel, oracle: Oracle,
+                    settings: SearchSettings = SearchSettings()) -> FrontierResult:
+    """Run a `FrontierSearch`."""
+    return FrontierSearch(latency, oracle, settings).run()
+
+
+def with_held_out(result: FrontierResult, oracle: Oracle,
+                  candidates: Sequence[Candidate] | None = None) -> FrontierResult:
+    """The result with held-out accuracies for `candidates` (default: the frontier and the unpruned model),
+    measured by `oracle` (the held-out split's); not counted against `max_evals`."""
+    wanted = list(dict.fromkeys([UNPRUNED, *(e.candidate for e in result.frontier)] if candidates is None
+                                else candidates))
+    held = oracle(wanted)
+
+    def update(e: Evaluated) -> Evaluated:
+        return e.with_held_out(held[e.candidate]) if e.candidate in held else e
+
+    return replace(result, baseline=update(result.baseline), evaluated=tuple(map(update, result.evaluated)),
+                   frontier=tuple(map(update, result.frontier)))

@@ -1,0 +1,120 @@
+"""Each reducer's own cost at a pruning block, measured inside the model at a few (tokens entering, removed).
+
+The paired-rounds idea of `pomt.choice.verify.method_cost`, generalised from the N tokens a block receives
+to any count n: the model with n tokens entering block j and the reducer removing r there, against the same
+model with n tokens entering block j and r of them simply dropped after it (its block runs plain at n).
+Every round visits each variant once in a seeded random order (one untimed forward, then `reps` timed,
+through `pomt.measurement.timing`); a cost is the median over rounds of patched minus dropped.
+Measured at the last block, where nothing after it differs. ToMe's proportional attention in the blocks
+after its first merge is measured as the same difference one block earlier (the merge plus one block of
+proportional attention) less the cost at the last block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from pomt.choice.schedule_latency import ReducerCost
+from pomt.measurement.timing import fixed_threads, synchronize, time_calls
+from pomt.models.geometry import model_geometry
+from pomt.models.tokens import truncate_tokens
+from pomt.patching import patch, unpatch
+from pomt.patching.plan import removed_at
+
+SHARES = (0.25, 0.5)  # removals measured at each count, as shares of its patch tokens
+
+Variant = tuple[str, int, int, int]  # (method or "", block, tokens entering it, tokens removed there)
+
+
+def cost_points(num_tokens: int, prefix_tokens: int, method: str, counts: Sequence[int],
+                shares: Sequence[float] = SHARES) -> list[tuple[int, int]]:
+    """(tokens entering, removed) pairs to measure: each share of each count's patch tokens, at least one
+    token, within what the method can remove there."""
+    points = set()
+    for n in counts:
+        patches = n - prefix_tokens
+        for share in shares:
+            remove = max(1, round(share * patches))
+            remove = removed_at(method, patches, min(remove, patches - 1)) if patches > 1 else 0
+            if remove:
+                points.add((n, remove))
+    return sorted(points)
+
+
+def default_counts(num_tokens: int, prefix_tokens: int) -> tuple[int, int]:
+    """N and about half of it: the range a schedule's pruning blocks receive."""
+    return num_tokens, prefix_tokens + max(2, (num_tokens - prefix_tokens) // 2)
+
+
+@contextlib.contextmanager
+def _variant(model: nn.Module, variant: Variant, num_tokens: int, depth: int) -> Iterator[None]:
+    method, block, tokens, remove = variant
+    with contextlib.ExitStack() as stack:
+        if tokens < num_tokens:
+            stack.enter_context(truncate_tokens(model, tokens, at_block=block))
+        if method:
+            patch(model, method, {block: remove})
+            stack.callback(unpatch, model)
+        elif block + 1 < depth:
+            stack.enter_context(truncate_tokens(model, tokens - remove, at_block=block + 1))
+        yield
+
+
+def measure_reducer_costs(
+    model: nn.Module,
+    x: torch.Tensor,
+    methods: Sequence[str],
+    counts: Sequence[int] | None = None,
+    shares: Sequence[float] = SHARES,
+    *,
+    device: str = "cpu",
+    threads: int | None = None,
+    rounds: int = 5,
+    reps: int = 1,
+    seed: int = 0,
+) -> dict[str, ReducerCost]:
+    """{method: its ReducerCost} measured on input `x` (see the module docstring)."""
+    geometry = model_geometry(model)
+    depth, num_tokens, prefix = geometry.depth, geometry.num_tokens, geometry.prefix_tokens
+    counts = sorted(set(counts or default_counts(num_tokens, prefix)))
+    for n in counts:
+        geometry.check_tokens(n)
+    pairs: list[tuple[Variant, Variant]] = []
+    for method in methods:
+        blocks = (depth - 1, depth - 2) if method == "tome" and depth > 1 else (depth - 1,)
+        for n, remove in cost_points(num_tokens, prefix, method, counts, shares):
+            pairs += [((method, block, n, remove), ("", block, n, remove)) for block in blocks]
+    variants = list(dict.fromkeys(v for pair in pairs for v in pair))  # plain references are shared
+    times = _paired_rounds(model, x, variants, num_tokens, depth, device, threads,
+                           rounds, reps, seed)
+    cost = {patched: float(np.median(np.subtract(times[patched], times[plain]))) for patched, plain in pairs}
+    results = {}
+    for method in methods:
+        pruning = {(n, r): ms for (m, block, n, r), ms in cost.items() if m == method and block == depth - 1}
+        carried: dict[int, list[float]] = {}
+        for (m, block, n, r), ms in cost.items():
+            if m == method and block == depth - 2:
+                carried.setdefault(n - r, []).append(ms - pruning[(n, r)])
+        carrying = {n: float(np.mean(values)) for n, values in carried.items()}
+        results[method] = ReducerCost(method, prefix, pruning, carrying)
+    return results
+
+
+def _paired_rounds(model: nn.Module, x: torch.Tensor, variants: Sequence[Variant], num_tokens: int, depth: int,
+                   device: str, threads: int | None, rounds: int, reps: int, seed: int) -> dict[Variant, list[float]]:
+    """Per variant, one median latency (ms) per round; every round visits all variants in a seeded order."""
+    rng = np.random.default_rng(seed)
+    times: dict[Variant, list[float]] = {v: [] for v in variants}
+    with fixed_threads(threads) as used, torch.inference_mode():
+        for _ in range(rounds):
+            for i in rng.permutation(len(variants)):
+                with _variant(model, variants[i], num_tokens, depth):
+                    model(x)  # untimed: the first forward of a new shape sets it up
+                    synchronize(device)
+                    times[variants[i]].append(float(np.median(time_calls(lambda: model(x), device, reps, used))))
+    return times

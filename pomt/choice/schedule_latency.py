@@ -1,0 +1,118 @@
+"""Predicted latency of any schedule (reducer + removal per block) from one measured curve (pure maths).
+
+Blocks. L(n) is the whole model with every block at n tokens; a block at n tokens costs L(n) / D of it
+(as `pomt.choice.policy.predict_from_counts` charges it: the embedding and head cancel out of any
+comparison), and each block is charged at the count entering it (`pomt.patching.plan.token_counts`, ToMe's
+clamping included).
+
+Reducers. A pruning block costs more than the plain block at the count n entering it (explicit attention,
+scores, sorting, gathers, less what its MLP saves on the tokens it removed): `ReducerCost.prune(n, r)`,
+measured inside the model at a few (n, r) (`pomt.choice.reducer_costs`) and interpolated: linearly in the
+share r / (n - P) of the patch tokens removed at each measured n, then linearly in n; held beyond the
+measured range, 0 when nothing is removed. ToMe's blocks after its first merge also run proportional
+attention (token sizes as an attention bias), whether they merge or not: `ReducerCost.carry(n)` per block.
+
+predicted = sum_b L(n_b) / D + sum over pruning blocks prune(n_b, r_b) + sum over blocks after the first
+pruning one carry(n_b).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pomt.choice.candidates import Candidate
+from pomt.choice.policy import predict_from_counts
+from pomt.errors import CurveError
+from pomt.patching.plan import removed_at, token_counts
+
+
+@dataclass(frozen=True)
+class ReducerCost:
+    """A reducer's own cost (ms) over the plain block: at pruning blocks by (tokens entering, removed),
+    and (ToMe) at every block after the first pruning one by the tokens entering it."""
+
+    method: str
+    prefix_tokens: int
+    pruning: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    carrying: Mapping[int, float] = field(default_factory=dict)
+
+    def prune(self, tokens: int, remove: int) -> float:
+        """Cost of a block that receives `tokens` and removes `remove` (see the module docstring)."""
+        if remove <= 0 or not self.pruning:
+            return 0.0
+        share = remove / max(1, tokens - self.prefix_tokens)
+        by_count: dict[int, list[tuple[float, float]]] = {}
+        for (n, r), ms in self.pruning.items():
+            by_count.setdefault(n, []).append((r / max(1, n - self.prefix_tokens), ms))
+        counts = sorted(by_count)
+        at_count = []
+        for n in counts:
+            shares, values = zip(*sorted(by_count[n]), strict=True)
+            at_count.append(float(np.interp(share, shares, values)))
+        return float(np.interp(tokens, counts, at_count))
+
+    def carry(self, tokens: int) -> float:
+        """Cost of a block after the first pruning one, at the `tokens` it receives (0 without a table)."""
+        if not self.carrying:
+            return 0.0
+        counts = sorted(self.carrying)
+        return float(np.interp(tokens, counts, [self.carrying[n] for n in counts]))
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "prefix_tokens": self.prefix_tokens,
+                "pruning": [[n, r, round(ms, 5)] for (n, r), ms in sorted(self.pruning.items())],
+                "carrying": [[n, round(ms, 5)] for n, ms in sorted(self.carrying.items())]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> ReducerCost:
+        return cls(data["method"], int(data["prefix_tokens"]),
+                   {(int(n), int(r)): float(ms) for n, r, ms in data["pruning"]},
+                   {int(n): float(ms) for n, ms in data["carrying"]})
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """The curve, the model's token geometry and each reducer's cost: prices any candidate."""
+
+    curve: Mapping[int, float]
+    num_tokens: int
+    prefix_tokens: int
+    depth: int
+    costs: Mapping[str, ReducerCost] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.curve:
+            raise CurveError("the latency curve is empty")
+
+    def counts(self, candidate: Candidate) -> list[int]:
+        """Tokens entering each block, then leaving the last one (depth + 1 values)."""
+        if candidate.unpruned:
+            return [self.num_tokens] * (self.depth + 1)
+        return token_counts(self.num_tokens, self.prefix_tokens, self.depth, candidate.method, candidate.as_dict())
+
+    def block_ms(self, tokens: int) -> float:
+        """One plain block at `tokens` tokens: its share of the curve."""
+        return predict_from_counts(self.curve, [tokens]) / self.depth
+
+    def step_ms(self, method: str, tokens: int, remove: int, after_first: bool) -> float:
+        """One block of a `method` schedule receiving `tokens` and removing `remove` (clamped as the patch
+        clamps), `after_first` when an earlier block already pruned."""
+        cost = self.costs.get(method)
+        ms = self.block_ms(tokens)
+        if cost is None:
+            return ms
+        removed = removed_at(method, tokens - self.prefix_tokens, remove) if remove else 0
+        return ms + cost.prune(tokens, removed) + (cost.carry(tokens) if after_first else 0.0)
+
+    def predict(self, candidate: Candidate) -> float:
+        """Predicted latency (ms) of the model running `candidate`; see the module docstring."""
+        counts, removal, first = self.counts(candidate), candidate.as_dict(), candidate.first_block
+        return sum(self.step_ms(candidate.method, counts[b], removal.get(b, 0), first is not None and b > first)
+                   for b in range(self.depth))
+
+    @property
+    def baseline(self) -> float:
+        return self.predict(Candidate.of("pomt", {}))

@@ -1,0 +1,157 @@
+"""A ViT trained on the digits folder a few epochs on the CPU, cached under `bin/cache/` by its recipe.
+
+The checkpoint (`{"state_dict": ...}`) loads with `pomt.models.registry.create_model(..., checkpoint=...)`;
+a JSON sidecar beside it records the recipe, the training time and the top-1 on the calibration images.
+The recipe's digest names both files, so a checkpoint is reused only for exactly what made it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import timm
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from pomt.choice.accuracy import eval_transform, image_loader, open_image_folder
+from pomt.digits.folder import DigitsSpec, write_digits
+from pomt.io import atomic_write_bytes, atomic_write_json
+from pomt.models.registry import create_model
+
+CACHE_DIR = Path("bin/cache")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What makes a digits model: architecture, data, and the training settings."""
+
+    model: str = "deit_tiny_patch16_224"
+    data: DigitsSpec = DigitsSpec()
+    epochs: int = 8
+    batch_size: int = 16
+    lr: float = 5e-4
+    weight_decay: float = 0.05
+    warmup: float = 0.1  # share of the steps with a linear learning-rate warm-up, then cosine to 0
+    seed: int = 0
+
+    def key(self) -> str:
+        """A digest of the recipe and of timm's version (its model code makes the weights' meaning)."""
+        text = json.dumps({**asdict(self), "timm": timm.__version__}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+SMALL = Recipe(model="test_vit", data=DigitsSpec(size=64, per_class=20), epochs=2, batch_size=16, lr=3e-3,
+               weight_decay=0.0)  # for tests: trains in seconds, to about chance
+
+
+@dataclass(frozen=True)
+class DigitsCase:
+    """A trained digits model: its checkpoint, its folders, how long it trained and how well it does."""
+
+    recipe: Recipe
+    checkpoint: Path
+    root: Path
+    accuracy: float  # top-1 on the calibration images
+    calibration_images: int
+    train_s: float
+    threads: int
+    reused: bool
+
+    @property
+    def train_root(self) -> Path:
+        return self.root / "train"
+
+    @property
+    def calibration_root(self) -> Path:
+        return self.root / "calibration"
+
+    def load(self) -> nn.Module:
+        """The trained model, in eval mode, as any pomt entry point would load it."""
+        return create_model(self.recipe.model, self.recipe.data.size, checkpoint=self.checkpoint)
+
+
+def digits_case(recipe: Recipe = Recipe(), cache_dir: str | Path = CACHE_DIR, progress: bool = False) -> DigitsCase:
+    """The digits model of `recipe`: read from the cache when its files are there, else trained and saved."""
+    cache_dir = Path(cache_dir)
+    root = write_digits(cache_dir, recipe.data)
+    stem = cache_dir / f"digits_{timm_name(recipe.model)}_{recipe.key()}"
+    checkpoint, sidecar = stem.with_suffix(".pth"), stem.with_suffix(".json")
+    if checkpoint.is_file() and sidecar.is_file():
+        facts = json.loads(sidecar.read_text(encoding="utf-8"))
+        return DigitsCase(recipe, checkpoint, root, facts["accuracy"], facts["calibration_images"],
+                          facts["train_s"], facts["threads"], reused=True)
+    model, train_s = train(recipe, root / "train", progress)
+    accuracy, images = calibration_accuracy(model, root / "calibration", recipe.data.size)
+    buffer = io.BytesIO()
+    torch.save({"state_dict": model.state_dict()}, buffer)
+    atomic_write_bytes(checkpoint, buffer.getvalue())
+    threads = torch.get_num_threads()
+    atomic_write_json(sidecar, {"recipe": asdict(recipe), "timm": timm.__version__, "accuracy": accuracy,
+                                "calibration_images": images, "train_s": round(train_s, 2), "threads": threads})
+    return DigitsCase(recipe, checkpoint, root, accuracy, images, round(train_s, 2), threads, reused=False)
+
+
+def timm_name(model: str) -> str:
+    return model.replace("/", "_")
+
+
+def _images(model: nn.Module, root: Path, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every image of an ImageFolder through the model's eval transform, and the labels."""
+    dataset, _ = open_image_folder(root, eval_transform(model, (size, size)))
+    pairs = [dataset[i] for i in range(len(dataset))]
+    return torch.stack([image for image, _ in pairs]), torch.tensor([label for _, label in pairs])
+
+
+def learning_rate(step: int, steps: int, recipe: Recipe) -> float:
+    """Linear warm-up over the first `recipe.warmup` of the steps, then cosine decay to 0."""
+    warm = max(1, round(steps * recipe.warmup))
+    if step < warm:
+        return recipe.lr * (step + 1) / warm
+    return recipe.lr * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+
+
+def train(recipe: Recipe, train_root: Path, progress: bool = False) -> tuple[nn.Module, float]:
+    """Train the recipe's model from its seeded random init on the train folder; returns it (eval mode)
+    and the seconds training took (images loaded beforehand, not counted). The caller's RNG is untouched."""
+    size = recipe.data.size
+    model = create_model(recipe.model, size, num_classes=10)
+    images, labels = _images(model, train_root, size)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+    per_epoch = math.ceil(len(images) / recipe.batch_size)
+    steps = recipe.epochs * per_epoch
+    generator = torch.Generator().manual_seed(recipe.seed)
+    start = time.perf_counter()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(recipe.seed)  # dropout / drop-path draws, where the model has them
+        model.train()
+        bar = tqdm(total=steps, desc="train digits", unit="step", disable=not progress, leave=False)
+        for epoch in range(recipe.epochs):
+            order = torch.randperm(len(images), generator=generator)
+            for i in range(per_epoch):
+                batch = order[i * recipe.batch_size : (i + 1) * recipe.batch_size]
+                for group in optimiser.param_groups:
+                    group["lr"] = learning_rate(epoch * per_epoch + i, steps, recipe)
+                loss = nn.functional.cross_entropy(model(images[batch]), labels[batch])
+                optimiser.zero_grad(set_to_none=True)
+                loss.backward()
+                optimiser.step()
+                bar.update(1)
+        bar.close()
+    return model.eval(), time.perf_counter() - start
+
+
+def calibration_accuracy(model: nn.Module, root: Path, size: int, batch_size: int = 64) -> tuple[float, int]:
+    """Top-1 of `model` on an ImageFolder, and how many images it holds."""
+    dataset, _ = open_image_folder(root, eval_transform(model, (size, size)))
+    correct = 0
+    with torch.inference_mode():
+        for images, labels in image_loader(dataset, batch_size):
+            correct += int((model(images).argmax(-1) == labels).sum())
+    return correct / len(dataset), len(dataset)

@@ -1,0 +1,98 @@
+"""Measured accuracies of candidates: splits, the journal that caches them, resuming, refusing another model."""
+
+import json
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from pomt.choice.accuracy import AGREEMENT, TOP1, eval_transform, open_image_folder
+from pomt.choice.accuracy_journal import AccuracyJournal, model_identity
+from pomt.choice.calibration import HELD_OUT, SEARCH, Calibration, dataset_digest, split_indices
+from pomt.choice.candidates import Candidate
+from pomt.choice.shared_prefix import count_correct
+from pomt.errors import AccuracyCacheError, DatasetError
+from pomt.models.registry import create_model
+
+from tiny_data import make_image_folder
+
+CANDIDATES = [Candidate.of("tome", {0: 2, 1: 2}), Candidate.of("pomt", {2: 6}), Candidate.of("topk", {})]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return create_model("test_vit", 64, num_classes=4)
+
+
+@pytest.fixture(scope="module")
+def images():
+    generator = torch.Generator().manual_seed(0)
+    pixels = torch.randn(30, 3, 64, 64, generator=generator)
+    return TensorDataset(pixels, torch.randint(0, 4, (30,), generator=generator))
+
+
+def calibration(model, dataset, path, kind=TOP1):
+    return Calibration(model, dataset, kind, AccuracyJournal(path, model_identity(model)), batch_size=4)
+
+
+def test_the_split_is_seeded_disjoint_and_complete():
+    split = split_indices(30, 0.4, seed=3)
+    assert split == split_indices(30, 0.4, seed=3) and split != split_indices(30, 0.4, seed=4)
+    assert len(split[HELD_OUT]) == 12 and sorted(split[SEARCH] + split[HELD_OUT]) == list(range(30))
+    with pytest.raises(DatasetError, match="at least 2 images"):
+        split_indices(1)
+
+
+def test_measured_accuracies_are_the_counts_on_the_splits_images(model, images, tmp_path):
+    cal = calibration(model, images, tmp_path / "acc.jsonl")
+    found = cal.measure(CANDIDATES, SEARCH)
+    search = [images[i] for i in cal.indices[SEARCH]]
+    batch = (torch.stack([x for x, _ in search]), torch.stack([y for _, y in search]))
+    correct, total = count_correct(model, CANDIDATES, [batch], agreement=False)
+    assert {c: (p.successes, p.trials) for c, p in found.items()} == {c: (correct[c], total) for c in CANDIDATES}
+    assert cal.evaluated == 3 and total == cal.size(SEARCH) == 15
+
+
+def test_a_journal_is_read_back_and_a_killed_line_measured_again(model, images, tmp_path):
+    path = tmp_path / "acc.jsonl"
+    first = calibration(model, images, path).measure(CANDIDATES, SEARCH)
+    with path.open("ab") as handle:
+        handle.write(b'{"key": "search|half-writ')  # a kill in the middle of a line
+    again = calibration(model, images, path)
+    assert again.measure(CANDIDATES, SEARCH) == first and again.evaluated == 0
+    assert path.read_bytes().endswith(b"}\n")  # the cut line is gone
+    held = again.measure(CANDIDATES[:1], HELD_OUT)
+    assert again.evaluated == 1 and held[CANDIDATES[0]].trials == 15
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[0])["identity"]["weights"] == model_identity(model)["weights"] and len(lines) == 5
+
+
+def test_a_journal_of_another_model_is_refused(model, images, tmp_path):
+    path = tmp_path / "acc.jsonl"
+    calibration(model, images, path).measure(CANDIDATES[:1])
+    other = create_model("test_vit", 64, num_classes=4)
+    with torch.no_grad():
+        other.head.bias.add_(1.0)
+    with pytest.raises(AccuracyCacheError, match="belongs to another model .*weights"):
+        calibration(other, images, path)
+    path.write_text("not json\n")
+    with pytest.raises(AccuracyCacheError, match="not a pomt accuracy cache"):
+        calibration(model, images, path)
+
+
+def test_other_images_or_another_kind_are_other_keys(model, images, tmp_path):
+    path = tmp_path / "acc.jsonl"
+    calibration(model, images, path).measure(CANDIDATES[:1])
+    moved = TensorDataset(images.tensors[0] + 1, images.tensors[1])
+    assert calibration(model, moved, path).cached(CANDIDATES[0]) is None
+    agreement = calibration(model, images, path, AGREEMENT)
+    assert agreement.cached(CANDIDATES[0]) is None
+    assert agreement.measure([Candidate.of("pomt", {})])[Candidate.of("pomt", {})].value == 1.0
+
+
+def test_an_image_folder_is_named_by_its_files(model, tmp_path):
+    root = make_image_folder(tmp_path / "data", per_class=2)
+    dataset, _ = open_image_folder(root, eval_transform(model, (64, 64)))
+    before = dataset_digest(dataset)
+    next(root.rglob("*.png")).write_bytes(next(reversed(sorted(root.rglob("*.png")))).read_bytes())
+    assert dataset_digest(open_image_folder(root, eval_transform(model, (64, 64)))[0]) != before

@@ -1,0 +1,146 @@
+"""The frontier search on synthetic latency models and accuracy oracles, and on a tiny real model end to end."""
+
+import itertools
+from functools import cache
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from pomt.choice.accuracy import AGREEMENT, TOP1, eval_transform, open_image_folder
+from pomt.choice.accuracy_journal import AccuracyJournal, model_identity
+from pomt.choice.binomial import Proportion
+from pomt.choice.calibration import HELD_OUT, SEARCH, Calibration
+from pomt.choice.candidates import REDUCERS, Candidate
+from pomt.choice.families import uniform_families
+from pomt.choice.frontier import SearchSettings, search_frontier, with_held_out
+from pomt.choice.pareto import fastest_within_drop, pareto_front
+from pomt.choice.schedule_latency import LatencyModel, ReducerCost
+from pomt.errors import PatchError
+from pomt.models.registry import create_model
+from pomt.patching.plan import token_counts
+
+N, P, D = 17, 1, 4
+CURVE = {n: 2.0 + 0.5 * n - (1.0 if n <= 12 else 0.0) for n in range(P + 1, N + 1)}  # a step at 13 -> 12
+LATENCY = LatencyModel(CURVE, N, P, D, {m: ReducerCost(m, P, {(N, 4): 0.1, (N, 8): 0.05}) for m in REDUCERS})
+DAMAGE = {"pomt": 1.0, "topk": 1.3, "tome": 0.8, "l2norm": 2.0}
+
+
+def true_accuracy(candidate: Candidate) -> float:
+    """A known accuracy: each block's cut costs more early and more than in proportion past a quarter of the
+    tokens it receives (so the optimum spreads its cuts over blocks)."""
+    counts = LATENCY.counts(candidate)
+    drop = 0.0
+    for block, _ in candidate.removal:
+        share = (counts[block] - counts[block + 1]) / (counts[block] - P)
+        drop += 0.03 * (D - block) / D * (share + 3 * max(0.0, share - 0.25))
+    return 0.9 - DAMAGE.get(candidate.method, 0.0) * drop
+
+
+def oracle(candidates):
+    return {c: Proportion(round(true_accuracy(c) * 10**6), 10**6) for c in candidates}
+
+
+@cache
+def every_schedule() -> tuple[Candidate, ...]:
+    found = []
+    for method in REDUCERS:
+        for removal in itertools.product(range(N - P), repeat=D):
+            candidate = Candidate.of(method, dict(enumerate(removal)))
+            try:
+                counts = token_counts(N, P, D, method, candidate.as_dict())
+            except PatchError:
+                continue
+            if method != "tome" or all(r <= (counts[b] - P) // 2 for b, r in enumerate(removal)):
+                found.append(candidate)
+    return tuple(found)
+
+
+@pytest.mark.parametrize("drop", [0.5, 1.0, 2.0, 4.0])
+def test_the_search_finds_the_known_optimum_within_its_budget(drop):
+    feasible = [c for c in every_schedule() if true_accuracy(c) >= 0.9 - drop / 100 - 1e-9]
+    optimum = min(LATENCY.predict(c) for c in feasible)
+    result = search_frontier(LATENCY, oracle, SearchSettings(max_evals=60, max_accuracy_drop=drop, grid=N,
+                                                             max_share=1.0))
+    assert result.evals <= 60
+    found = fastest_within_drop(result.evaluated, result.baseline.accuracy, drop)
+    assert found.predicted_ms == pytest.approx(optimum)
+
+
+def test_the_uniform_families_are_always_evaluated_and_the_frontier_is_not_dominated():
+    result = search_frontier(LATENCY, oracle, SearchSettings(max_evals=10))
+    families = uniform_families(N, P, D)
+    evaluated = {e.candidate: e for e in result.evaluated}
+    for name, candidates in families.items():
+        assert all(c in evaluated for c in candidates), name
+    assert result.evals == 1 + len({c for cs in families.values() for c in cs}) > 10
+    assert "no per-block search" in result.notes[0]
+    for point in result.frontier:
+        assert not any(o.predicted_ms < point.predicted_ms and o.accuracy >= point.accuracy for o in result.evaluated)
+    assert list(result.frontier) == pareto_front(result.evaluated)
+
+
+def test_a_killed_search_resumes_to_the_same_answer_from_its_cache():
+    settings = SearchSettings(max_evals=50, max_accuracy_drop=1.0)
+    clean = search_frontier(LATENCY, oracle, settings)
+    cache: dict[Candidate, Proportion] = {}
+    calls = {"n": 0}
+
+    def killed_after_five(candidates):
+        calls["n"] += 1
+        if calls["n"] > 5:
+            raise KeyboardInterrupt
+        cache.update(oracle(candidates))
+        return {c: cache[c] for c in candidates}
+
+    with pytest.raises(KeyboardInterrupt):
+        search_frontier(LATENCY, killed_after_five, settings)
+    before, measured = len(cache), []
+
+    def resumed(candidates):
+        measured.extend(c for c in candidates if c not in cache)
+        cache.update(oracle([c for c in candidates if c not in cache]))
+        return {c: cache[c] for c in candidates}
+
+    again = search_frontier(LATENCY, resumed, settings)
+    assert again == clean
+    assert before > 0 and len(measured) == clean.evals - before  # only what the kill left unmeasured
+
+
+def test_held_out_accuracies_are_attached_to_the_frontier():
+    result = with_held_out(search_frontier(LATENCY, oracle, SearchSettings(max_evals=30)), oracle)
+    assert result.baseline.held_out is not None
+    assert all(e.held_out == e.search for e in result.frontier)
+    assert result.to_dict()["frontier"] == [e.candidate.key for e in result.frontier]
+
+
+def test_a_search_by_agreement_on_a_random_tiny_vit_end_to_end(tmp_path):
+    model = create_model("test_vit", 64)  # 17 tokens, 6 blocks, seeded random weights
+    images = TensorDataset(torch.randn(24, 3, 64, 64, generator=torch.Generator().manual_seed(0)),
+                           torch.full((24,), -1))
+    calibration = Calibration(model, images, AGREEMENT, AccuracyJournal(tmp_path / "a.jsonl", model_identity(model)),
+                              batch_size=8)
+    latency = LatencyModel({n: 1.0 + 0.1 * n for n in range(2, 18)}, 17, 1, 6)
+    settings = SearchSettings(reducers=("topk", "l2norm"), max_evals=36, max_accuracy_drop=10.0)
+    result = search_frontier(latency, lambda cs: calibration.measure(cs, SEARCH), settings)
+    assert result.baseline.accuracy == 1.0 and result.evals <= 36 == calibration.evaluated
+    assert {e.family for e in result.evaluated} >= {"probe-topk", "probe-l2norm", "tome-constant"}
+    assert all(e.search.trials == 12 for e in result.evaluated)
+
+
+@pytest.mark.slow
+def test_a_search_on_a_trained_tiny_vit_end_to_end(trained, tmp_path):
+    root, checkpoint, _ = trained
+    model = create_model("test_vit", 96, checkpoint=checkpoint)  # 37 tokens, 6 blocks
+    dataset, kind = open_image_folder(root, eval_transform(model, (96, 96)))
+    assert kind == TOP1
+    calibration = Calibration(model, dataset, kind, AccuracyJournal(tmp_path / "acc.jsonl", model_identity(model)),
+                              batch_size=40)
+    latency = LatencyModel({n: 1.0 + 0.1 * n for n in range(2, 38)}, 37, 1, 6)
+    settings = SearchSettings(reducers=("pomt", "tome"), max_evals=40, max_accuracy_drop=5.0)
+    result = search_frontier(latency, lambda cs: calibration.measure(cs, SEARCH), settings)
+    result = with_held_out(result, lambda cs: calibration.measure(cs, HELD_OUT))
+    assert result.evals <= 40 and calibration.evaluated == result.evals + len(result.frontier) + 1
+    assert result.baseline.search.trials == calibration.size(SEARCH) == 80
+    chosen = fastest_within_drop(result.evaluated, result.baseline.accuracy, 5.0)
+    assert chosen in result.frontier and chosen.held_out is not None

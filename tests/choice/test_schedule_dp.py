@@ -1,0 +1,51 @@
+"""The dynamic programme over blocks: exact for its stand-in drop, landing counts below steps among its moves."""
+
+import itertools
+
+import pytest
+
+from pomt.choice.candidates import Candidate
+from pomt.choice.drop_surrogate import DropSurrogate
+from pomt.choice.schedule_dp import BlockProgramme, landing_counts
+from pomt.choice.schedule_latency import LatencyModel
+
+N, P, D = 13, 1, 3
+CURVE = {n: 1.0 + 0.3 * n + (0.8 if n > 9 else 0.0) for n in range(2, N + 1)}  # a step at 10 -> 9
+SURROGATE = DropSurrogate((0, 2), (0.25, 0.5), ((0.02, 0.06), (0.005, 0.01)))
+
+
+def test_landing_counts_include_every_steps_low_side():
+    assert landing_counts(197, 1, steps=[150, 151], grid=5) == [197, 151, 150, 148, 100, 51, 2]
+
+
+def test_every_allowance_gets_the_fastest_schedule_within_it():
+    latency = LatencyModel(CURVE, N, P, D)
+    programme = BlockProgramme(latency, "pomt", SURROGATE, range(2, N + 1), max_share=1.0)
+    step = 0.002
+    proposals = programme.schedules(step, 40)
+    every = []
+    for removal in itertools.product(range(N - P), repeat=D):
+        candidate = Candidate.of("pomt", dict(enumerate(removal)))
+        counts = [N]
+        for r in removal:
+            counts.append(counts[-1] - r)
+        if counts[-1] >= P + 1:
+            every.append((candidate, counts))
+    for allowance in (0.0, 0.01, 0.03, 0.08):
+        within = [c for c, counts in every
+                  if sum(-(-SURROGATE.at(b, (counts[b] - counts[b + 1]) / (counts[b] - P)) // step)
+                         for b in range(D) if counts[b] > counts[b + 1]) * step <= allowance + 1e-12]
+        best = min(latency.predict(c) for c in within)
+        chosen = [c for c in proposals if c in within]
+        assert min(latency.predict(c) for c in chosen) == pytest.approx(best)
+    fastest = programme.schedules(float("inf"), 0)[0]
+    assert latency.predict(fastest) == pytest.approx(min(latency.predict(c) for c, _ in every))
+
+
+def test_tome_moves_stay_within_half_the_tokens():
+    latency = LatencyModel(CURVE, N, P, D)
+    programme = BlockProgramme(latency, "tome", SURROGATE, range(2, N + 1))
+    fastest = programme.schedules(float("inf"), 0)[0]
+    counts = latency.counts(fastest)
+    assert all(counts[b] - counts[b + 1] <= (counts[b] - P) // 2 for b in range(D))
+    assert counts[1] == 7  # 12 patch tokens: at most 6 merged at block 0

@@ -1,0 +1,72 @@
+"""Latency of any schedule from one curve plus each reducer's own cost: synthetic curves, no timing."""
+
+import pytest
+import torch
+
+from pomt.choice.candidates import Candidate
+from pomt.choice.policy import predict_latency
+from pomt.choice.reducer_costs import cost_points, measure_reducer_costs
+from pomt.choice.schedule_latency import LatencyModel, ReducerCost
+from pomt.choice.verify import cost_function
+from pomt.models.registry import create_model
+
+N, P, D = 50, 1, 12
+CURVE = {n: 5.0 + 0.2 * n - (1.5 if n <= 40 else 0.0) for n in range(P + 1, N + 1)}  # a step at 41 -> 40
+
+
+def block(n: int) -> float:
+    return CURVE[n] / D
+
+
+def test_the_unpruned_model_costs_the_curve_at_n():
+    assert LatencyModel(CURVE, N, P, D).baseline == pytest.approx(CURVE[N])
+
+
+def test_a_single_pomt_block_is_priced_as_the_policy_prices_it():
+    costs = {8: 0.03, 20: -0.01}
+    model = LatencyModel(CURVE, N, P, D, {"pomt": ReducerCost("pomt", P, {(N, r): ms for r, ms in costs.items()})})
+    for remove in (8, 20):
+        expected = predict_latency(CURVE, N, D, [(3, remove)], cost_function(costs))
+        assert model.predict(Candidate.of("pomt", {3: remove})) == pytest.approx(expected)
+
+
+def test_blocks_are_charged_at_the_counts_entering_them_with_tomes_clamping():
+    model = LatencyModel(CURVE, N, P, D)
+    candidate = Candidate.of("tome", {0: 30, 1: 5})  # 49 patch tokens: ToMe merges at most 24, then 5
+    assert model.counts(candidate)[:3] == [50, 26, 21]
+    assert model.predict(candidate) == pytest.approx(block(50) + block(26) + (D - 2) * block(21))
+
+
+def test_reducer_costs_interpolate_in_share_then_count_and_hold_outside():
+    cost = ReducerCost("topk", 0, {(48, 12): 1.0, (48, 24): 2.0, (24, 6): 0.2, (24, 12): 0.4})
+    assert cost.prune(48, 0) == 0.0
+    assert cost.prune(48, 18) == pytest.approx(1.5)  # share 0.375: halfway between the measured shares
+    assert cost.prune(36, 9) == pytest.approx((1.0 + 0.2) / 2)  # share 0.25 at both counts, halfway
+    assert cost.prune(36, 18) == pytest.approx((2.0 + 0.4) / 2)
+    assert cost.prune(48, 40) == pytest.approx(2.0) and cost.prune(10, 1) == pytest.approx(0.2)  # held
+    assert ReducerCost.from_dict(cost.to_dict()) == cost
+
+
+def test_tomes_proportional_attention_is_charged_after_its_first_merge_only():
+    carry = {50: 0.1, 20: 0.1}
+    model = LatencyModel(CURVE, N, P, D, {"tome": ReducerCost("tome", P, {(N, 4): 0.05}, carry)})
+    plain = LatencyModel(CURVE, N, P, D)
+    candidate = Candidate.of("tome", {2: 4, 5: 4})
+    # merges at blocks 2 and 5 (0.05 each: held beyond the measured count), proportional attention in 3..11
+    assert model.predict(candidate) == pytest.approx(plain.predict(candidate) + 2 * 0.05 + 9 * 0.1)
+
+
+def test_cost_points_stay_within_what_each_reducer_can_remove():
+    assert cost_points(50, 1, "pomt", [50, 25], (0.25, 0.5)) == [(25, 6), (25, 12), (50, 12), (50, 24)]
+    assert cost_points(50, 1, "tome", [50], (0.25, 0.75)) == [(50, 12), (50, 24)]
+
+
+def test_measured_reducer_costs_have_the_structure_the_prediction_reads():
+    model = create_model("test_vit", 64)  # 17 tokens, 6 blocks
+    costs = measure_reducer_costs(model, torch.randn(2, 3, 64, 64), ["pomt", "tome"], rounds=2)
+    assert set(costs) == {"pomt", "tome"}
+    assert sorted(costs["pomt"].pruning) == cost_points(17, 1, "pomt", [17, 9])
+    assert costs["pomt"].carrying == {} and costs["tome"].carrying
+    assert all(isinstance(ms, float) for ms in costs["tome"].pruning.values())
+    latency = LatencyModel({n: float(n) for n in range(2, 18)}, 17, 1, 6, costs)
+    assert isinstance(latency.predict(Candidate.of("tome", {0: 2, 3: 2})), float)

@@ -1,0 +1,65 @@
+"""Candidates evaluated together, sharing the unpruned prefix, give exactly what each patched model gives."""
+
+import pytest
+import torch
+
+from pomt.choice.candidates import Candidate
+from pomt.choice.shared_prefix import candidate_logits, count_correct, shares_prefix
+from pomt.errors import DatasetError
+from pomt.models.registry import create_model
+from pomt.patching import patch, patch_state, unpatch
+
+CANDIDATES = [Candidate.of(method, removal) for method in ("pomt", "topk", "tome", "l2norm")
+              for removal in ({0: 3}, {2: 4, 4: 2}, {5: 3}, {1: 2, 2: 2, 3: 2, 4: 2})] + [Candidate.of("pomt", {})]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return create_model("test_vit", 64, num_classes=10)  # 17 tokens, 6 blocks, seeded random weights
+
+
+def own_logits(model, candidate, images):
+    if not candidate.unpruned:
+        patch(model, candidate.method, candidate.as_dict())
+    try:
+        return model(images)
+    finally:
+        unpatch(model)
+
+
+@pytest.mark.parametrize("avg_pool", [False, True])
+def test_shared_prefix_logits_equal_each_patched_models_own_exactly(model, avg_pool):
+    if avg_pool:  # ToMe then also weights the pooling by token size
+        model = create_model("test_vit", 64, num_classes=10)
+        model.global_pool = "avg"
+    images = torch.randn(5, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    assert shares_prefix(model)
+    with torch.inference_mode():
+        shared = candidate_logits(model, CANDIDATES, images)
+        for candidate in CANDIDATES:
+            assert torch.equal(shared[candidate], own_logits(model, candidate, images)), candidate.key
+    assert patch_state(model) is None  # left unpatched
+
+
+def test_without_sharing_every_candidate_runs_its_own_forward(model):
+    images = torch.randn(3, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        shared = candidate_logits(model, CANDIDATES, images, share=True)
+        alone = candidate_logits(model, CANDIDATES, images, share=False)
+    assert all(torch.equal(shared[c], alone[c]) for c in CANDIDATES)
+
+
+def test_counts_against_labels_or_against_the_unpruned_model(model):
+    images = torch.randn(8, 3, 64, 64, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        unpruned = model(images).argmax(-1)
+    batches = [(images[:5], unpruned[:5]), (images[5:], unpruned[5:])]
+    labelled, total = count_correct(model, CANDIDATES, batches, agreement=False)
+    agreeing, _ = count_correct(model, CANDIDATES, batches, agreement=True)
+    assert total == 8 and labelled == agreeing  # labels that are the unpruned top-1: the same counts
+    assert agreeing[Candidate.of("pomt", {})] == 8
+
+
+def test_labels_beyond_the_models_classes_are_a_dataset_error(model):
+    with pytest.raises(DatasetError, match="more classes than the model's 10 outputs"):
+        count_correct(model, CANDIDATES[:1], [(torch.randn(2, 3, 64, 64), torch.tensor([3, 12]))], agreement=False)
