@@ -1,0 +1,227 @@
+"""Level-shift tests over a window of counts, and the smallest shift a window could have shown (pure maths).
+
+A step shows in every count on its side, not only in the two adjacent ones. In a window of counts around a
+candidate, the drift-corrected log values of every visit are fitted with a line and a jump at a position p
+(the jump multiplies every count >= p):
+
+    y_ij = a + b (n_i - c) + h [n_i >= p] + u_i + e_ij,   e_ij ~ N(0, v_ij),   u_i ~ N(0, tau^2)
+
+v_ij is the run's noise model for one visit (noise plus the drift correction's doubt); u_i is what a count
+departs from the line by itself (real small edges between neighbours), its variance tau^2 estimated from the
+window (Paule-Mandel). A visit more than OUTLIER_SD standard deviations from the fit is interference and left
+out. The jump is tested by z = h / se(h) (normal while the counts scatter no more than the noise says, else
+t with k - 3 degrees of freedom), profiled over every position with MIN_SIDE counts each side, the p-value
+Bonferroni-corrected for the positions tried. The detection limit at a position is the shift that test would
+find with the given power: (critical value + power quantile) x se(h).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+OUTLIER_SD = 5.0  # a visit this many SDs from the window's fit was hit by interference
+MIN_SIDE = 2  # measured counts a jump needs on each side
+PARAMETERS = 3  # level, slope, jump
+POWER = 0.8
+
+
+@dataclass(frozen=True)
+class WindowVisits:
+    """The visits of the counts in a window: count, log latency (drift corrected, trend taken out if wanted)
+    and the variance of that value under the run's noise model, one entry per visit."""
+
+    tokens: np.ndarray
+    values: np.ndarray
+    variances: np.ndarray
+
+    @classmethod
+    def of(cls, tokens: Sequence[int], values: Sequence[float], variances: Sequence[float] | float) -> WindowVisits:
+        t = np.asarray(tokens, dtype=int)
+        v = np.broadcast_to(np.asarray(variances, dtype=float), t.shape).copy()
+        return cls(t, np.asarray(values, dtype=float), v)
+
+    @property
+    def counts(self) -> np.ndarray:
+        return np.unique(self.tokens)
+
+    def positions(self, min_side: int = MIN_SIDE) -> list[int]:
+        """Jump positions (the first count of the high side) with `min_side` counts on each side."""
+        counts = self.counts
+        return [int(counts[i]) for i in range(min_side, counts.size - min_side + 1)]
+
+
+@dataclass(frozen=True)
+class JumpFit:
+    """The line-with-a-jump fit at one position. `jump` is log(L(high side) / L(low side)) beyond the line:
+    positive where the fewer tokens run faster (a drop), negative for a rise."""
+
+    position: int
+    low: int  # the highest measured count below the jump
+    jump: float
+    se: float
+    tau: float
+    df: int  # counts less the parameters
+    dropped: int  # visits left out as interference
+
+    @property
+    def z(self) -> float:
+        return self.jump / self.se if self.se > 0 else 0.0
+
+    @property
+    def reference_df(self) -> float:
+        """Degrees of freedom of the test's reference: normal (inf) while the counts scatter no more than the
+        noise model says, t with the window's df once a count-level spread tau had to be estimated from it."""
+        return math.inf if self.tau == 0.0 else float(max(self.df, 1))
+
+    def p_value(self) -> float:
+        return float(2.0 * _sf(abs(self.z), self.reference_df))
+
+    @property
+    def saving_pct(self) -> float:
+        """How much faster the low side runs than the line predicts across the jump, in %."""
+        return 100.0 * (1.0 - math.exp(-self.jump))
+
+
+@dataclass(frozen=True)
+class LevelShift:
+    """The window's verdict: the best position and its test, corrected for the positions tried."""
+
+    best: JumpFit
+    p_value: float  # Bonferroni over `positions`
+    positions: int
+    profile: tuple[JumpFit, ...]
+
+    @property
+    def saving_pct(self) -> float:
+        return self.best.saving_pct
+
+    def interval_pct(self, confidence: float = 0.95) -> tuple[float, float]:
+        """Confidence interval of the saving in % (not corrected for the positions)."""
+        half = _ppf(0.5 + confidence / 2, self.best.reference_df) * self.best.se
+        low, high = self.best.jump - half, self.best.jump + half
+        return 100.0 * (1.0 - math.exp(-low)), 100.0 * (1.0 - math.exp(-high))
+
+
+def _sf(x: float, df: float) -> float:
+    return float(scipy_stats.norm.sf(x) if math.isinf(df) else scipy_stats.t.sf(x, df))
+
+
+def _ppf(q: float, df: float) -> float:
+    return float(scipy_stats.norm.ppf(q) if math.isinf(df) else scipy_stats.t.ppf(q, df))
+
+
+def _design(counts: np.ndarray, position: int) -> np.ndarray:
+    centre = 0.5 * (counts.min() + counts.max())
+    scale = max(float(np.ptp(counts)), 1.0)
+    return np.column_stack([np.ones(counts.size), (counts - centre) / scale, (counts >= position).astype(float)])
+
+
+def _wls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Weighted least squares: coefficients, their covariance, weighted residuals."""
+    xw = x * np.sqrt(w)[:, None]
+    normal = xw.T @ xw
+    cov = np.linalg.pinv(normal)
+    beta = cov @ (xw.T @ (y * np.sqrt(w)))
+    return beta, cov, (y - x @ beta) * np.sqrt(w)
+
+
+def _tau_squared(x: np.ndarray, y: np.ndarray, v: np.ndarray) -> float:
+    """Paule-Mandel: the count-level variance that makes the weighted residuals' sum of squares equal its
+    degrees of freedom (0 when the noise model alone explains the scatter)."""
+    df = y.size - x.shape[1]
+    if df < 1:
+        return 0.0
+
+    def excess(tau2: float) -> float:
+        return float(np.sum(_wls(x, y, 1.0 / (v + tau2))[2] ** 2)) - df
+
+    if excess(0.0) <= 0:
+        return 0.0
+    high = max(float(np.var(y)), float(v.max()), 1e-12)
+    while excess(high) > 0:
+        high *= 4.0
+    low = 0.0
+    for _ in range(60):
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if excess(mid) > 0 else (low, mid)
+    return high
+
+
+def _levels(t: np.ndarray, y: np.ndarray, v: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per count: the precision-weighted mean of its kept visits and that mean's variance."""
+    counts = np.unique(t[keep])
+    means, variances = np.empty(counts.size), np.empty(counts.size)
+    for i, n in enumerate(counts):
+        m = keep & (t == n)
+        w = 1.0 / v[m]
+        means[i], variances[i] = float(np.sum(w * y[m]) / w.sum()), float(1.0 / w.sum())
+    return counts, means, variances
+
+
+def fit_jump(window: WindowVisits, position: int) -> JumpFit:
+    """The line with a jump at `position`, fitted to the window's count levels (see the module doc)."""
+    t, y, v = window.tokens, window.values, window.variances
+    keep = np.ones(t.size, dtype=bool)
+    for _ in range(2):  # fit, leave out visits far from the fit, fit again
+        counts, means, variances = _levels(t, y, v, keep)
+        x = _design(counts, position)
+        tau2 = _tau_squared(x, means, variances)
+        beta, _, _ = _wls(x, means, 1.0 / (variances + tau2))
+        fitted = dict(zip(counts.tolist(), (x @ beta).tolist(), strict=True))
+        expected = np.array([fitted.get(int(n), np.nan) for n in t])
+        again = np.abs(y - expected) <= OUTLIER_SD * np.sqrt(v + tau2)
+        again &= np.isin(t, counts)
+        if np.array_equal(again, keep) or len(np.unique(t[again])) < counts.size:
+            break
+        keep = again
+    counts, means, variances = _levels(t, y, v, keep)
+    x = _design(counts, position)
+    tau2 = _tau_squared(x, means, variances)
+    beta, cov, _ = _wls(x, means, 1.0 / (variances + tau2))
+    below = counts[counts < position]
+    return JumpFit(position=position, low=int(below.max()), jump=float(beta[2]), se=float(math.sqrt(cov[2, 2])),
+                   tau=math.sqrt(tau2), df=int(counts.size - PARAMETERS), dropped=int((~keep).sum()))
+
+
+def level_shift(window: WindowVisits, positions: Sequence[int] | None = None,
+                min_side: int = MIN_SIDE) -> LevelShift | None:
+    """The jump profiled over `positions` (default: every position with `min_side` counts each side); the
+    position with the largest |z| and its p-value corrected for the positions tried. None when the window
+    leaves no position."""
+    allowed = set(window.positions(min_side))
+    tried = sorted(allowed if positions is None else allowed & set(positions))
+    if not tried or window.counts.size < PARAMETERS + 2:
+        return None
+    profile = tuple(fit_jump(window, p) for p in tried)
+    best = max(profile, key=lambda f: abs(f.z))
+    return LevelShift(best, min(1.0, len(tried) * best.p_value()), len(tried), profile)
+
+
+def critical_z(alpha: float, positions: int, df: float = math.inf) -> float:
+    """|z| a two-sided test at `alpha`, Bonferroni-corrected over `positions`, must exceed."""
+    return _ppf(1.0 - alpha / (2.0 * max(positions, 1)), df)
+
+
+def detectable_jump(fit: JumpFit, alpha: float, positions: int, power: float = POWER) -> float:
+    """The smallest |jump| (log) the test at `fit`'s position finds with probability `power`. Stated on the t
+    reference whether or not this window needed tau: a window with a step in it may need it where this one
+    did not, so a limit read off the normal would promise more than the test keeps."""
+    df = float(max(fit.df, 1))
+    return (critical_z(alpha, positions, df) + _ppf(power, df)) * fit.se
+
+
+def detection_limit_pct(window: WindowVisits, alpha: float, min_step: float, power: float = POWER,
+                        min_side: int = MIN_SIDE) -> dict[int, float]:
+    """{position: the smallest step in % (a drop, fewer tokens faster) the window would have confirmed there
+    with `power`}: never below `min_step`, the smallest step pomt reports."""
+    shift = level_shift(window, min_side=min_side)
+    if shift is None:
+        return {}
+    return {f.position: max(100.0 * (1.0 - math.exp(-detectable_jump(f, alpha, shift.positions, power))),
+                            100.0 * min_step)
+            for f in shift.profile}

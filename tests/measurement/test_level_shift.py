@@ -1,0 +1,85 @@
+"""Level-shift tests over a window (pomt.measurement.level_shift), on synthetic windows with known truth."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pomt.measurement.level_shift import WindowVisits, detection_limit_pct, fit_jump, level_shift
+
+COUNTS = list(range(150, 180, 2))
+ALPHA = 0.01
+
+
+def window(rng, *, noise=0.02, visits=3, tau=0.0, drop_pct=0.0, at=165, counts=COUNTS, slope=0.004):
+    """Log latencies of a line through `counts`, the counts from `at` up slower by the given drop (the low side
+    `drop_pct` % faster), count-level wiggles of SD `tau`, per-visit noise `noise`."""
+    jump = -math.log(1.0 - drop_pct / 100.0)
+    wiggle = {n: rng.normal(0.0, tau) for n in counts}
+    tokens, values = [], []
+    for n in counts:
+        for _ in range(visits):
+            tokens.append(n)
+            values.append(slope * n + wiggle[n] + (jump if n >= at else 0.0) + rng.normal(0.0, noise))
+    return WindowVisits.of(tokens, values, noise**2)
+
+
+def test_a_clear_drop_is_found_where_it_is_with_its_size():
+    shift = level_shift(window(np.random.default_rng(0), drop_pct=10.0))
+    assert shift.best.position == 166 and shift.best.low == 164  # the first measured count at or above 165
+    assert shift.p_value < 1e-6
+    low, high = shift.interval_pct()
+    assert low < 10.0 < high and shift.saving_pct > 0
+
+
+def test_a_rise_is_a_jump_of_the_other_sign():
+    shift = level_shift(window(np.random.default_rng(1), drop_pct=-8.0))
+    assert shift.best.position == 166 and shift.p_value < ALPHA / 5 and shift.saving_pct < 0
+
+
+@pytest.mark.parametrize("noise, visits, tau", [(0.08, 3, 0.0), (0.015, 3, 0.0), (0.015, 3, 0.02)])
+def test_without_a_step_the_false_step_rate_is_the_test_level(noise, visits, tau):
+    rng = np.random.default_rng(2)
+    false = sum(level_shift(window(rng, noise=noise, visits=visits, tau=tau)).p_value < ALPHA for _ in range(200))
+    assert false <= 6  # 2 expected at ALPHA over 200 windows; a miscalibrated test gives tens
+
+
+def test_one_visit_hit_by_interference_is_left_out():
+    clean = window(np.random.default_rng(3))
+    values = clean.values.copy()
+    values[np.flatnonzero(clean.tokens == 170)[0]] += math.log(1.6)  # one visit 60% slow
+    hit = WindowVisits(clean.tokens, values, clean.variances)
+    assert fit_jump(hit, 170).dropped == 1
+    assert level_shift(hit).p_value > ALPHA
+
+
+def test_counts_that_scatter_more_than_the_noise_widen_the_test():
+    rng = np.random.default_rng(4)
+    steady = fit_jump(window(rng, noise=0.01), 166)
+    wiggly = fit_jump(window(rng, noise=0.01, tau=0.03), 166)
+    assert steady.tau == 0.0 or steady.tau < 0.01
+    assert wiggly.tau > 0.015 and wiggly.se > 2 * steady.se
+
+
+def test_a_stated_detection_limit_is_honest_and_shrinks_with_visits():
+    rng = np.random.default_rng(5)
+    limit = max(detection_limit_pct(window(rng, noise=0.08), ALPHA, min_step=0.03).values())
+    more = max(detection_limit_pct(window(rng, noise=0.08, visits=12), ALPHA, min_step=0.03).values())
+    assert more < 0.7 * limit
+    found = 0
+    for _ in range(100):  # a step of the stated size, anywhere in the window's middle
+        shift = level_shift(window(rng, noise=0.08, drop_pct=limit, at=int(rng.integers(158, 172))))
+        found += shift.p_value < ALPHA
+    assert found >= 70  # the limit is stated for 80% power
+
+
+def test_the_limit_never_reads_below_the_smallest_step_reported():
+    limits = detection_limit_pct(window(np.random.default_rng(6), noise=0.001, visits=20), ALPHA, min_step=0.03)
+    assert limits and min(limits.values()) == pytest.approx(3.0)
+
+
+def test_a_window_too_small_for_a_jump_gives_no_verdict():
+    small = window(np.random.default_rng(7), counts=[160, 162, 164])
+    assert level_shift(small) is None and detection_limit_pct(small, ALPHA, 0.03) == {}
