@@ -35,6 +35,7 @@ def plot_offline(
     utility: Mapping[int, float] | None = None,
     verified=None,
     here_only: Sequence[tuple[int, int]] = (),
+    detection: str | None = None,
 ) -> Path:
     """Latency vs kept tokens: every visit (drift-corrected) as a dot, the pooled curve with its 95% band,
     confirmed steps with their paired effect and interval, candidates the paired test rejected, steps
@@ -92,6 +93,8 @@ def plot_offline(
     plural = "s" if len(steps) != 1 else ""
     notes.append(f"{len(steps)} step{plural} confirmed, {len(rejected)} rejected by paired test"
                  + (f", {len(elsewhere)} in this process only" if elsewhere else ""))
+    if detection is not None:
+        notes.append(detection)
     for step in list(steps)[:STEPS_LISTED]:
         low, high = step.paired_ci_pct or (step.paired_pct, step.paired_pct)
         notes.append(f"  {step.upper_tokens}->{step.tokens}: {-step.paired_pct:+.1f}% [{-high:+.1f}, {-low:+.1f}]")

@@ -16,10 +16,10 @@ from pomt.workload.prepare import Workload
 def offline_command(workload: Workload, config: OfflineConfig, settings: SearchSettings) -> None:
     """Measure latency against kept tokens in shuffled passes, confirm its steps by paired measurement, choose a
     removal, verify it on the patched model, and save the schedule."""
-    print_report(run_offline(workload, config, settings))
+    print_report(run_offline(workload, config, settings), detect=settings.detect)
 
 
-def print_report(result: OfflineResult) -> None:
+def print_report(result: OfflineResult, detect: float | None = None) -> None:
     """A short human report: geometry, measurement and drift, steps judged, choice, verification, files."""
     g, echo = result.geometry, typer.echo
     device = result.device
@@ -49,6 +49,8 @@ def print_report(result: OfflineResult) -> None:
                  f"{s.pairs} pairs")
         for c in rejected:
             echo(f"  {c.high:>5d} -> {c.low:<5d} {c.reason}")
+        if (seen := search.detection_sentence(detect)) is not None:
+            echo(f"detection  {seen}")
         if result.fresh_steps:
             held = sum(f["held"] for f in result.fresh_steps)
             echo(f"fresh      {len(result.fresh_steps)} confirmed steps within reach measured again in a new "

@@ -81,6 +81,8 @@ class MeasurementRecord:
     fresh_process_steps: list[dict] | None = None
     align: int | None = None
     screened_edges: list[list[int]] | None = None
+    detection_limit_pct: float | None = None  # the smallest step within reach the run would have found (80%)
+    detection: dict | None = None  # that limit by region: {"reach", "limit_pct", "regions": [[lo, hi, pct]]}
     warning: str | None = None  # the drift warning, when drift could explain an effect
     replay: str | None = None
     trace: str | None = None

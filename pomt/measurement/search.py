@@ -30,10 +30,12 @@ from pomt.measurement.drift import (
 )
 from pomt.measurement.sources import Session, TraceExhausted
 from pomt.measurement.steps import Step
+from pomt.measurement.windows import WindowScan, WindowShift, counts_to_strengthen, scan, window_verdicts
 from pomt.options import option
 
 LEAST_CANDIDATES = 3  # candidates the smallest adaptive budget can still examine
 FOCUS = 3  # candidates an adaptive round works on at once, most significant first
+LEAST_GAIN = 0.9  # a power pass that lowers the detection limit by less than 10% is the last
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class SearchSettings:
     min_step: float = option(0.03, "Smallest step (fraction of latency, beyond the trend) that is reported.")
     confirm_rounds: int = option(6, "Paired rounds (A B, B A, ...) that confirm a step.", min=3)
     budget: float = option(0.2, "Adaptive search's most visits, as a fraction of the full grid's.")
+    detect: float = option(5.0, "Detection target in %: after the coarse scan, an adaptive search keeps visiting "
+                                "the counts within reach whose window could miss a step of this size, as far as "
+                                "the budget goes; the run states the limit it reached.")
     align: int = option(8, "Token alignment the hardware favours (SIMD width, GEMM or attention tile): the "
                            "adaptive search's coarse scan measures each multiple of it beside the count below, "
                            "as a pair, and tests each such edge for a step (0: a plain strided scan).", min=0)
@@ -71,6 +76,7 @@ class SearchSettings:
              f"--coarse-stride must be at least 1, got {self.coarse_stride}"),
             (self.visit_s > 0, f"--visit-s must be positive, got {self.visit_s}"),
             (self.align >= 0, f"--align must be at least 0, got {self.align}"),
+            (0.0 < self.detect < 100.0, f"--detect must lie in (0, 100) percent, got {self.detect}"),
         ]
         for ok, message in problems:
             if not ok:
@@ -100,6 +106,15 @@ class SearchResult:
     budget_visits: int | None
     budget_spent: bool
     design: list[Visit] = field(default_factory=list, repr=False)
+    detection: WindowScan | None = None  # the windows over the counts within reach, and their limits
+
+    def steps_within(self, reach: tuple[int, int]) -> int:
+        return sum(reach[0] <= s.tokens and s.upper_tokens <= reach[1] for s in self.steps)
+
+    def detection_sentence(self, target_pct: float | None = None) -> str | None:
+        """The one line on what this run could have seen within reach (`WindowScan.sentence`)."""
+        d = self.detection
+        return None if d is None else d.sentence(self.steps_within(d.reach), target_pct)
 
     @property
     def rejected(self) -> list[Confirmation]:
@@ -154,6 +169,7 @@ class LatencySearch:
                                  total=self.budget or self.full_grid_visits, progress=progress)
         self.judge = Judge(self.measurer, alpha=s.step_alpha, min_step=s.min_step, confirm_rounds=s.confirm_rounds)
         self._curve: tuple[tuple[int, int, int], list[CurvePoint]] | None = None
+        self.shifts: tuple[WindowShift, ...] = ()  # what the windows within reach show
 
     def curve(self) -> list[CurvePoint]:
         """The pooled, drift-corrected curve of every visit so far (paired rounds included: they correct a
@@ -175,7 +191,8 @@ class LatencySearch:
         """The aligned edges the coarse rounds left open and the detector's candidates at `candidate_k`, in
         the order they are examined (`pomt.measurement.candidates.ranked`)."""
         found = cand.detected(self.curve(), self.settings.candidate_k, self._accepted_steps())
-        return cand.ranked([*self.pending.values(), *found], self.pending, self.focus_from or 0)
+        windows = [Candidate(w.low, w.high, abs(w.z)) for w in self.shifts]
+        return cand.ranked([*self.pending.values(), *found, *windows], self.pending, self.focus_from or 0)
 
     def _accepted_steps(self) -> list[Confirmation]:
         return [c for c in self.judge.judged.values() if c.accepted and c.effect is not None]
@@ -268,6 +285,38 @@ class LatencySearch:
             cost += len(wanted)
         return sorted(batch)
 
+    def reach(self) -> tuple[int, int]:
+        return (self.focus_from if self.focus_from is not None else self.grid[0]), self.grid[-1]
+
+    def detection(self) -> WindowScan:
+        """The windows over the counts within reach on every visit so far (`pomt.measurement.windows`)."""
+        values = corrected_values(self.measurer.visits())
+        factor = dict(zip(values, cand.confirmed_factor(list(values), self._accepted_steps()), strict=True))
+        expected = cand.expected_levels(self.curve())  # the curve's bend taken out: windows fit what is left
+        values = {n: [v * factor[n] / expected[n] for v in vs] for n, vs in values.items() if n in expected}
+        s = self.settings
+        return scan(values, self.reach(), relative_noise(values), alpha=s.step_alpha, min_step=s.min_step)
+
+    def strengthen(self) -> WindowScan:
+        """Power passes: visit the counts within reach whose windows could miss a step of `detect` %, one
+        pass at a time, while the budget leaves room for the passes and a verdict after them; then the
+        windows' shifts become candidates."""
+        s, m = self.settings, self.measurer
+        reserve = 2 * s.confirm_rounds + 6
+        before = math.inf
+        while True:
+            found = self.detection()
+            limit = found.limit_pct
+            if limit is not None and (limit <= s.detect or limit > LEAST_GAIN * before):
+                break  # reached, or the counts' own scatter, not the visits, sets the limit: visits cannot buy it
+            before = math.inf if limit is None else limit
+            counts = counts_to_strengthen(self.grid, found.above(s.detect), self.reach())
+            if m.left() < len(counts) + 1 + reserve:
+                break
+            m.measure_passes(counts, 1)
+        self.shifts = found.shifts
+        return found
+
     def run(self) -> SearchResult:
         """Measure (full or adaptive), then refine and confirm (see the module docstring)."""
         s, m = self.settings, self.measurer
@@ -280,6 +329,12 @@ class LatencySearch:
             else:
                 m.measure_passes(self.grid, s.passes)
             confirmations = self.examine()
+            if self.adaptive:
+                self.strengthen()
+                confirmations = self.examine()
+                upgraded = {(c.low, c.high): c for c in window_verdicts(self.shifts, self.judge.judged, s.min_step)}
+                self.judge.judged.update(upgraded)
+                confirmations = [upgraded.get((c.low, c.high), c) for c in confirmations]
         except (BudgetSpent, TraceExhausted) as exc:
             why = "the visit budget is spent" if isinstance(exc, BudgetSpent) else str(exc)
             confirmations = list(self.judge.judged.values()) + [
@@ -294,6 +349,7 @@ class LatencySearch:
             reps=m.reps, visits=m.session.visits, measured=m.session.measured,
             full_grid_visits=self.full_grid_visits, budget_visits=self.budget,
             budget_spent=any(c.reason.startswith("not examined") for c in confirmations), design=m.visits(),
+            detection=self.detection(),
         )
 
 

@@ -58,6 +58,8 @@ def nothing(config: OfflineConfig, ranking: Ranking, reason: str | None = None, 
         confirmed = len(ranking.search.steps)
         reason = (f"no confirmed step within {setting.limit} removed tokens pays at least {config.min_gain:.1%} at "
                   f"block {setting.block} ({confirmed} step{'s' if confirmed != 1 else ''} confirmed)")
+        if (seen := ranking.search.detection_sentence()) is not None:
+            reason += f"; {seen}"
         code = "no_step" if policy == "step" else "no_candidate"
     return setting.nothing(policy, reason, code)
 

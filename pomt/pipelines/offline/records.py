@@ -47,6 +47,7 @@ def measurement_record(run: Run, config: OfflineConfig, settings: SearchSettings
     the decision's predicted gain."""
     search, adaptive = latency.search, config.search == "adaptive"
     effects = [abs(s.paired_pct) for s in search.steps] + ([100 * decision.gain] if decision.remove else [])
+    limit = None if search.detection is None else search.detection.limit_pct
     return MeasurementRecord(
         design=DESIGN,
         search=config.search,
@@ -64,6 +65,8 @@ def measurement_record(run: Run, config: OfflineConfig, settings: SearchSettings
         fresh_process_steps=list(latency.fresh_steps) or None,
         align=settings.align if adaptive else None,
         screened_edges=[[c.low, c.high] for c in search.screened],
+        detection_limit_pct=None if limit is None else round(limit, 2),
+        detection=None if search.detection is None else search.detection.to_dict(),
         warning=search.drift_exceeds(effects),
         replay=None if run.replay is None else str(run.replay),
         trace=None if run.replay is not None else f"{run.setup.stem}.trace.csv",

@@ -1,0 +1,114 @@
+"""Recall by step size and by the trace's noise, precision, and the honesty of the stated detection limits.
+
+For every shuffled trace of the bank (tests/data) and a few seeds, one level shift is injected into the real
+samples (every sample above a count scaled, so the trace's noise and drift stay as measured) at a count within
+the step policy's reach (the top `--reach` counts), in each size class: 5-8%, 8-15%, 15-20%. The adaptive search
+then runs on a replay with its default settings and that reach, as the offline computation does. Scored:
+
+- recall per size class and per noise class (the trace's noise a visit, as `pomt record` states it: <= 3%,
+  above): the injected step found when a confirmed step of the same sign lies within +-2 tokens;
+- precision: confirmed steps within reach that lie within +-2 tokens of the injected step or of a step the dense
+  trace itself confirms (`steps_in_trace` at 3%), among all confirmed within reach; the untouched traces count too;
+- honesty: of the injected steps at least as large as the limit the run stated (`measurement.detection_limit_pct`),
+  the share found (issue 29's goal: at least 80%);
+- the visits each run spent (against the full grid's), untouched traces apart.
+
+No timing: everything replays recorded samples. Usage:
+    python benchmarks/detection_limits.py [--seeds 2] [--reach 48] [--traces NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from pomt.formats.trace import Trace, inject_steps, read_trace
+from pomt.measurement.drift import corrected_values, relative_noise
+from pomt.measurement.search import LatencySearch, SearchResult, SearchSettings
+from pomt.measurement.sources import ReplaySource, Session
+from pomt.measurement.steps import steps_in_trace
+
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
+SIZES = {"5-8%": (0.05, 0.08), "8-15%": (0.08, 0.15), ">=15%": (0.15, 0.20)}
+NEAR = 2
+
+
+def bank() -> list[str]:
+    return sorted(p.stem for p in DATA.glob("*.csv") if "sequential" not in p.stem)
+
+
+def search(trace: Trace, reach: int, seed: int) -> SearchResult:
+    return LatencySearch(Session(ReplaySource(trace)), trace.counts, trace.num_tokens, SearchSettings(), seed=seed,
+                         focus_from=reach, progress=False).run()
+
+
+def confirmed_within(result: SearchResult, reach: int) -> list[tuple[int, str]]:
+    return [(s.tokens, s.kind) for s in result.steps if s.tokens >= reach]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--reach", type=int, default=48, help="counts below N a schedule may land on")
+    parser.add_argument("--traces", nargs="*", default=None)
+    args = parser.parse_args()
+    names = args.traces or bank()
+    recall: dict[tuple[str, str], list[bool]] = defaultdict(list)
+    honest: list[bool] = []
+    true_pos = false_pos = 0
+    spent: list[str] = []
+    runs = [(name, seed, size) for name in names for seed in range(args.seeds) for size in [None, *SIZES]]
+    traces = {name: read_trace(DATA / f"{name}.csv") for name in names}
+    for name, seed, size in tqdm(runs, desc="replays"):
+        trace = traces[name]
+        reach = max(trace.counts[0], trace.num_tokens - args.reach)
+        noise = relative_noise(corrected_values(list(trace.visits)))
+        noisy = "noise > 3%" if noise > 0.03 else "noise <= 3%"
+        own = [s.tokens for s in steps_in_trace(list(trace.visits), min_step=0.03)]
+        rng = np.random.default_rng([seed, len(name), 0 if size is None else list(SIZES).index(size) + 1])
+        injected = None
+        if size is not None:
+            low, high = SIZES[size]
+            where = int(rng.integers(reach + 4, trace.num_tokens - 4))
+            factor = 1.0 + float(rng.uniform(low, high))
+            if rng.random() < 0.3:
+                factor = 1.0 / factor  # a rise
+            injected = (where, "drop" if factor > 1 else "rise", 100 * abs(1 - factor))
+            trace = inject_steps(trace, {where: factor})
+        result = search(trace, reach, seed)
+        found = confirmed_within(result, reach)
+        truth = [*own, *([injected[0]] if injected else [])]
+        for tokens, _ in found:
+            ok = any(abs(tokens - t) <= NEAR for t in truth)
+            true_pos += ok
+            false_pos += not ok
+        detection = getattr(result, "detection", None)
+        limit = detection.limit_pct if detection else None
+        if injected is None:
+            spent.append(f"{name} seed {seed}: {result.visits}/{result.full_grid_visits} visits, limit "
+                         f"{'-' if limit is None else f'{limit:.1f}%'}, noise {100 * noise:.1f}%")
+            continue
+        hit = any(abs(t - injected[0]) <= NEAR and kind == injected[1] for t, kind in found)
+        recall[(size, noisy)].append(hit)
+        if limit is not None and injected[2] >= limit:
+            honest.append(hit)
+    print("\nrecall of one injected step within reach (found / injected)")
+    for size in SIZES:
+        cells = [f"{noisy}: {sum(recall[(size, noisy)])}/{len(recall[(size, noisy)])}"
+                 for noisy in ("noise <= 3%", "noise > 3%") if recall[(size, noisy)]]
+        print(f"  {size:>6}  " + "   ".join(cells))
+    total = true_pos + false_pos
+    print(f"precision within reach: {true_pos}/{total} = {true_pos / total:.3f}" if total else "precision: no steps")
+    print(f"stated limits honest: {sum(honest)}/{len(honest)} injected steps at or above the stated limit found"
+          if honest else "stated limits: no injected step reached a stated limit")
+    print("untouched traces:")
+    for line in spent:
+        print("  " + line)
+
+
+if __name__ == "__main__":
+    main()

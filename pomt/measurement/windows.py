@@ -1,0 +1,176 @@
+"""Level-shift windows over the counts within reach: what steps the visits show, and the smallest step they
+could have shown (the run's detection limit). Pure functions of the drift-corrected visits.
+
+The counts measured within reach are cut into overlapping windows of `WINDOW_COUNTS` counts (each window
+shares half its counts with the next), each tested for a line with a jump (`pomt.measurement.level_shift`),
+Bonferroni-corrected over the windows as well as over the positions within each. A window's detection limit
+is the smallest step its worst position would show with 80% power; a region's limit is the largest of its
+windows', so that "steps of L% or more would have been found" holds wherever such a step lies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pomt.measurement.confirmation import Confirmation
+from pomt.measurement.level_shift import MIN_SIDE, LevelShift, WindowVisits, detection_limit_pct, level_shift
+
+WINDOW_COUNTS = 12  # measured counts a window spans (about six each side of a jump in its middle)
+LEAST_COUNTS = 2 * MIN_SIDE + 1  # fewer measured counts leave no window to test
+SECOND_LOOK_P = 0.2  # the paired rounds' p-value under which they back a window's shift
+
+
+@dataclass(frozen=True)
+class WindowShift:
+    """A jump a window shows beyond its line, significant after the correction for every window and
+    position tried: between `low` (the highest measured count below it) and `high` tokens."""
+
+    low: int
+    high: int
+    saving_pct: float  # > 0: the fewer tokens run faster (a drop); < 0: a rise
+    p_value: float  # corrected for the positions and the windows
+    z: float
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return self.low, self.high
+
+
+@dataclass(frozen=True)
+class WindowScan:
+    """Every window's limit over the counts within reach, and the shifts found. `limit_pct` is None when the
+    reach holds too few measured counts for any window."""
+
+    reach: tuple[int, int]
+    regions: tuple[tuple[int, int, float], ...]  # (first count, last count, limit %) per window
+    shifts: tuple[WindowShift, ...]
+
+    @property
+    def limit_pct(self) -> float | None:
+        return max((limit for _, _, limit in self.regions), default=None)
+
+    def above(self, target_pct: float) -> list[tuple[int, int]]:
+        """The (first, last) counts of the windows whose limit is above `target_pct`."""
+        return [(lo, hi) for lo, hi, limit in self.regions if limit > target_pct]
+
+    def sentence(self, found: int, target_pct: float | None = None) -> str:
+        """What the run could see, in one line: "within reach (150-197 tokens), steps of 6% or more would have
+        been found; none was", and the target it missed, if any."""
+        lo, hi = self.reach
+        limit = self.limit_pct
+        if limit is None:
+            return f"within reach ({lo}-{hi} tokens) too few counts were measured to state a detection limit"
+        seen = "none was" if found == 0 else f"{found} {'was' if found == 1 else 'were'} found"
+        line = f"within reach ({lo}-{hi} tokens), steps of {limit:.0f}% or more would have been found; {seen}"
+        if target_pct is not None and limit > target_pct:
+            line += f" (--detect {target_pct:g}% not reached: the budget or the counts' own scatter stopped it)"
+        return line
+
+    def to_dict(self) -> dict:
+        limit = self.limit_pct
+        return {"reach": list(self.reach), "limit_pct": None if limit is None else round(limit, 2),
+                "regions": [[lo, hi, round(limit, 2)] for lo, hi, limit in self.regions]}
+
+
+def windows(counts: Sequence[int], size: int = WINDOW_COUNTS) -> list[list[int]]:
+    """Overlapping runs of `size` consecutive measured counts, each starting half a window after the last;
+    the last ends at the highest count. One window when there are fewer counts than `size`."""
+    counts = sorted(counts)
+    if len(counts) < LEAST_COUNTS:
+        return []
+    if len(counts) <= size:
+        return [counts]
+    half = max(size // 2, 1)
+    starts = list(range(0, len(counts) - size + 1, half))
+    if starts[-1] != len(counts) - size:
+        starts.append(len(counts) - size)
+    return [counts[s:s + size] for s in starts]
+
+
+def window_visits(values_by_count: Mapping[int, Sequence[float]], counts: Sequence[int],
+                  noise: float) -> WindowVisits:
+    """The log of every visit value (ms, drift corrected) of `counts`, each with the variance noise^2."""
+    tokens = [n for n in counts for _ in values_by_count[n]]
+    values = [math.log(v) for n in counts for v in values_by_count[n]]
+    return WindowVisits.of(tokens, values, max(noise, 1e-4) ** 2)
+
+
+def scan(values_by_count: Mapping[int, Sequence[float]], reach: tuple[int, int], noise: float, *,
+         alpha: float, min_step: float, size: int = WINDOW_COUNTS) -> WindowScan:
+    """Test every window over the counts within `reach` (inclusive) that have a visit, and state each
+    window's detection limit, both at `alpha` corrected for the number of windows."""
+    lo, hi = reach
+    counts = [n for n in sorted(values_by_count) if lo <= n <= hi and values_by_count[n]]
+    spans = windows(counts, size)
+    share = alpha / max(len(spans), 1)
+    regions, shifts = [], []
+    for span in spans:
+        window = window_visits(values_by_count, span, noise)
+        limits = detection_limit_pct(window, share, min_step)
+        if limits:
+            regions.append((span[0], span[-1], max(limits.values())))
+        shift = level_shift(window)
+        if shift is not None and shift.p_value * len(spans) < alpha and _large_enough(shift, min_step):
+            best = shift.best
+            shifts.append(WindowShift(best.low, best.position, shift.saving_pct,
+                                      min(1.0, shift.p_value * len(spans)), best.z))
+    return WindowScan(reach, tuple(regions), tuple(_distinct(shifts)))
+
+
+def _supports(pin: Confirmation, shift: WindowShift, min_step: float) -> bool:
+    """The paired second look backs the window: same sign, at least half the minimum step, and not far from
+    significant on its own (p < SECOND_LOOK_P)."""
+    paired = pin.paired_pct or 0.0
+    return (paired * shift.saving_pct > 0 and abs(paired) >= 50.0 * min_step
+            and pin.effect is not None and pin.effect.p_value < SECOND_LOOK_P)
+
+
+def _large_enough(shift: LevelShift, min_step: float) -> bool:
+    return abs(shift.saving_pct) >= 100.0 * min_step
+
+
+def _distinct(shifts: list[WindowShift]) -> list[WindowShift]:
+    """One shift per span (overlapping windows may see the same one), the most significant kept."""
+    best: dict[tuple[int, int], WindowShift] = {}
+    for s in shifts:
+        if s.span not in best or s.p_value < best[s.span].p_value:
+            best[s.span] = s
+    return sorted(best.values(), key=lambda s: s.p_value)
+
+
+def counts_to_strengthen(grid: Sequence[int], regions: Sequence[tuple[int, int]], reach: tuple[int, int]) -> list[int]:
+    """The grid counts within reach a power pass visits: every count of the regions above the target (the
+    unmeasured ones among them too), or, while no window exists yet, every count within reach."""
+    lo, hi = reach
+    inside = [n for n in grid if lo <= n <= hi]
+    if not regions:
+        return inside
+    return [n for n in inside if any(a <= n <= b for a, b in regions)] or inside
+
+
+def window_verdicts(shifts: Sequence[WindowShift], judged: Mapping[tuple[int, int], Confirmation],
+                    min_step: float) -> list[Confirmation]:
+    """Steps the windows show and the paired rounds did not confirm on their own: for each shift with no
+    accepted verdict inside its span, the paired verdict inside it whose effect agrees in sign with the
+    window (`_supports`; the largest such), accepted on the window's evidence. The paired rounds pin the count."""
+    out = []
+    for shift in shifts:
+        inside = [c for c in judged.values() if shift.low <= c.low and c.high <= shift.high]
+        if any(c.accepted for c in inside):
+            continue
+        agreeing = [c for c in inside if c.effect is not None and _supports(c, shift, min_step)]
+        if not agreeing:
+            continue
+        pin = max(agreeing, key=lambda c: abs(c.paired_pct or 0.0))
+        kind = "drop" if shift.saving_pct > 0 else "rise"
+        reason = (f"confirmed by the window test: {kind} of {abs(shift.saving_pct):.1f}% between {shift.low} and "
+                  f"{shift.high} (p = {shift.p_value:.2g}, corrected for the windows and positions); the paired "
+                  f"rounds of {pin.low}/{pin.high} agree ({pin.paired_pct:+.1f}%)")
+        out.append(Confirmation(pin.low, pin.high, pin.effect, True, kind, reason, pin.candidate_z))
+    return out
+
+
+__all__ = ["WINDOW_COUNTS", "WindowScan", "WindowShift", "counts_to_strengthen", "scan", "window_verdicts",
+           "window_visits", "windows"]

@@ -1,0 +1,96 @@
+"""Windows over the counts within reach: their partition, the shifts they find, the limits they state, and when
+the paired rounds back a window's shift."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pomt.errors import GridError
+from pomt.measurement.confirmation import Confirmation, rejected
+from pomt.measurement.paired import PairedEffect
+from pomt.measurement.search import SearchSettings
+from pomt.measurement.windows import WINDOW_COUNTS, WindowShift, counts_to_strengthen, scan, window_verdicts, windows
+
+
+def visits(counts, per_count: int, noise: float, jump_at: int | None = None, jump: float = 0.0, seed: int = 0):
+    """Drift-corrected visit values (ms) on a straight line, a drop of `jump` (fraction) below `jump_at`."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for n in counts:
+        level = 10.0 + 0.05 * n
+        if jump_at is not None and n >= jump_at:
+            level *= 1.0 + jump
+        out[n] = (level * np.exp(rng.normal(0.0, noise, per_count))).tolist()
+    return out
+
+
+def test_windows_overlap_by_half_and_the_last_ends_at_the_highest_count():
+    counts = list(range(100, 131))
+    spans = windows(counts)
+    assert all(len(s) == WINDOW_COUNTS for s in spans)
+    assert spans[0][0] == 100 and spans[-1][-1] == 130
+    assert spans[1][0] == spans[0][WINDOW_COUNTS // 2]
+    assert windows([1, 2, 3, 4]) == []  # too few counts for any window
+    assert windows(list(range(7))) == [list(range(7))]
+
+
+def test_a_clear_shift_is_found_where_it_is_and_none_where_there_is_none():
+    counts = list(range(150, 198))
+    found = scan(visits(counts, 4, 0.02, jump_at=165, jump=0.15), (150, 197), 0.02, alpha=0.01, min_step=0.03)
+    assert [s.span for s in found.shifts][:1] == [(164, 165)]
+    assert found.shifts[0].saving_pct == pytest.approx(100 * (1 - 1 / 1.15), abs=3.0)
+    flat = scan(visits(counts, 4, 0.02, seed=1), (150, 197), 0.02, alpha=0.01, min_step=0.03)
+    assert flat.shifts == ()
+
+
+def test_the_stated_limit_falls_with_more_visits_and_never_goes_below_the_minimum_step():
+    counts = list(range(150, 198))
+    few = scan(visits(counts, 2, 0.05), (150, 197), 0.05, alpha=0.01, min_step=0.03).limit_pct
+    many = scan(visits(counts, 12, 0.05), (150, 197), 0.05, alpha=0.01, min_step=0.03).limit_pct
+    quiet = scan(visits(counts, 12, 0.001), (150, 197), 0.001, alpha=0.01, min_step=0.03).limit_pct
+    assert few > many > 3.0
+    assert quiet == pytest.approx(3.0)
+
+
+def test_the_sentence_states_the_limit_with_no_step_and_the_target_it_missed():
+    counts = list(range(150, 198))
+    found = scan(visits(counts, 3, 0.05), (150, 197), 0.05, alpha=0.01, min_step=0.03)
+    line = found.sentence(0, target_pct=1.0)
+    assert line.startswith(f"within reach (150-197 tokens), steps of {found.limit_pct:.0f}% or more would have been "
+                           "found; none was")
+    assert "--detect 1% not reached" in line
+    assert "too few counts" in scan({}, (150, 197), 0.05, alpha=0.01, min_step=0.03).sentence(0)
+    assert found.to_dict()["limit_pct"] == round(found.limit_pct, 2)
+
+
+def test_power_passes_visit_the_regions_above_the_target_or_all_of_reach():
+    grid = list(range(2, 198))
+    assert counts_to_strengthen(grid, [(160, 170)], (150, 197)) == list(range(160, 171))
+    assert counts_to_strengthen(grid, [], (150, 197)) == list(range(150, 198))
+
+
+def paired(low: int, high: int, pct: float, p: float) -> Confirmation:
+    ratio = 1.0 - pct / 100.0
+    effect = PairedEffect(ratio, (ratio * 0.97, ratio * 1.03), p, 6, standard_error=0.01)
+    return rejected(low, high, "not significant", 3.0, effect)
+
+
+@pytest.mark.parametrize(("pct", "p", "backed"), [(8.0, 0.1, True), (8.0, 0.5, False), (-8.0, 0.1, False),
+                                                  (1.0, 0.1, False)])
+def test_a_shift_is_accepted_when_the_paired_rounds_back_it(pct, p, backed):
+    shift = WindowShift(160, 168, 12.0, 1e-4, 5.0)
+    verdicts = window_verdicts([shift], {(163, 164): paired(163, 164, pct, p)}, min_step=0.03)
+    assert bool(verdicts) is backed
+    if backed:
+        (v,) = verdicts
+        assert v.accepted and v.kind == "drop" and (v.low, v.high) == (163, 164)
+        assert "window test" in v.reason and math.isclose(v.paired_pct, pct, abs_tol=1e-9)
+
+
+@pytest.mark.parametrize("detect", [0.0, -1.0, 100.0])
+def test_a_detection_target_outside_0_100_percent_is_refused(detect):
+    with pytest.raises(GridError, match="--detect"):
+        SearchSettings(detect=detect).check()
