@@ -65,9 +65,10 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
 
 def verified_record(fingerprint: str | None = None) -> dict:
     """A schedule's `verified` object as the offline computation writes it, by default for this machine."""
-    from pomt.device import device_fingerprint, fingerprint_hash
+    from pomt.deploy.apply import eager_fingerprint
+    from pomt.device import fingerprint_hash
 
-    here = fingerprint or fingerprint_hash(device_fingerprint("cpu"))
+    here = fingerprint or fingerprint_hash(eager_fingerprint("cpu"))
     return {"unpruned_ms": 10.0, "pruned_ms": 8.0, "speedup": 1.25, "speedup_ci": [1.2, 1.3], "predicted_ms": 8.1,
             "prediction_error": -0.012, "candidates": [{"remove": 56, "pruned_ms": 8.0, "speedup": 1.25}],
             "samples": 30, "device_fingerprint_hash": here}
