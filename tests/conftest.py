@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
+import traceback
+import warnings
 from pathlib import Path
 
 # The suite tests pomt where its answers are deterministic, on the CPU: a GPU on the machine stays hidden,
@@ -14,6 +18,8 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+from pomt.cli import main  # noqa: E402
 
 from device_fakes import FakeNvml
 from tiny_data import make_image_folder, train_tiny_vit
@@ -51,6 +57,24 @@ def run_script(script: str, *args: str, cwd: Path | None = None, timeout: int = 
         cwd=cwd or ROOT,
         timeout=timeout,
     )
+
+
+def run_in_process(*args: str) -> subprocess.CompletedProcess:
+    """`pomt ...` through `pomt.cli.main` in this process (no interpreter to start): its exit code, stdout and
+    stderr as a subprocess would give them; an exception that escapes main is written to stderr as the
+    traceback a user would see."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+        warnings.simplefilter("default")
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            traceback.print_exc(file=err)
+            code = 1
+    return subprocess.CompletedProcess(["pomt", *args], code, out.getvalue(), err.getvalue())
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
