@@ -91,7 +91,7 @@ def staged_set(folder: str | Path, name: str, last: Sequence[str] = ()) -> Itera
         raise
     names = sorted((p.name for p in staging.iterdir() if not p.name.startswith(".")),
                    key=lambda n: (n in last, last.index(n) if n in last else 0, n))
-    with _sigint_held():
+    with sigint_held():
         atomic_write_text(staging / COMMIT, "\n".join(names) + "\n")
         _move_committed(staging)
 
@@ -119,13 +119,18 @@ def _move_committed(staging: Path) -> None:
 
 
 @contextmanager
-def _sigint_held() -> Iterator[None]:
-    """Ctrl-C is held back (delivered on leaving) while a set is moved into place, in the main thread."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+def sigint_held() -> Iterator[None]:
+    """Ctrl-C is held back (raised on leaving) in the main thread: for a few writes that must happen together or
+    not at all (a set moved into place, a journal's line and its count). The Python handler is swapped, not the
+    signal blocked: the signal may reach any of the process's threads, the handler runs in the main one."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    caught: list[tuple[int, object]] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(*caught[0])
