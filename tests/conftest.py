@@ -20,6 +20,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from pomt.cli import main  # noqa: E402
+from pomt.formats.schedule import BlockRemoval, Schedule  # noqa: E402
 
 from device_fakes import FakeNvml
 from tiny_data import make_image_folder, train_tiny_vit
@@ -75,6 +76,14 @@ def run_in_process(*args: str) -> subprocess.CompletedProcess:
             traceback.print_exc(file=err)
             code = 1
     return subprocess.CompletedProcess(["pomt", *args], code, out.getvalue(), err.getvalue())
+
+
+def schedule_dict(model: str = "deit_tiny_patch16_224", size: int = 224, **changes) -> dict:
+    """A valid schedule of `model` (N = 197 at 224 px) removing 20 tokens at block 3, unverified."""
+    tokens = (size // 16) ** 2 + 1
+    schedule = Schedule(model=model, input_size=(size, size), batch_size=1, num_tokens=tokens, prefix_tokens=1,
+                        depth=12, method="pomt", prune=(BlockRemoval(3, min(20, tokens - 3)),))
+    return {**schedule.to_dict(), **changes}
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:

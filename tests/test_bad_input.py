@@ -6,6 +6,8 @@ refused before anything is measured. The interrupt and kill tests are in test_in
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -23,24 +25,15 @@ from pomt.errors import (
     SettingError,
     UnsupportedModelError,
 )
-from pomt.formats.schedule import BlockRemoval, Schedule
 from pomt.measurement.search import SearchSettings
 from pomt.pipelines.offline import OfflineConfig, run_offline
 from pomt.workload.prepare import Workload
 
-from conftest import DATA, assert_one_line_error, run_in_process, run_script
+from conftest import DATA, ROOT, assert_one_line_error, run_in_process, run_script, schedule_dict
 from tiny_data import make_image_folder
 
 TRACE = DATA / "deit_small_bs4_amd_shuffled.csv"  # deit_small_patch16_224, batch 4, 224 px
 TINY = ("--model", "deit_tiny", "--input-size", "64", "--batch-size", "1", "--no-progress")  # N = 17, built fast
-
-
-def schedule_dict(model: str = "deit_tiny_patch16_224", size: int = 224, **changes) -> dict:
-    """A valid schedule of `model` (N = 197 at 224 px) removing 20 tokens at block 3."""
-    tokens = (size // 16) ** 2 + 1
-    schedule = Schedule(model=model, input_size=(size, size), batch_size=1, num_tokens=tokens, prefix_tokens=1,
-                        depth=12, method="pomt", prune=(BlockRemoval(3, min(20, tokens - 3)),))
-    return {**schedule.to_dict(), **changes}
 
 
 @pytest.fixture(scope="module")
@@ -304,3 +297,36 @@ def test_float16_on_the_cpu_is_one_warning_line(scene, tmp_path):
                             "--output-dir", str(tmp_path))
     warning, error = result.stderr.splitlines()
     assert warning.startswith("warning: float16 on the CPU") and error.startswith("error: --prune-block 12")
+
+
+APPLY_STRICTLY = """
+import json, sys, warnings
+import pomt
+data = json.load(open(sys.argv[1]))
+if not data["prune"]:  # nothing shipped: apply the first verified candidate, as measured on this machine
+    data["prune"] = [{"block": data["policy"]["prune_block"], "remove": data["verified"]["candidates"][0]["remove"]}]
+    data["kept_tokens"] = data["num_tokens"] - data["prune"][0]["remove"]
+warnings.simplefilter("error")
+model = pomt.create_model(data["model"], input_size=data["input_size"])
+pomt.apply_schedule(model, data, strict=True, batch_size=data["batch_size"])
+print("applied")
+"""
+
+
+@pytest.mark.slow
+def test_a_schedule_verified_here_applies_in_a_new_process_without_a_warning(tmp_path):
+    """The offline run hashes its fingerprint with the eager runtime; apply_schedule in another process, in
+    PyTorch on the same machine, hashes the same (it raised a false alarm, and strict refused it). The run
+    keeps torch's default threads, as the new process does."""
+    flat = tmp_path / "flat_accuracy.csv"
+    flat.write_text("tokens,accuracy\n" + "".join(f"{n},0.5\n" for n in range(2, 38)))
+    run = run_script("offline_computation.py", "--model", "test_vit", "--input-size", "96", "--batch-size", "2",
+                     "--no-progress", "--passes", "3", "--visit-s", "0.01", "--confirm-rounds", "3",
+                     "--verify-rounds", "3", "--no-verify-fresh", "--accuracy-curve", str(flat), "--alpha", "1",
+                     "--prune-block", "1", "--max-remove", "35", "--output-dir", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    schedule = tmp_path / "test_vit_cpu_bs2_is96.schedule.json"
+    assert json.loads(schedule.read_text())["verified"]["device_fingerprint_hash"]
+    result = subprocess.run([sys.executable, "-c", APPLY_STRICTLY, str(schedule)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "applied\n", "")
