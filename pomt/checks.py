@@ -6,10 +6,15 @@ setting in the message the way the caller's user knows it (a CLI flag, or a fiel
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from pomt.choice.binomial import CONFIDENCE, half_width, trials_for_half_width
-from pomt.errors import BatchSizeError, CalibrationError, PatchError
+from pomt.errors import BatchSizeError, CalibrationError, OutputError, PatchError, SettingError
+from pomt.options import flag
 
 METHODS = ("pomt", "topk", "tome", "l2norm", "random")
 
@@ -79,3 +84,62 @@ def check_calibration_size(images: int, accuracy: float, max_drop_points: float,
             f"({confidence:.0%} Wilson interval), wider than the {max_drop_points:g}-point drop asked by {label}: "
             f"give at least {needed} images or allow a drop of {width:.1f} points or more")
     return images
+
+
+def check_options(config: object) -> object:
+    """Raise SettingError for a field of the dataclass `config` outside the range its `option()` declares (the
+    same range the CLI holds its flag to, so a configuration built in Python is held to it too)."""
+    for f in dataclasses.fields(config):
+        low, high = f.metadata.get("min"), f.metadata.get("max")
+        value = getattr(config, f.name)
+        if (low is None and high is None) or value is None:
+            continue
+        for number in value if isinstance(value, (tuple, list)) else (value,):  # (H, W) sizes: each
+            if isinstance(number, bool) or not isinstance(number, (int, float)) or number != number:
+                raise SettingError(f"{flag(f)} must be a number, got {value!r}")
+            if (low is not None and number < low) or (high is not None and number > high):
+                bounds = (f"in [{low:g}, {high:g}]" if low is not None and high is not None else
+                          f">= {low:g}" if low is not None else f"<= {high:g}")
+                raise SettingError(f"{flag(f)} must be {bounds}, got {number:g}")
+    return config
+
+
+def check_output_dir(path: str | Path, label: str = "--output-dir") -> Path:
+    """Raise OutputError unless files can be written in the folder `path` (made later where it does not exist
+    yet): no file in its way, and its nearest existing folder writable. Run before anything is measured, so a
+    run never measures for minutes and then fails to write its results."""
+    path = Path(path)
+    problem = _folder_problem(path)
+    if problem:
+        raise OutputError(f"{label} {path} {problem}")
+    return path
+
+
+def check_output_file(path: str | Path, label: str = "--output") -> Path:
+    """Raise OutputError unless the file `path` can be written: not a folder itself, its folder writable."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"{label} {path} is a folder; name a file")
+    problem = _folder_problem(path.parent)
+    if problem:
+        raise OutputError(f"{label} {path} cannot be written: its folder {path.parent} {problem}")
+    return path
+
+
+def _folder_problem(path: Path) -> str | None:
+    """Why no file can be written in the folder `path` (None: it can): a file in its way, or its nearest
+    existing folder not writable (a file made and removed there says what permissions, mounts and quotas
+    allow, for root as for anyone)."""
+    existing = path
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return "is a file, not a folder" if existing == path else f"lies under the file {existing}"
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".pomt-probe-", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        where = "" if existing == path else f" ({existing}, where it would be made)"
+        return f"is not writable{where}: {exc.strerror}"
+    return None

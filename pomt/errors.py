@@ -1,5 +1,7 @@
 """Exceptions that carry a message a user can act on; the CLI prints them as one line, exit code 2."""
 
+from __future__ import annotations
+
 
 class PomtError(Exception):
     """Base class for every user-facing pomt error."""
@@ -67,3 +69,28 @@ class CalibrationError(PomtError):
 
 class AccuracyCacheError(PomtError):
     """An accuracy cache (journal) is corrupt or belongs to another model."""
+
+
+class UnsupportedModelError(PatchError):
+    """The model is not a ViT-family transformer with patch tokens that pomt can patch (a ResNet, a ConvNeXt)."""
+
+
+class SettingError(PomtError):
+    """A setting lies outside the range it allows, or settings contradict each other."""
+
+
+class OutputError(PomtError):
+    """An output path cannot be written: a file in the way, a read-only folder, a folder where a file must go."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with what became of the run in one line (`after_visits`: what its journals keep for `--resume`).
+
+    A KeyboardInterrupt, so that whatever handles Ctrl-C on the way up (a pool of worker processes, a context
+    manager) handles it alike; the CLI prints it as one line with exit code 130."""
+
+    @classmethod
+    def after_visits(cls, visits: int) -> Interrupted:
+        if visits == 0:
+            return cls("interrupted before any visit was measured; nothing to resume")
+        return cls(f"interrupted after {visits} visits; rerun with --resume to continue")

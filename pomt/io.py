@@ -1,4 +1,5 @@
-"""Atomic file writes: a result is either fully written or not there at all."""
+"""Atomic file writes: a result is either fully written or not there at all; so is a set of files
+(`staged_set`), and what a killed writer left behind is cleared by the next (`clear_stale`)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,12 @@ import csv
 import io
 import json
 import os
+import shutil
+import signal
 import tempfile
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 _UMASK = os.umask(0)
@@ -57,3 +62,75 @@ def atomic_save_figure(path: str | Path, figure) -> Path:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
     return atomic_write_bytes(path, buffer.getvalue())
+
+
+STAGING = ".staging"  # suffix of the hidden folder a set is staged in
+COMMIT = "COMMIT"  # the staged set is whole: its file names, in the order they are moved into place
+
+
+def staging_folder(folder: str | Path, name: str) -> Path:
+    """The hidden folder in `folder` where the set `name` is staged."""
+    return Path(folder) / f".{name}{STAGING}"
+
+
+@contextmanager
+def staged_set(folder: str | Path, name: str, last: Sequence[str] = ()) -> Iterator[Path]:
+    """Write a set of files as a whole: the caller writes them into the yielded staging folder (inside
+    `folder`, so moving is a rename); on leaving, a COMMIT marker lists them and they are moved into `folder`,
+    the names in `last` last (the file that names the others, so a reader who finds it finds them). A run
+    killed before the marker leaves the previous set (its staging folder is removed by the next
+    `clear_stale`); one killed while moving has its set completed by the next `clear_stale`; Ctrl-C waits
+    until the move is done. An error while staging removes the staging folder."""
+    staging = staging_folder(folder, name)
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    names = sorted((p.name for p in staging.iterdir() if not p.name.startswith(".")),
+                   key=lambda n: (n in last, last.index(n) if n in last else 0, n))
+    with sigint_held():
+        atomic_write_text(staging / COMMIT, "\n".join(names) + "\n")
+        _move_committed(staging)
+
+
+def clear_stale(folder: str | Path, name: str) -> None:
+    """Clear what a killed writer of the set `name` (and of single files named `name...`) left in `folder`: a
+    committed staging folder is moved into place, an uncommitted one removed, with hidden temporaries."""
+    folder = Path(folder)
+    staging = staging_folder(folder, name)
+    if (staging / COMMIT).is_file():
+        _move_committed(staging)
+    shutil.rmtree(staging, ignore_errors=True)
+    if folder.is_dir():
+        for stale in folder.glob(f".{name}*.tmp"):
+            stale.unlink(missing_ok=True)
+
+
+def _move_committed(staging: Path) -> None:
+    """Move a committed set's files (those still staged) into the folder above, in the marker's order."""
+    for file_name in (staging / COMMIT).read_text(encoding="utf-8").split():
+        staged = staging / file_name
+        if staged.exists():
+            os.replace(staged, staging.parent / file_name)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def sigint_held() -> Iterator[None]:
+    """Ctrl-C is held back (raised on leaving) in the main thread: for a few writes that must happen together or
+    not at all (a set moved into place, a journal's line and its count). The Python handler is swapped, not the
+    signal blocked: the signal may reach any of the process's threads, the handler runs in the main one."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[tuple[int, object]] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(*caught[0])

@@ -1,14 +1,15 @@
 """Command-line options declared on the fields of a configuration dataclass.
 
 A field made with `option()` is the one source of its flag (`--` + the field name with "-" for "_"), its
-default and its help text; `pomt.cli.options.config_command` turns such a dataclass into the parameters of
-a typer command. Adding a field is all it takes to add a flag.
+default, its help text and its range; `pomt.cli.options.config_command` turns such a dataclass into the
+parameters of a typer command, and `pomt.checks.check_options` holds a dataclass built in Python to the same
+ranges. Adding a field is all it takes to add a flag.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import field
+from dataclasses import Field, field
 from typing import Any
 
 
@@ -19,11 +20,18 @@ def option(
     choices: Sequence[str] | None = None,
     negatable: bool = False,
     min: float | None = None,
+    max: float | None = None,
 ) -> Any:
     """A dataclass field that is also a CLI option.
 
     `choices`: the values allowed (the CLI lists them and refuses others); `negatable`: a boolean flag with
-    a `--no-` form; `min`: the smallest value the CLI accepts.
+    a `--no-` form; `min`, `max`: the smallest and largest values allowed (inclusive; None: unbounded).
     """
-    metadata = {"help": help, "choices": tuple(choices) if choices else None, "negatable": negatable, "min": min}
+    metadata = {"help": help, "choices": tuple(choices) if choices else None, "negatable": negatable, "min": min,
+                "max": max}
     return field(default=default, metadata=metadata)
+
+
+def flag(f: Field) -> str:
+    """The command-line flag of an `option()` field."""
+    return "--" + f.name.replace("_", "-")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
+import traceback
+import warnings
 from pathlib import Path
 
 # The suite tests pomt where its answers are deterministic, on the CPU: a GPU on the machine stays hidden,
@@ -14,6 +18,9 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+from pomt.cli import main  # noqa: E402
+from pomt.formats.schedule import BlockRemoval, Schedule  # noqa: E402
 
 from device_fakes import FakeNvml
 from tiny_data import make_image_folder, train_tiny_vit
@@ -53,6 +60,32 @@ def run_script(script: str, *args: str, cwd: Path | None = None, timeout: int = 
     )
 
 
+def run_in_process(*args: str) -> subprocess.CompletedProcess:
+    """`pomt ...` through `pomt.cli.main` in this process (no interpreter to start): its exit code, stdout and
+    stderr as a subprocess would give them; an exception that escapes main is written to stderr as the
+    traceback a user would see."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+        warnings.simplefilter("default")
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            traceback.print_exc(file=err)
+            code = 1
+    return subprocess.CompletedProcess(["pomt", *args], code, out.getvalue(), err.getvalue())
+
+
+def schedule_dict(model: str = "deit_tiny_patch16_224", size: int = 224, **changes) -> dict:
+    """A valid schedule of `model` (N = 197 at 224 px) removing 20 tokens at block 3, unverified."""
+    tokens = (size // 16) ** 2 + 1
+    schedule = Schedule(model=model, input_size=(size, size), batch_size=1, num_tokens=tokens, prefix_tokens=1,
+                        depth=12, method="pomt", prune=(BlockRemoval(3, min(20, tokens - 3)),))
+    return {**schedule.to_dict(), **changes}
+
+
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
     """Bad input: exit code 2, exactly one line on stderr, no traceback, naming the problem."""
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
@@ -65,9 +98,10 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
 
 def verified_record(fingerprint: str | None = None) -> dict:
     """A schedule's `verified` object as the offline computation writes it, by default for this machine."""
-    from pomt.device import device_fingerprint, fingerprint_hash
+    from pomt.deploy.apply import eager_fingerprint
+    from pomt.device import fingerprint_hash
 
-    here = fingerprint or fingerprint_hash(device_fingerprint("cpu"))
+    here = fingerprint or fingerprint_hash(eager_fingerprint("cpu"))
     return {"unpruned_ms": 10.0, "pruned_ms": 8.0, "speedup": 1.25, "speedup_ci": [1.2, 1.3], "predicted_ms": 8.1,
             "prediction_error": -0.012, "candidates": [{"remove": 56, "pruned_ms": 8.0, "speedup": 1.25}],
             "samples": 30, "device_fingerprint_hash": here}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pomt.bench.run import BenchResult, SweepResult
 from pomt.bench.variants import BASELINE
-from pomt.io import atomic_write_csv, atomic_write_json
+from pomt.io import atomic_write_csv, atomic_write_json, clear_stale, staged_set
 from pomt.plots import plot_benchmark, plot_sweep
 
 COLUMNS = (
@@ -99,19 +99,20 @@ def format_table(result: BenchResult) -> str:
 
 
 def write_benchmark(result: BenchResult, output_dir: str | Path) -> dict[str, Path]:
-    """`<stem>.benchmark.csv`, `.benchmark.json` and `.benchmark.png` in `output_dir`, written atomically."""
-    out = Path(output_dir)
-    paths = {
-        "csv": atomic_write_csv(out / f"{result.stem}.benchmark.csv", result.rows, ALL_COLUMNS),
-        "json": atomic_write_json(
-            out / f"{result.stem}.benchmark.json",
-            {"meta": result.meta, "columns": list(COLUMNS), "rows": result.rows},
-        ),
-    }
+    """`<stem>.benchmark.csv`, `.benchmark.json` and `.benchmark.png` in `output_dir`, written as one set
+    (`pomt.io.staged_set`)."""
+    out, stem = Path(output_dir), f"{result.stem}.benchmark"
     run = result.run
     title = f"{run.architecture}, {run.device}, batch {run.batch_size}, input {run.input_size[0]}"
-    paths["png"] = plot_benchmark(out / f"{result.stem}.benchmark.png", title, result.rows)
-    return paths
+    clear_stale(out, stem)
+    with staged_set(out, stem) as staging:
+        paths = {
+            "csv": atomic_write_csv(staging / f"{stem}.csv", result.rows, ALL_COLUMNS),
+            "json": atomic_write_json(staging / f"{stem}.json",
+                                      {"meta": result.meta, "columns": list(COLUMNS), "rows": result.rows}),
+            "png": plot_benchmark(staging / f"{stem}.png", title, result.rows),
+        }
+    return {kind: out / path.name for kind, path in paths.items()}
 
 
 def speedups(sweep: SweepResult) -> dict[str, dict[tuple[int, int], float]]:
@@ -144,8 +145,8 @@ def format_sweep(sweep: SweepResult) -> str:
 
 
 def write_sweep(sweep: SweepResult, output_dir: str | Path) -> dict[str, Path]:
-    """All cells' rows as `<stem>.sweep.csv`/`.json`, the speedup heat-map as `<stem>.sweep.png`, and
-    each cell's own benchmark files."""
+    """All cells' rows as `<stem>.sweep.csv`/`.json`, the speedup heat-map as `<stem>.sweep.png` (one set,
+    written after each cell's own benchmark files)."""
     out, stem, table = Path(output_dir), f"{sweep.stem}.sweep", speedups(sweep)
     rows = [row for result in sweep.cells.values() for row in result.rows]
     data = {
@@ -160,11 +161,13 @@ def write_sweep(sweep: SweepResult, output_dir: str | Path) -> dict[str, Path]:
         "cells": [{"batch_size": b, "input_size": s, "meta": r.meta} for (b, s), r in sweep.cells.items()],
     }
     title = f"{sweep.run.architecture} on {sweep.run.device}: speedup (< 1: pruning loses)"
-    paths = {
-        "csv": atomic_write_csv(out / f"{stem}.csv", rows, ALL_COLUMNS),
-        "json": atomic_write_json(out / f"{stem}.json", data),
-        "png": plot_sweep(out / f"{stem}.png", title, table, sweep.batch_sizes, sweep.input_sizes),
-    }
     for result in sweep.cells.values():
         write_benchmark(result, out)
-    return paths
+    clear_stale(out, stem)
+    with staged_set(out, stem) as staging:
+        paths = {
+            "csv": atomic_write_csv(staging / f"{stem}.csv", rows, ALL_COLUMNS),
+            "json": atomic_write_json(staging / f"{stem}.json", data),
+            "png": plot_sweep(staging / f"{stem}.png", title, table, sweep.batch_sizes, sweep.input_sizes),
+        }
+    return {kind: out / path.name for kind, path in paths.items()}

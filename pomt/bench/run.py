@@ -29,11 +29,12 @@ from pomt.bench.variants import (
     plan_reductions,
     variant_methods,
 )
+from pomt.checks import check_options
 from pomt.choice import accuracy as acc
 from pomt.choice.policy import predict_from_counts
 from pomt.choice.verify import cost_function
 from pomt.device import clock_snapshot
-from pomt.errors import CurveError, ScheduleError
+from pomt.errors import CurveError, DatasetError, ScheduleError, SettingError
 from pomt.formats.curve import read_curve
 from pomt.formats.schedule import Schedule, load_schedule
 from pomt.measurement.timing import fixed_threads, interleaved
@@ -54,15 +55,16 @@ class BenchConfig:
     methods: str | tuple[str, ...] = option(
         BASELINE, f"Comma-separated variants: {', '.join(VALID_METHODS)} (none is always run)."
     )
-    remove: int | None = option(None, "Tokens removed at --prune-block (pomt/topk/l2norm/random).")
-    r: int | None = option(None, "ToMe: tokens merged per block.")
-    prune_block: int = option(3, "Block that prunes (0-based).")
-    keep_rate: float | None = option(None, "Instead of --remove: patch tokens kept, in (0, 1].")
+    remove: int | None = option(None, "Tokens removed at --prune-block (pomt/topk/l2norm/random).", min=0)
+    r: int | None = option(None, "ToMe: tokens merged per block.", min=0)
+    prune_block: int = option(3, "Block that prunes (0-based).", min=0)
+    keep_rate: float | None = option(None, "Instead of --remove: patch tokens kept, in (0, 1].", min=0, max=1)
     match_flops: bool = option(False, "Choose each reducer's amount to match the schedule's FLOPs.")
-    batch_size: int | None = option(None, "Batch size (default: the schedule's, else 1).")
-    input_size: int | tuple[int, int] | None = option(None, "Input size in pixels (default: schedule's/model's).")
+    batch_size: int | None = option(None, "Batch size (default: the schedule's, else 1).", min=1)
+    input_size: int | tuple[int, int] | None = option(None, "Input size in pixels (default: schedule's/model's).",
+                                                      min=1)
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps.")
-    threads: int | None = option(None, "CPU threads (default: torch's).")
+    threads: int | None = option(None, "CPU threads (default: torch's).", min=1)
     dtype: str = option("float32", "Model and input dtype (bfloat16 on CPU, float16 on CUDA).", choices=DTYPES)
     backend: str = option("eager", "Runtime every variant is timed on (a static program per variant).",
                           choices=BACKENDS)
@@ -70,13 +72,25 @@ class BenchConfig:
     calls_per_round: int = option(1, "Back-to-back forwards per sample.", min=1)
     warmup: int = option(3, "Warm-up forwards per variant.", min=0)
     dataset_root: Path | str | None = option(None, "ImageFolder for top-1 accuracy.")
-    accuracy_samples: int = option(32, "Images for accuracy (top-1 or agreement on random inputs); 0: skip.")
+    agreement: bool = option(False, "Accuracy as agreement with the unpruned model, --dataset-root's labels "
+                                    "ignored (for images whose classes are not the model's).")
+    accuracy_samples: int = option(32, "Images for accuracy (top-1 or agreement on random inputs); 0: skip.",
+                                   min=0)
     checkpoint: Path | str | None = option(None, "Local weights (state dict or timm checkpoint).")
     pretrained: bool = option(False, "Fetch timm's pretrained weights.", negatable=True)
     require_locked_clocks: bool = option(False, "Refuse to measure unless clocks are locked.")
     profile: bool = option(True, "Count ops/kernels with torch.profiler.", negatable=True)
-    power_seconds: float = option(2.0, "Seconds per variant of power sampling (GPU).")
-    seed: int = option(0, "Seed for inputs and random pruning.")
+    power_seconds: float = option(2.0, "Seconds per variant of power sampling (GPU).", min=0)
+    seed: int = option(0, "Seed for inputs and random pruning.", min=0)
+
+    def check(self) -> BenchConfig:
+        """Raise for settings outside their ranges (`pomt.checks.check_options`) before anything is built."""
+        check_options(self)
+        if self.keep_rate is not None and not self.keep_rate > 0:
+            raise SettingError(f"--keep-rate must lie in (0, 1], got {self.keep_rate:g}")
+        if self.dataset_root is not None and not Path(self.dataset_root).is_dir():
+            raise DatasetError(f"dataset folder not found: {self.dataset_root}")
+        return self
 
 
 @dataclass
@@ -110,6 +124,7 @@ class _Setup:
 
 def resolve(config: BenchConfig) -> _Setup:
     """Validate the configuration and resolve the run before any model is built."""
+    config.check()
     variant_methods(config.methods)
     schedule = load_schedule(config.schedule) if config.schedule is not None else None
     if config.model is None and schedule is None:
@@ -271,7 +286,9 @@ def _add_accuracy(
         return "", 0
     samples = -(-config.accuracy_samples // batch) * batch
     if config.dataset_root is not None:
-        dataset, kind = acc.open_image_folder(config.dataset_root, acc.eval_transform(variants[0].model, size))
+        dataset, kind = acc.open_image_folder(config.dataset_root, acc.eval_transform(variants[0].model, size),
+                                              agreement=config.agreement)
+        acc.check_labels(dataset, kind, variants[0].model, config.dataset_root)
     else:
         dataset, kind = acc.random_images(samples, size, config.seed), acc.AGREEMENT
     loader = acc.whole_batches(dataset, samples, batch, config.seed)

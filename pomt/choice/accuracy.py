@@ -80,20 +80,47 @@ def eval_transform(model: nn.Module, input_size: tuple[int, int]):
     return timm.data.create_transform(**config, is_training=False)
 
 
-def open_image_folder(root: str | Path, transform) -> tuple[Dataset, str]:
-    """An ImageFolder (top-1) when `root` has class sub-folders, else a flat folder (agreement)."""
+def open_image_folder(root: str | Path, transform, agreement: bool = False) -> tuple[Dataset, str]:
+    """An ImageFolder (top-1) when `root` has class sub-folders, else a flat folder (agreement); with
+    `agreement`, the class sub-folders' images with their labels ignored (agreement needs none)."""
     root = Path(root)
     if not root.is_dir():
         raise DatasetError(f"dataset folder not found: {root}")
     if any(child.is_dir() for child in root.iterdir()):
         try:
-            return ImageFolder(str(root), transform=transform), TOP1
+            return ImageFolder(str(root), transform=transform), AGREEMENT if agreement else TOP1
         except (FileNotFoundError, RuntimeError) as exc:
             raise DatasetError(f"no usable images under {root}: {str(exc).splitlines()[0]}") from None
     flat = _FlatFolder(root, transform)
     if len(flat) == 0:
         raise DatasetError(f"no images in {root} (expected class sub-folders or image files)")
     return flat, AGREEMENT
+
+
+def check_labels(dataset: Dataset, kind: str, model: nn.Module, root: str | Path) -> None:
+    """Raise DatasetError when top-1 labels cannot be the model's classes: the i-th class folder (in sorted
+    order) is compared with the model's class i, so the folder needs as many classes as the classifier has
+    outputs and, where the model's label set is known (ImageNet synsets), the same names."""
+    if kind != TOP1:
+        return
+    classes, outputs = list(dataset.classes), classifier_outputs(model)
+    hint = ("; give a folder of the model's classes, or --agreement to measure agreement with the unpruned model "
+            "(no labels needed)")
+    if outputs is not None and len(classes) != outputs:
+        raise DatasetError(f"{root} has {len(classes)} class folders, the model's classifier {outputs} outputs: "
+                           f"its labels cannot be the model's classes{hint}")
+    subset = timm.data.infer_imagenet_subset(model)
+    known = timm.data.ImageNetInfo(subset).label_names() if subset else None
+    if known is not None and classes != list(known):
+        theirs, ours = next((c, k) for c, k in zip(classes, known, strict=False) if c != k)
+        raise DatasetError(f"the class folders of {root} are not the model's {subset} classes (folder {theirs!r} "
+                           f"where class {known.index(ours)} is {ours!r}){hint}")
+
+
+def classifier_outputs(model: nn.Module) -> int | None:
+    """How many classes the model's classifier tells apart (timm's `num_classes`), or None where unknown."""
+    classes = getattr(model, "num_classes", None)
+    return int(classes) if isinstance(classes, int) else None
 
 
 def seeded_subset(dataset: Dataset, samples: int, seed: int) -> Dataset:

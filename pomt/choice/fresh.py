@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-from collections.abc import Callable
+import signal
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
@@ -57,10 +61,40 @@ class StepJob:
 
 
 def in_fresh_process(work: Callable[[Job], Answer], job: Job) -> Answer:
-    """`work(job)` in a new interpreter (`spawn`); errors there are raised here."""
+    """`work(job)` in a new interpreter (`spawn`); errors there are raised here. Ctrl-C stops it from here:
+    the new interpreter ignores SIGINT from its start (and its warnings, given here already), so it ends
+    without a traceback of its own; the pool is closed and joined either way, so nothing leaks at exit."""
     context = multiprocessing.get_context("spawn")
-    with context.Pool(1) as pool:
-        return pool.apply(work, (job,))
+    with _sigint_ignored():  # inherited by the new interpreter from its first instruction on
+        pool = context.Pool(1, initializer=_quiet_child)
+    try:
+        answer = pool.apply(work, (job,))
+        pool.close()
+        return answer
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
+
+
+@contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored while a process is started (in the main thread), so that it starts ignoring it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _quiet_child() -> None:
+    """Set up the fresh interpreter: SIGINT ignored (the parent stops it), warnings silenced."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    warnings.simplefilter("ignore")
 
 
 def verify_in_fresh_process(job: FreshJob) -> Verification:

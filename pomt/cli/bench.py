@@ -9,7 +9,8 @@ import typer
 
 from pomt.bench.report import format_sweep, format_table, write_benchmark, write_sweep
 from pomt.bench.run import BenchConfig, run_benchmark, run_sweep
-from pomt.cli.app import app
+from pomt.checks import check_output_dir
+from pomt.cli.app import app, interrupted_means
 from pomt.cli.options import config_command
 from pomt.errors import BatchSizeError, InputSizeError
 from pomt.options import option
@@ -33,6 +34,8 @@ def _ints(text: str | None, what: str, error: type[Exception]) -> list[int] | No
         raise error(f"{what} must be comma-separated integers, got {text!r}") from None
     if not values:
         raise error(f"{what} is empty")
+    if min(values) < 1:
+        raise error(f"{what} must be positive integers, got {text!r}")
     return values
 
 
@@ -42,6 +45,12 @@ def bench_command(config: BenchConfig, outputs: Outputs) -> None:
     """Compare the unpruned model with a schedule and other reducers: latency, FLOPs, memory, power, ops."""
     batches = _ints(outputs.batch_sizes, "--batch-sizes", BatchSizeError)
     sizes = _ints(outputs.input_sizes, "--input-sizes", InputSizeError)
+    check_output_dir(outputs.output_dir)
+    with interrupted_means("interrupted; a benchmark keeps no journal: nothing was written, run it again"):
+        _bench(config, outputs, batches, sizes)
+
+
+def _bench(config: BenchConfig, outputs: Outputs, batches: list[int] | None, sizes: list[int] | None) -> None:
     if batches is None and sizes is None:
         result = run_benchmark(config)
         typer.echo(format_table(result))

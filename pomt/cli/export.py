@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from pomt.cli.app import app
+from pomt.cli.app import app, interrupted_means
 from pomt.deploy.export import FORMATS, export_schedule
 
 
@@ -19,12 +19,14 @@ def export_command(
     checkpoint: Path = typer.Option(None, "--checkpoint", help="Local weights (state dict or timm checkpoint)."),
     pretrained: bool = typer.Option(True, "--pretrained/--no-pretrained", help="timm's pretrained weights "
                                     "(random init with a warning when they cannot be had)."),
-    batch_size: int = typer.Option(None, "--batch-size", help="Static batch size (default: the schedule's)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random inputs used to trace and check."),
+    batch_size: int = typer.Option(None, "--batch-size", help="Static batch size (default: the schedule's).",
+                                   min=1),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random inputs used to trace and check.", min=0),
 ) -> None:
     """Export the scheduled model at static shapes and check its outputs against the patched PyTorch model."""
-    result = export_schedule(schedule, fmt=fmt, output=output, checkpoint=checkpoint, pretrained=pretrained,
-                             batch_size=batch_size, seed=seed)
+    with interrupted_means("interrupted; nothing was exported (an earlier export there is as it was)"):
+        result = export_schedule(schedule, fmt=fmt, output=output, checkpoint=checkpoint, pretrained=pretrained,
+                                 batch_size=batch_size, seed=seed)
     card, check = result.card, result.card["check"]
     shape = "x".join(str(s) for s in card["input_shape"])
     typer.echo(f"wrote      {', '.join(str(result.path.with_name(f)) for f in card['files'])}")

@@ -36,7 +36,7 @@ def model_command(
 @app.command("device")
 def device_command(
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
-    threads: int = typer.Option(None, "--threads", help="CPU threads to report (default: torch's)."),
+    threads: int = typer.Option(None, "--threads", help="CPU threads to report (default: torch's).", min=1),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Print the device fingerprint and clock state that measurements record."""

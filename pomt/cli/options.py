@@ -13,6 +13,8 @@ from typing import Any
 
 import typer
 
+from pomt.options import flag
+
 _CLI_TYPES = (bool, int, float, Path, str)  # first match wins for a union such as `int | tuple[int, int]`
 
 
@@ -43,15 +45,16 @@ def _parameter(f: dataclasses.Field, hint: Any) -> inspect.Parameter:
     meta = f.metadata
     if "help" not in meta:
         raise TypeError(f"config field {f.name!r} is not declared with pomt.options.option()")
-    flag = "--" + f.name.replace("_", "-")
+    name = flag(f)
     annotation = _cli_type(f.name, hint)
     if meta["choices"]:
         annotation = enum.Enum(f.name.title().replace("_", ""), {c: c for c in meta["choices"]}, type=str)
     info = typer.Option(
         f.default,
-        f"{flag}/--no-{flag[2:]}" if meta["negatable"] else flag,
+        f"{name}/--no-{name[2:]}" if meta["negatable"] else name,
         help=meta["help"],
         min=meta["min"],
+        max=meta["max"],
         show_default=f.default is not None,
     )
     return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation)

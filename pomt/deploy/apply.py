@@ -1,20 +1,24 @@
 """apply_schedule: patch a model as a schedule file says, after checking that the schedule fits the model
-and warning where its promise was not measured where the model runs (another device, dtype or batch size,
-or never verified on the patched model)."""
+and warning where its promise was not measured where the model runs (another model of the same geometry,
+another device, runtime, dtype or batch size, or never verified on the patched model)."""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from torch import nn
 
-from pomt.device import device_fingerprint, fingerprint_hash
-from pomt.errors import PatchError, ScheduleError
+from pomt.device import Fingerprint, device_fingerprint, fingerprint_hash
+from pomt.errors import PatchError, PomtError, ScheduleError
 from pomt.formats.schedule import Schedule, load_schedule
+from pomt.models.family import check_family
 from pomt.models.geometry import model_geometry
+from pomt.models.registry import architecture
 from pomt.patching.api import patch
+from pomt.runtimes import Backend, backend_info
 
 
 class UnverifiedScheduleWarning(UserWarning):
@@ -37,6 +41,32 @@ def _mismatch(message: str, strict: bool) -> None:
     warnings.warn(message, stacklevel=3)
 
 
+def eager_fingerprint(device: str = "cpu") -> Fingerprint:
+    """The fingerprint of this process running a model in PyTorch on `device`: the eager runtime, as the
+    offline computation records it for an eager run (so a schedule verified here hashes the same)."""
+    return replace(device_fingerprint(device), backend=backend_info(Backend.EAGER))
+
+
+def _timm_architecture(model: nn.Module) -> str | None:
+    """The timm architecture the model was created as (its `pretrained_cfg`), or None where it does not say."""
+    name = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")
+    return str(name) if name else None
+
+
+def _check_identity(schedule: Schedule, model: nn.Module, strict: bool) -> None:
+    """Warn (raise under strict) when the model is another timm architecture than the schedule's: one of the
+    same token geometry patches without error, but the schedule's latency and accuracy are another model's."""
+    theirs = _timm_architecture(model)
+    if theirs is None:
+        return
+    try:
+        ours = architecture(schedule.model)
+    except PomtError:  # a name this timm does not know: compared as written
+        ours = schedule.model.partition(".")[0]
+    if ours != theirs:
+        _mismatch(f"schedule was made for {schedule.model}, the model is {theirs}", strict)
+
+
 def _check_verified(schedule: Schedule, model: nn.Module, strict: bool) -> None:
     """Warn (raise under strict) when the schedule's speedup was never measured on the patched model, or
     was measured on another device than the one the model runs on; once per application, not per forward."""
@@ -46,11 +76,12 @@ def _check_verified(schedule: Schedule, model: nn.Module, strict: bool) -> None:
                    "run the offline computation again to verify it")
     else:
         device = next((p.device for p in model.parameters()), None)
-        here = fingerprint_hash(device_fingerprint(str(device) if device is not None else "cpu"))
+        here = fingerprint_hash(eager_fingerprint(str(device) if device is not None else "cpu"))
         if here == verified.device_fingerprint_hash:
             return
-        message = (f"schedule was verified on another device (fingerprint {verified.device_fingerprint_hash}, "
-                   f"this one is {here}): its measured speedup may not hold here")
+        message = (f"schedule was verified on another device or runtime (fingerprint "
+                   f"{verified.device_fingerprint_hash}, this one in PyTorch is {here}): its measured speedup may "
+                   "not hold here")
     if strict:
         raise ScheduleError(message + " (strict)")
     warnings.warn(message, UnverifiedScheduleWarning, stacklevel=3)
@@ -65,13 +96,16 @@ def apply_schedule(
 ) -> nn.Module:
     """Patch `model` in place as the schedule says (path, decoded dict or Schedule); returns it.
 
-    Raises ScheduleError when the model's token count, prefix or depth differ from the schedule's.
-    A different device kind, parameter dtype, or `batch_size` (given here or seen at the first forward)
-    warns once; so does a schedule that prunes but was never verified on the patched model, or was verified
-    on another device fingerprint (`UnverifiedScheduleWarning`); with `strict` each of these raises.
+    Raises UnsupportedModelError for a model pomt cannot patch, ScheduleError when the model's token count,
+    prefix or depth differ from the schedule's. Another timm architecture than the schedule's, a different
+    device kind, parameter dtype, or `batch_size` (given here or seen at the first forward) warns once; so
+    does a schedule that prunes but was never verified on the patched model, or was verified on another
+    device fingerprint or runtime (`UnverifiedScheduleWarning`); with `strict` each of these raises.
     """
+    check_family(model)
     schedule = load_schedule(schedule)
     schedule.check_geometry(model_geometry(model))
+    _check_identity(schedule, model, strict)
     kind, wanted = _device_kind(model), schedule.device.kind
     if wanted and kind and wanted != kind:
         _mismatch(f"schedule was made on {wanted}, the model is on {kind}", strict)

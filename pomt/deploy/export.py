@@ -10,7 +10,6 @@ it records what was exported, with which packages, and how closely it matched.
 from __future__ import annotations
 
 import hashlib
-import os
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -19,10 +18,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pomt.checks import check_output_file
 from pomt.deploy.apply import UnverifiedScheduleWarning, apply_schedule
 from pomt.errors import ExportError
 from pomt.formats.schedule import Schedule, load_schedule, utc_now
-from pomt.io import atomic_write_json
+from pomt.io import atomic_write_json, clear_stale, staged_set
 from pomt.models.registry import PomtWarning, create_model
 from pomt.runtimes import (
     Backend,
@@ -103,6 +103,8 @@ def export_schedule(
     path = Path(output) if output is not None else default_output(schedule_path, fmt)
     if path.suffix != suffix:
         raise ExportError(f"--output for format {fmt} must end in {suffix}, got {path.name}")
+    for file in (*_files_of(path), card_path(path)):
+        check_output_file(file, "--output" if file == path else "output file")
     batch = schedule.batch_size if batch_size is None else batch_size
     if batch < 1:
         raise ExportError(f"batch size must be >= 1, got {batch}")
@@ -116,11 +118,30 @@ def export_schedule(
         program = onnx_program(model, example)
     except ExportError as exc:
         raise ExportError(f"the {schedule.method} schedule cannot be exported: {exc}") from exc
-    _write(program, path, fmt)
     inputs = _inputs(schedule, batch, dtype, seed + 1, CHECK_INPUTS)
-    diff = _max_abs_diff(model, path, backend, inputs)
+    clear_stale(path.parent, path.name)
+    with staged_set(path.parent, path.name, last=[path.name, card_path(path).name]) as staging:
+        staged = staging / path.name
+        _write(program, staged, fmt)
+        diff = _max_abs_diff(model, staged, backend, inputs)
+        card = _card(schedule_path, schedule, fmt, staged, example, weights, program, backend, seed, diff)
+        atomic_write_json(card_path(staged), card)
+    written = set(card["files"])
+    for stale in _files_of(path):  # a weight file of an earlier export this one has no more
+        if stale.name not in written:
+            stale.unlink(missing_ok=True)
+    result = ExportResult(path, card_path(path), card)
+    if not result.passed:
+        raise ExportError(f"{path.name} differs from the PyTorch model by {diff:.2e} (max abs) > "
+                          f"{card['check']['tolerance']:.0e}; see {result.card_path}")
+    return result
+
+
+def _card(schedule_path: Path, schedule: Schedule, fmt: str, path: Path, example: torch.Tensor, weights: str,
+          program, backend: Backend, seed: int, diff: float) -> dict:
+    """What was exported (the model file `path` and its weights), with which packages, how closely it matched."""
     tolerance = TOLERANCE[schedule.dtype]
-    card = {
+    return {
         "format": fmt,
         "file": path.name,
         "files": sorted(p.name for p in _files_of(path) if p.exists()),
@@ -151,13 +172,6 @@ def export_schedule(
         },
         "created": utc_now(),
     }
-    card_file = atomic_write_json(card_path(path), card)
-    result = ExportResult(path, card_file, card)
-    if not result.passed:
-        raise ExportError(
-            f"{path.name} differs from the PyTorch model by {diff:.2e} (max abs) > {tolerance:.0e}; see {card_file}"
-        )
-    return result
 
 
 def _model(schedule: Schedule, checkpoint, pretrained: bool) -> tuple[torch.nn.Module, str]:
@@ -190,27 +204,16 @@ def _files_of(path: Path) -> list[Path]:
 
 
 def _write(program, path: Path, fmt: str) -> None:
-    """Write the model (and its weight file) through a staging folder beside it: the weights are moved
-    into place first and the model file last, so a reader never finds a model without its weights."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as staging:
-        staged = Path(staging) / path.name
-        if fmt == "onnx":
-            program.save(str(staged))
-        else:
-            import openvino
+    """Write the model (and its weight file) at `path`, in a staging folder of `pomt.io.staged_set`."""
+    if fmt == "onnx":
+        program.save(str(path))
+        return
+    import openvino
 
-            onnx_dir = Path(staging) / "onnx"
-            onnx_dir.mkdir()
-            program.save(str(onnx_dir / "model.onnx"))
-            openvino.save_model(openvino.convert_model(str(onnx_dir / "model.onnx")), str(staged),
-                                compress_to_fp16=False)
-        written = {p.name for p in _files_of(staged) if p.exists()}
-        for name in sorted(written, key=lambda n: n == path.name):
-            os.replace(Path(staging) / name, path.parent / name)
-    for stale in _files_of(path):
-        if stale.name not in written:
-            stale.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".onnx.") as scratch:
+        onnx = Path(scratch) / "model.onnx"
+        program.save(str(onnx))
+        openvino.save_model(openvino.convert_model(str(onnx)), str(path), compress_to_fp16=False)
 
 
 def _max_abs_diff(model: torch.nn.Module, path: Path, backend: Backend, inputs: list[torch.Tensor]) -> float:

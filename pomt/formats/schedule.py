@@ -237,6 +237,8 @@ def load_schedule(source: str | Path | Mapping | Schedule) -> Schedule:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ScheduleError(f"schedule file not found: {path}") from None
+    except UnicodeDecodeError as exc:
+        raise ScheduleError(f"corrupt schedule {path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise ScheduleError(f"cannot read schedule {path}: {exc.strerror}") from None
     try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pomt.errors import TraceError
-from pomt.io import atomic_write_bytes, atomic_write_json
+from pomt.io import atomic_write_bytes, atomic_write_json, sigint_held
 
 COLUMNS = ("tokens", "pass", "rep", "t_s", "ms")
 SIDECAR_REQUIRED = ("model", "batch_size", "input_size", "num_tokens", "prefix_tokens")
@@ -265,9 +265,10 @@ class TraceWriter:
         writer = csv.writer(buffer, lineterminator="\n")
         for tokens, pass_index, rep, t_s, ms in stored.rows():
             writer.writerow([tokens, pass_index, rep, f"{t_s:.4f}", f"{ms:.4f}"])
-        self._write_bytes(buffer.getvalue().encode())
-        self.visits.append(stored)
-        self._ends.append(self.path.stat().st_size)
+        with sigint_held():  # Ctrl-C finds the visit in the file and counted, or in neither
+            self._write_bytes(buffer.getvalue().encode())
+            self.visits.append(stored)
+            self._ends.append(self.path.stat().st_size)
         return stored
 
     def _write_bytes(self, data: bytes) -> None:

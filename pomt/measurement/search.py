@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from pomt.checks import check_options
 from pomt.errors import GridError
 from pomt.formats.trace import Visit
 from pomt.measurement import candidates as cand
@@ -77,11 +78,12 @@ class SearchSettings:
             (self.visit_s > 0, f"--visit-s must be positive, got {self.visit_s}"),
             (self.align >= 0, f"--align must be at least 0, got {self.align}"),
             (0.0 < self.detect < 100.0, f"--detect must lie in (0, 100) percent, got {self.detect}"),
+            (self.candidate_k > 0, f"--candidate-k must be positive (noise units), got {self.candidate_k:g}"),
         ]
         for ok, message in problems:
             if not ok:
                 raise GridError(message)
-        return self
+        return check_options(self)
 
     def least_budget(self, coarse: list[tuple[int, ...]]) -> int:
         """On a small grid the budget's fraction would not pay for the coarse scan: the budget never falls

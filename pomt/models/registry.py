@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from pomt.errors import InputSizeError, UnknownModelError, WeightsError
+from pomt.models.family import check_family, check_family_by_name
 
 ALIASES: dict[str, str] = {
     "deit_tiny": "deit_tiny_patch16_224",
@@ -123,8 +124,10 @@ def create_model(
     is seeded (RANDOM_INIT_SEED): the same model in every process, so what depends on its weights (agreement
     with the unpruned model, the tokens a reducer keeps) repeats from run to run.
     A checkpoint's classifier size is read from the checkpoint, so fine-tuned heads load as they are.
+    A model pomt cannot patch is refused (UnsupportedModelError) before it is built.
     """
     resolved = resolve_model_name(name)
+    check_family_by_name(architecture(resolved))
     size = normalise_input_size(input_size) or default_input_size(resolved)
     kwargs: dict = {"img_size": size}
     state = None
@@ -159,6 +162,7 @@ def create_model(
         with torch.random.fork_rng(devices=[]):  # seeded here, the caller's generator left as it was
             torch.manual_seed(RANDOM_INIT_SEED)
             model = timm.create_model(resolved.partition(".")[0], pretrained=False, **kwargs)
+    check_family(model, resolved)
     check_divisible(size, model)
     if state is not None:
         _load_state(model, state, Path(checkpoint))

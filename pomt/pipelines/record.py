@@ -19,7 +19,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pomt.checks import check_options, check_output_file
 from pomt.formats.trace import Visit
+from pomt.io import clear_stale
 from pomt.measurement.design import Measurer, aligned_units, chained_units, checked_grid
 from pomt.measurement.drift import Drift, corrected_values, drift, pool_visits, relative_noise
 from pomt.measurement.search import SearchSettings
@@ -27,7 +29,7 @@ from pomt.measurement.sources import Session
 from pomt.measurement.steps import Step, steps_in_trace
 from pomt.options import option
 from pomt.plots import plot_offline
-from pomt.workload.prepare import Workload, live_session, open_journal, prepare
+from pomt.workload.prepare import Prepared, Workload, journalled, live_session, open_journal, prepare
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,13 @@ class RecordSettings:
                                 "other pass, so every two neighbouring counts are back to back in half the passes "
                                 "and a replay serves any adjacent pair as a search measures it live (in place of "
                                 "--align's pairs).")
-    min_step: float = option(0.05, "Smallest step the summary reports (fraction, beyond the trend).")
+    min_step: float = option(0.05, "Smallest step the summary reports (fraction, beyond the trend).", min=0)
+
+    def check(self) -> RecordSettings:
+        """Raise for settings outside their ranges, and for those a search would refuse alike."""
+        check_options(self)
+        SearchSettings(passes=self.passes, reps=self.reps, visit_s=self.visit_s, align=self.align).check()
+        return self
 
 
 @dataclass
@@ -80,10 +88,20 @@ def dense_trace(session: Session, grid: list[int], reference: int, settings: Rec
 
 
 def record(workload: Workload, settings: RecordSettings) -> Recording:
-    """Record the workload's dense trace (see the module docstring)."""
+    """Record the workload's dense trace (see the module docstring); settings and the output folder are checked
+    before anything is built, and Ctrl-C raises `Interrupted`, saying how many visits the journal keeps."""
+    settings.check()
+    workload.check()
     prepared = prepare(workload)
-    SearchSettings(passes=settings.passes, reps=settings.reps, visit_s=settings.visit_s,
-                   align=settings.align).check()  # the limits a search puts on the same settings
+    with journalled(prepared):
+        return _record(workload, settings, prepared)
+
+
+def _record(workload: Workload, settings: RecordSettings, prepared: Prepared) -> Recording:
+    folder, stem = Path(workload.output_dir), f"{prepared.setup.stem}.record"
+    clear_stale(folder, stem)
+    for suffix in (".csv", ".json", ".png"):
+        check_output_file(folder / f"{stem}{suffix}", "output file")
     journal = open_journal(workload, prepared, "record", "whole model, tokens truncated after embedding",
                            {"passes": settings.passes, "reps": settings.reps, "visit_s": settings.visit_s,
                             "reference_visits": settings.reference_visits, "align": settings.align,
@@ -98,10 +116,9 @@ def record(workload: Workload, settings: RecordSettings) -> Recording:
                         align=0 if settings.chain else settings.align, chain=settings.chain,
                         drift=None if seen is None else seen.to_dict())
     steps = steps_in_trace(visits, min_step=settings.min_step)
-    stem = f"{prepared.setup.stem}.record"
     title = (f"{prepared.geometry.model} on {prepared.setup.fingerprint.name}, batch {prepared.setup.batch_size}"
              f": {settings.passes} shuffled passes")
-    plot = plot_offline(Path(workload.output_dir) / f"{stem}.png", title, pool_visits(visits, n),
+    plot = plot_offline(folder / f"{stem}.png", title, pool_visits(visits, n),
                         corrected_values(visits), steps, [], None, drift=seen)
     return Recording(
         paths={"trace": journal.path, "sidecar": journal.path.with_suffix(".json"), "plot": plot},

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.metadata
+import warnings
 from enum import Enum
 
 import torch
@@ -71,6 +72,9 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
         raise BackendError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
     if dtype == torch.float32:
         return dtype
+    if dtype == torch.float16 and device.split(":")[0] == "cpu":
+        warnings.warn("float16 on the CPU: torch runs it there, but slowly and rarely as it is served; the CPU's "
+                      "half precision is bfloat16 (float16 is for CUDA)", stacklevel=2)
     if device.startswith("cuda") and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
         raise BackendError(f"this GPU ({torch.cuda.get_device_name(device)}) does not run bfloat16")
     try:

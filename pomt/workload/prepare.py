@@ -3,17 +3,22 @@ and the token grid, shared by the offline computation and `pomt record`.
 
 `prepare` builds the model in its dtype on its device with a seeded input (the benchmark's cells too);
 `open_journal` opens (or, with `resume`, continues) the trace a run writes every visit to;
-`live_session` measures through the runtime on this machine into that journal.
+`live_session` measures through the runtime on this machine into that journal; `journalled` turns Ctrl-C
+into a line saying how many visits the journals keep.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from pomt.checks import check_options, check_output_dir
+from pomt.errors import Interrupted
 from pomt.formats.schedule import utc_now
 from pomt.formats.trace import TraceWriter
 from pomt.measurement.design import token_grid
@@ -24,38 +29,50 @@ from pomt.options import option
 from pomt.runtimes import BACKENDS, DTYPES, backend_info, check_backend, resolve_dtype
 from pomt.workload.setup import RunSetup, prepare_run
 
+MODEL, BATCH_SIZE = "deit_base", 4  # what a workload measures where it does not say
+
 
 @dataclass(frozen=True)
 class Workload:
     """The model, batch, input, device and runtime measured, the token grid, and where outputs go; each
     field is also the CLI option of its name (`pomt.options`)."""
 
-    model: str = option("deit_base", "timm model name or alias.")
-    batch_size: int = option(4, "Batch size the latency is for.")
-    input_size: int | tuple[int, int] | None = option(None, "Input size in pixels (default: the model's).")
+    model: str | None = option(None, f"timm model name or alias (default: {MODEL}; a replay's is its trace's).")
+    batch_size: int | None = option(None, f"Batch size the latency is for (default: {BATCH_SIZE}; a replay's is "
+                                          "its trace's).", min=1)
+    input_size: int | tuple[int, int] | None = option(None, "Input size in pixels (default: the model's).", min=1)
     device: str = option("auto", "auto (cuda if present, else cpu), cpu, cuda[:N], mps.")
-    threads: int | None = option(None, "CPU threads, fixed and recorded (default: torch's).")
+    threads: int | None = option(None, "CPU threads, fixed and recorded (default: torch's).", min=1)
     dtype: str = option("float32", "Model and input dtype (bfloat16 on CPU, float16 on CUDA).", choices=DTYPES)
     backend: str = option("eager", "Runtime measured on.", choices=BACKENDS)
-    grid_token_start: int | None = option(None, "First kept-token count (default N).")
-    grid_token_stop: int | None = option(None, "Last kept-token count (default P+1).")
-    grid_token_stride: int = option(1, "Grid step in tokens.")
+    grid_token_start: int | None = option(None, "First kept-token count (default N).", min=1)
+    grid_token_stop: int | None = option(None, "Last kept-token count (default P+1).", min=1)
+    grid_token_stride: int = option(1, "Grid step in tokens.", min=1)
     output_dir: Path = option(Path("bin"), "Where outputs are written.")
     resume: bool = option(False, "Continue a killed run from its journal; measure only what is missing.")
     require_locked_clocks: bool = option(False, "Refuse to measure unless clocks are locked.")
-    seed: int = option(0, "Seed for pass orders, the input, samples and random pruning.")
+    seed: int = option(0, "Seed for pass orders, the input, samples and random pruning.", min=0)
     progress: bool = option(True, "Show progress bars.", negatable=True)
+
+    def check(self) -> Workload:
+        """Raise for settings outside their ranges (`pomt.checks.check_options`) or an output folder no file
+        can be written in, before anything is resolved or built."""
+        check_options(self)
+        check_output_dir(self.output_dir)
+        return self
 
 
 @dataclass
 class Prepared:
-    """A workload made concrete: the run's setup (fingerprint with runtime and dtype), model and input."""
+    """A workload made concrete: the run's setup (fingerprint with runtime and dtype), model and input, and
+    the journals opened for it (`open_journal`)."""
 
     setup: RunSetup
     geometry: Geometry
     grid: list[int]
     model: nn.Module
     x: torch.Tensor | None
+    journals: list[TraceWriter] = field(default_factory=list)
 
     @property
     def cache_dir(self) -> Path:
@@ -82,9 +99,10 @@ def prepare(
     `run`: the run already resolved for this workload (a benchmark sweep's cell, `RunSetup.at`); its
     model, device, batch and input size are then used as they are.
     """
-    setup = run if run is not None else prepare_run(workload.model, workload.device, workload.threads,
-                                                    workload.batch_size, workload.input_size,
-                                                    workload.require_locked_clocks)
+    setup = run if run is not None else prepare_run(
+        MODEL if workload.model is None else workload.model, workload.device, workload.threads,
+        BATCH_SIZE if workload.batch_size is None else workload.batch_size, workload.input_size,
+        workload.require_locked_clocks)
     backend = check_backend(workload.backend, setup.device)
     dtype = resolve_dtype(workload.dtype, setup.device)
     model = create_model(setup.model, setup.input_size, pretrained=pretrained, checkpoint=checkpoint)
@@ -114,7 +132,23 @@ def open_journal(workload: Workload, prepared: Prepared, name: str, what: str, s
             "threads": prepared.setup.fingerprint.threads, "device": prepared.setup.fingerprint.name,
             **settings}
     path = Path(workload.output_dir) / f"{prepared.setup.stem}.{name}.csv"
-    return TraceWriter(path, trace_meta(prepared, workload, what), keys, resume=workload.resume)
+    journal = TraceWriter(path, trace_meta(prepared, workload, what), keys, resume=workload.resume)
+    prepared.journals.append(journal)
+    return journal
+
+
+@contextmanager
+def journalled(prepared: Prepared) -> Iterator[Prepared]:
+    """Ctrl-C inside becomes `Interrupted`, saying how many visits the journals opened for `prepared` keep for
+    `--resume` (where none was opened, as on a replay, it stays a plain KeyboardInterrupt: nothing to resume)."""
+    try:
+        yield prepared
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:
+        if not prepared.journals:
+            raise
+        raise Interrupted.after_visits(sum(len(journal.visits) for journal in prepared.journals)) from None
 
 
 def live_session(workload: Workload, prepared: Prepared, journal: TraceWriter | None = None) -> Session:

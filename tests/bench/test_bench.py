@@ -221,7 +221,7 @@ def test_missing_schedule_file_is_one_line(tmp_path):
     ("args", "fragment"),
     [
         (["--model", "deit_tiny", "--methods", "none,fastest"], "choose one of none, pomt, topk"),
-        (["--model", "deit_tiny", "--batch-size", "0"], "batch size must be"),
+        (["--model", "deit_tiny", "--batch-size", "0"], "--batch-size"),
         (["--model", "deit_tiny", "--input-size", "100"], "not divisible by the patch size"),
         (["--model", "deit_tiny", "--methods", "topk"], "needs --remove"),
     ],

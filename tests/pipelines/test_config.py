@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pomt.errors import DatasetError, GridError, PatchError, PolicyError
+from pomt.errors import DatasetError, GridError, PatchError, PolicyError, SettingError
 from pomt.measurement.search import SearchSettings
 from pomt.pipelines.offline.config import (
     OfflineConfig,
@@ -26,8 +26,8 @@ from offline_data import GEOMETRY
         ({"replay": Path("t.csv"), "accuracy_only": True}, PolicyError, "--replay analyses latency"),
         ({"policy": "greedy"}, PolicyError, "unknown policy"),
         ({"policy": "budget"}, PolicyError, "needs --latency-budget-ms"),
-        ({"alpha": 1.5}, PolicyError, "--alpha must lie in"),
-        ({"accuracy_samples": 0}, PolicyError, "--accuracy-samples"),
+        ({"alpha": 1.5}, SettingError, r"--alpha must be in \[0, 1\], got 1.5"),
+        ({"accuracy_samples": 0}, SettingError, "--accuracy-samples must be >= 1"),
         ({"dataset_root": Path("/nonexistent/folder")}, DatasetError, "dataset folder not found"),
         ({"method": "magic"}, PatchError, "unknown method .magic."),
     ],

@@ -33,7 +33,7 @@ def _offline(*args, out):
 @pytest.mark.parametrize(
     ("args", "fragments"),
     [
-        (("--model", "deit_tiny", "--batch-size", "0"), ("batch size",)),
+        (("--model", "deit_tiny", "--batch-size", "0"), ("--batch-size",)),
         (("--model", "deit_tiny", "--grid-token-start", "300"), ("outside", "[2, 197]")),
         (("--model", "deit_tiny", "--grid-token-stop", "1"), ("outside", "[2, 197]")),
         (("--model", "deit_smal",), ("unknown model", "deit_small")),

@@ -1,16 +1,20 @@
 """A(n) for the policy: read from `--accuracy-curve`, or measured on the `--dataset-root` sample with random
-pruning after embedding (`pomt.choice.accuracy`) and written beside the other outputs."""
+pruning after embedding (`pomt.choice.accuracy`); the sample is opened, and its labels checked against the
+model's classifier, before anything is measured."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
+
+from torch.utils.data import Dataset
 
 from pomt.choice import accuracy as acc
 from pomt.measurement.steps import Step
-from pomt.pipelines.offline.config import OfflineConfig
+from pomt.pipelines.offline.config import OfflineConfig, needs_accuracy_model
 from pomt.pipelines.offline.prepare import Run
 from pomt.workload.prepare import Workload
+
+Sample = tuple[Dataset, str]  # the seeded sample of the dataset folder, and its kind (top-1 or agreement)
 
 
 def given_accuracy(config: OfflineConfig, run: Run) -> acc.AccuracyCurve | None:
@@ -20,17 +24,26 @@ def given_accuracy(config: OfflineConfig, run: Run) -> acc.AccuracyCurve | None:
     return acc.load_accuracy_curve(config.accuracy_curve, (run.geometry.min_tokens, run.geometry.num_tokens))
 
 
-def estimate_accuracy(workload: Workload, config: OfflineConfig, run: Run,
-                      steps: Sequence[Step] = ()) -> tuple[acc.AccuracyCurve, Path]:
-    """A(n) on a seeded, bounded sample of the dataset folder (at evenly spread counts and both sides of each
-    step), with random pruning after embedding, and the `<stem>.accuracy.csv` it is written to."""
+def accuracy_sample(workload: Workload, config: OfflineConfig, run: Run) -> Sample | None:
+    """The seeded sample A(n) is measured on, its labels checked against the model's classifier
+    (`pomt.choice.accuracy.check_labels`; `--agreement` needs none); None where this run measures no A(n)."""
+    if not (needs_accuracy_model(config) or config.accuracy_only) or config.dataset_root is None:
+        return None
     model, geometry = run.prepared.model, run.geometry
+    transform = acc.eval_transform(model, geometry.input_size)
+    dataset, kind = acc.open_image_folder(config.dataset_root, transform, agreement=config.agreement)
+    acc.check_labels(dataset, kind, model, config.dataset_root)
+    return acc.seeded_subset(dataset, config.accuracy_samples, workload.seed), kind
+
+
+def estimate_accuracy(workload: Workload, config: OfflineConfig, run: Run, sample: Sample,
+                      steps: Sequence[Step] = ()) -> acc.AccuracyCurve:
+    """A(n) on the sample (at evenly spread counts and both sides of each step), with random pruning after
+    embedding."""
+    geometry, (subset, kind) = run.geometry, sample
     extra = [s.tokens for s in steps] + [s.upper_tokens for s in steps]
-    dataset, kind = acc.open_image_folder(config.dataset_root, acc.eval_transform(model, geometry.input_size))
-    subset = acc.seeded_subset(dataset, config.accuracy_samples, workload.seed)
     counts = acc.accuracy_token_counts(geometry.min_tokens, geometry.num_tokens, config.accuracy_points, extra)
     loader = acc.image_loader(subset, config.accuracy_batch_size)
     device = run.setup.device if run.replay is None else "cpu"
-    curve = acc.measure_accuracy(model, loader, counts, kind, device=device, seed=workload.seed,
-                                 progress=workload.progress)
-    return curve, acc.save_accuracy_curve(Path(workload.output_dir) / f"{run.setup.stem}.accuracy.csv", curve)
+    return acc.measure_accuracy(run.prepared.model, loader, counts, kind, device=device, seed=workload.seed,
+                                progress=workload.progress)

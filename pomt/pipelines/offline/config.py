@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pomt.checks import METHODS, check_method, check_prune_block
+from pomt.checks import METHODS, check_method, check_options, check_prune_block
 from pomt.choice.policy import POLICIES
-from pomt.errors import DatasetError, GridError, PolicyError
+from pomt.errors import DatasetError, GridError, PolicyError, SettingError
 from pomt.measurement.search import SearchSettings
 from pomt.models.geometry import Geometry
 from pomt.options import option
@@ -35,20 +35,23 @@ class OfflineConfig:
         None, "Pretrained weights (default: only when accuracy is measured and no checkpoint is given).",
         negatable=True,
     )
-    accuracy_samples: int = option(500, "Images in the seeded accuracy sample.")
-    accuracy_points: int = option(12, "Token counts at which A(n) is measured.")
+    agreement: bool = option(False, "Measure A(n) as agreement with the unpruned model, the folder's labels "
+                                    "ignored (for images whose classes are not the model's).")
+    accuracy_samples: int = option(500, "Images in the seeded accuracy sample.", min=1)
+    accuracy_points: int = option(12, "Token counts at which A(n) is measured.", min=2)
     accuracy_batch_size: int = option(32, "Images per forward while measuring accuracy.", min=1)
-    alpha: float = option(0.5, "Utility weight of latency against accuracy.")
+    alpha: float = option(0.5, "Utility weight of latency against accuracy.", min=0, max=1)
     policy: str | None = option(
         None, "Default: budget with a budget, utility with accuracy, else step.", choices=POLICIES
     )
-    latency_budget_ms: float | None = option(None, "Latency the schedule must meet.")
-    min_accuracy: float | None = option(None, "Lowest acceptable A(n), in [0, 1].")
+    latency_budget_ms: float | None = option(None, "Latency the schedule must meet (ms, > 0).", min=0)
+    min_accuracy: float | None = option(None, "Lowest acceptable A(n), in [0, 1].", min=0, max=1)
     max_remove: int | None = option(None, "Most tokens the schedule may remove (default: all but one with an "
                                           "accuracy estimate; a quarter of the patch tokens without one, since "
-                                          "pruning more would be a guess about accuracy, not latency).")
-    min_gain: float = option(0.03, "Least speedup (fraction) worth pruning for, predicted and measured.")
-    prune_block: int = option(3, "Block (0-based) where tokens are removed.")
+                                          "pruning more would be a guess about accuracy, not latency).", min=0)
+    min_gain: float = option(0.03, "Least speedup (fraction) worth pruning for, predicted and measured.", min=0,
+                             max=1)
+    prune_block: int = option(3, "Block (0-based) where tokens are removed.", min=0)
     method: str = option("pomt", "Reducer the schedule is applied with.", choices=METHODS)
     verify: bool = option(True, "Measure the patched model against the unpruned one before shipping.",
                           negatable=True)
@@ -63,6 +66,38 @@ class OfflineConfig:
     accuracy_only: bool = option(False, "Estimate accuracy only; write its CSV.")
     accuracy_curve: Path | None = option(None, "Accuracy CSV from an --accuracy-only run.")
 
+    def check(self) -> OfflineConfig:
+        """Raise for settings no run can honour, before anything is resolved or built: ranges
+        (`pomt.checks.check_options`), settings that exclude each other, and what a policy needs."""
+        check_method(self.method)
+        if self.search not in SEARCHES:
+            raise GridError(f"unknown search {self.search!r}; choose one of {', '.join(SEARCHES)}")
+        if self.policy is not None and self.policy not in POLICIES:
+            raise PolicyError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        check_options(self)
+        if self.latency_only and self.accuracy_only:
+            raise PolicyError("--latency-only and --accuracy-only exclude each other")
+        if self.replay is not None and self.accuracy_only:
+            raise PolicyError("--replay analyses latency; --accuracy-only measures none")
+        if self.accuracy_only and self.dataset_root is None:
+            raise PolicyError("--accuracy-only needs --dataset-root")
+        if self.dataset_root is not None and not Path(self.dataset_root).is_dir():
+            raise DatasetError(f"dataset folder not found: {self.dataset_root}")
+        if self.agreement and self.dataset_root is None:
+            raise DatasetError("--agreement measures A(n) on --dataset-root: give one")
+        if self.latency_budget_ms is not None and not self.latency_budget_ms > 0:
+            raise SettingError(f"--latency-budget-ms must be positive, got {self.latency_budget_ms:g}")
+        if self.policy == "budget" and self.latency_budget_ms is None:
+            raise PolicyError("the budget policy needs --latency-budget-ms")
+        known = self.accuracy_curve is not None or needs_accuracy_model(self)
+        if not known and not self.accuracy_only:
+            needs = "the utility policy" if self.policy == "utility" else \
+                "--min-accuracy" if self.min_accuracy is not None else None
+            if needs:
+                raise PolicyError(f"{needs} needs accuracy: give --dataset-root (without --latency-only) or "
+                                  "--accuracy-curve")
+        return self
+
 
 @dataclass(frozen=True)
 class Request:
@@ -75,24 +110,8 @@ class Request:
 
 def validate(config: OfflineConfig, settings: SearchSettings) -> None:
     """Reject bad settings before anything is resolved or built (`check_pruning` checks the rest)."""
-    check_method(config.method)
+    config.check()
     settings.check()
-    if config.search not in SEARCHES:
-        raise GridError(f"unknown search {config.search!r}; choose one of {', '.join(SEARCHES)}")
-    if config.latency_only and config.accuracy_only:
-        raise PolicyError("--latency-only and --accuracy-only exclude each other")
-    if config.replay is not None and config.accuracy_only:
-        raise PolicyError("--replay analyses latency; --accuracy-only measures none")
-    if config.policy is not None and config.policy not in POLICIES:
-        raise PolicyError(f"unknown policy {config.policy!r}; choose one of {', '.join(POLICIES)}")
-    if config.policy == "budget" and config.latency_budget_ms is None:
-        raise PolicyError("the budget policy needs --latency-budget-ms")
-    if not 0.0 <= config.alpha <= 1.0:
-        raise PolicyError(f"--alpha must lie in [0, 1], got {config.alpha}")
-    if config.accuracy_samples < 1:
-        raise PolicyError(f"--accuracy-samples must be at least 1, got {config.accuracy_samples}")
-    if config.dataset_root is not None and not Path(config.dataset_root).is_dir():
-        raise DatasetError(f"dataset folder not found: {config.dataset_root}")
 
 
 def check_pruning(config: OfflineConfig, geometry: Geometry) -> None:

@@ -1,29 +1,54 @@
-"""The files a run leaves beside its journals: the curve CSV, the schedule JSON and the plot, each written
-atomically under the run's stem."""
+"""The files a run leaves beside its journals: the curve CSV, the schedule JSON, the plot and (where measured)
+the accuracy CSV, written as one set (`pomt.io.staged_set`): a run killed at any moment leaves the previous
+set or the new one, and what it left half-written is cleared when the next run starts (`prepare_outputs`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from pomt.checks import check_output_file
+from pomt.choice.accuracy import save_accuracy_curve
 from pomt.choice.policy import utility_values
 from pomt.formats.curve import write_curve
 from pomt.formats.schedule import Schedule, save_schedule
+from pomt.io import clear_stale, staged_set
 from pomt.measurement.drift import corrected_values
 from pomt.pipelines.offline.config import OfflineConfig
 from pomt.pipelines.offline.prepare import Run
 from pomt.pipelines.offline.records import Findings
 from pomt.plots import plot_offline
 
+SET = {"curve": "curve.csv", "accuracy": "accuracy.csv", "plot": "png", "schedule": "schedule.json"}
+
+
+def output_names(stem: str) -> dict[str, str]:
+    """The file names of a run's set, by kind."""
+    return {kind: f"{stem}.{suffix}" for kind, suffix in SET.items()}
+
+
+def prepare_outputs(folder: Path, stem: str) -> None:
+    """Before anything is measured: finish or remove what a killed run of this stem left in `folder`
+    (`pomt.io.clear_stale`), and refuse a folder standing where one of the set's files must go."""
+    clear_stale(folder, stem)
+    for name in output_names(stem).values():
+        check_output_file(folder / name, "output file")
+
 
 def write_outputs(folder: Path, run: Run, config: OfflineConfig, findings: Findings,
                   schedule: Schedule) -> dict[str, Path]:
-    """`<stem>.curve.csv`, `<stem>.schedule.json` and `<stem>.png` in `folder`, by kind."""
-    stem, search, accuracy = run.setup.stem, findings.latency.search, findings.accuracy
-    return {
-        "curve": write_curve(folder / f"{stem}.curve.csv", search.points, accuracy),
-        "schedule": save_schedule(schedule, folder / f"{stem}.schedule.json"),
-        "plot": plot(folder / f"{stem}.png", run, config, findings),
-    }
+    """`<stem>.curve.csv`, `<stem>.schedule.json`, `<stem>.png` (and `<stem>.accuracy.csv` where A(n) was
+    measured) in `folder` as one set, the schedule moved into place last; by kind."""
+    search, accuracy = findings.latency.search, findings.accuracy
+    names = output_names(run.setup.stem)
+    with staged_set(folder, run.setup.stem, last=[names["schedule"]]) as staging:
+        written = {
+            "curve": write_curve(staging / names["curve"], search.points, accuracy),
+            "schedule": save_schedule(schedule, staging / names["schedule"]),
+            "plot": plot(staging / names["plot"], run, config, findings),
+        }
+        if findings.measured_accuracy:
+            written["accuracy"] = save_accuracy_curve(staging / names["accuracy"], accuracy)
+    return {kind: folder / path.name for kind, path in written.items()}
 
 
 def plot(path: Path, run: Run, config: OfflineConfig, findings: Findings) -> Path:

@@ -5,31 +5,29 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pomt.choice.accuracy import AccuracyCurve
+from pomt.choice.accuracy import AccuracyCurve, save_accuracy_curve
 from pomt.choice.policy import Decision
 from pomt.choice.verify import Verification
 from pomt.device.fingerprint import Fingerprint
-from pomt.errors import PolicyError
 from pomt.formats.schedule import Schedule
 from pomt.measurement.search import SearchResult, SearchSettings
 from pomt.models.geometry import Geometry
-from pomt.pipelines.offline.accuracy import estimate_accuracy, given_accuracy
+from pomt.pipelines.offline.accuracy import Sample, accuracy_sample, estimate_accuracy, given_accuracy
 from pomt.pipelines.offline.config import (
     OfflineConfig,
     Request,
     max_remove,
-    needs_accuracy_model,
     policy_name,
     validate,
 )
 from pomt.pipelines.offline.fresh_steps import check_steps_in_fresh_process
 from pomt.pipelines.offline.latency import measure_latency
-from pomt.pipelines.offline.outputs import write_outputs
+from pomt.pipelines.offline.outputs import output_names, prepare_outputs, write_outputs
 from pomt.pipelines.offline.prepare import Run, prepare_run
 from pomt.pipelines.offline.ranking import policy_setting, rank
 from pomt.pipelines.offline.records import Findings, final_schedule
 from pomt.pipelines.offline.verdict import decide, here_only_note
-from pomt.workload.prepare import Workload
+from pomt.workload.prepare import Workload, journalled
 
 
 @dataclass(frozen=True)
@@ -54,25 +52,38 @@ class OfflineResult:
 
 def run_offline(workload: Workload, config: OfflineConfig | None = None,
                 settings: SearchSettings | None = None) -> OfflineResult:
-    """Run every stage the configuration asks for and write the outputs (see `pomt.pipelines.offline`)."""
+    """Run every stage the configuration asks for and write the outputs (see `pomt.pipelines.offline`).
+
+    Settings and the output folder are checked before anything is built, the accuracy data's labels before
+    anything is measured; Ctrl-C raises `Interrupted`, saying how many visits the journals keep."""
     request = Request(workload, config or OfflineConfig(), settings or SearchSettings())
     config, settings = request.config, request.settings
     validate(config, settings)
+    workload.check()
     run = prepare_run(workload, config, settings)
+    with journalled(run.prepared):
+        prepare_outputs(Path(workload.output_dir), run.setup.stem)
+        sample = accuracy_sample(workload, config, run)
+        if config.accuracy_only:
+            return accuracy_only(workload, config, run, sample)
+        return measure_and_choose(request, run, sample)
+
+
+def measure_and_choose(request: Request, run: Run, sample: Sample | None) -> OfflineResult:
+    """Latency, A(n), the policy's ranking, the verdict and the schedule, its outputs written."""
+    workload, config, settings = request.workload, request.config, request.settings
     accuracy = given_accuracy(config, run)
-    if config.accuracy_only:
-        return accuracy_only(workload, config, run)
-    known = accuracy is not None or needs_accuracy_model(config)
+    known = accuracy is not None or sample is not None
     reach = run.geometry.num_tokens - max_remove(config, run.geometry, known)
     latency = measure_latency(request, run, reach)
     if run.replay is None and config.verify_fresh and policy_name(config, known) == "step":
         latency = check_steps_in_fresh_process(workload, settings, latency, reach)
     paths = {} if latency.trace is None else {"trace": latency.trace}
-    if needs_accuracy_model(config):
-        accuracy, paths["accuracy"] = estimate_accuracy(workload, config, run, latency.search.steps)
+    if sample is not None:
+        accuracy = estimate_accuracy(workload, config, run, sample, latency.search.steps)
     ranking = rank(config, policy_setting(config, run.geometry, latency.search, accuracy), latency.search)
     verdict = decide(request, run, ranking)
-    findings = Findings(latency, accuracy, ranking, verdict)
+    findings = Findings(latency, accuracy, ranking, verdict, measured_accuracy=sample is not None)
     if verdict.journal is not None:
         paths["verify"] = verdict.journal
     schedule = final_schedule(run, config, settings, findings)
@@ -87,10 +98,9 @@ def run_offline(workload: Workload, config: OfflineConfig | None = None,
     )
 
 
-def accuracy_only(workload: Workload, config: OfflineConfig, run: Run) -> OfflineResult:
+def accuracy_only(workload: Workload, config: OfflineConfig, run: Run, sample: Sample) -> OfflineResult:
     """`--accuracy-only`: A(n) on the dataset folder, written to its CSV; nothing measured."""
-    if config.dataset_root is None:
-        raise PolicyError("--accuracy-only needs --dataset-root")
-    accuracy, path = estimate_accuracy(workload, config, run)
+    accuracy = estimate_accuracy(workload, config, run, sample)
+    path = save_accuracy_curve(Path(workload.output_dir) / output_names(run.setup.stem)["accuracy"], accuracy)
     return OfflineResult(geometry=run.geometry, device=run.setup.fingerprint, batch_size=run.setup.batch_size,
                          accuracy=accuracy, paths={"accuracy": path})

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pomt.device.fingerprint import Fingerprint
-from pomt.errors import GridError
+from pomt.errors import GridError, SettingError
 from pomt.formats.trace import check_trace_geometry, read_trace
 from pomt.measurement.search import SearchSettings
 from pomt.measurement.sources import ReplaySource, Session
 from pomt.models.geometry import Geometry, model_geometry
-from pomt.models.registry import create_model, resolve_model_name
+from pomt.models.registry import architecture, create_model, normalise_input_size, resolve_model_name
 from pomt.pipelines.offline.config import OfflineConfig, check_pruning, needs_accuracy_model
 from pomt.workload.prepare import Prepared, Workload, live_session, open_journal, prepare, settings_keys, workload_grid
 from pomt.workload.setup import RunSetup
@@ -60,6 +60,7 @@ def prepare_replay(workload: Workload, config: OfflineConfig) -> Run:
     trace = read_trace(config.replay)
     meta = trace.meta
     name = resolve_model_name(meta["model"])
+    check_replayed_workload(workload, meta, name)
     model = create_model(name, tuple(meta["input_size"]))
     geometry = model_geometry(model)
     check_trace_geometry(trace, geometry.num_tokens, geometry.prefix_tokens, name)
@@ -70,6 +71,22 @@ def prepare_replay(workload: Workload, config: OfflineConfig) -> Run:
         raise GridError(f"trace {config.replay} has no visit at N = {geometry.num_tokens}, the reference")
     grid = [n for n in workload_grid(workload, geometry) if n in set(trace.counts)]
     return Run(Prepared(setup, geometry, grid, model, None), Session(ReplaySource(trace)), config.replay)
+
+
+def check_replayed_workload(workload: Workload, meta: dict, name: str) -> None:
+    """Raise SettingError where the workload asks for another model, batch or input size than the trace's: a
+    replay analyses what was recorded, and would otherwise answer another question than the one asked."""
+    asked = {
+        "--model": (None if workload.model is None else architecture(workload.model), architecture(name)),
+        "--batch-size": (workload.batch_size, int(meta["batch_size"])),
+        "--input-size": (normalise_input_size(workload.input_size), tuple(meta["input_size"])),
+    }
+    clashes = [f"{flag} {mine if not isinstance(mine, tuple) else 'x'.join(map(str, mine))} (the trace's: "
+               f"{theirs if not isinstance(theirs, tuple) else 'x'.join(map(str, theirs))})"
+               for flag, (mine, theirs) in asked.items() if mine is not None and mine != theirs]
+    if clashes:
+        raise SettingError(f"--replay analyses the recorded workload, not {', '.join(clashes)}: leave those out, "
+                           "or measure anew without --replay")
 
 
 def replayed_fingerprint(meta: dict, path: Path) -> Fingerprint:

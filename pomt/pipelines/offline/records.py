@@ -24,12 +24,13 @@ DESIGN = "shuffled passes, reference in every pass, drift-corrected pooling, pai
 @dataclass(frozen=True)
 class Findings:
     """The products of the stages a schedule reports: the latency curve, A(n) (None: unknown), the
-    policy's ranking and the verdict."""
+    policy's ranking and the verdict; `measured_accuracy`: A(n) was measured by this run (not read)."""
 
     latency: Latency
     accuracy: AccuracyCurve | None
     ranking: Ranking
     verdict: Verdict
+    measured_accuracy: bool = False
 
 
 def final_schedule(run: Run, config: OfflineConfig, settings: SearchSettings, findings: Findings) -> Schedule:
