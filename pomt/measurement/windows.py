@@ -62,7 +62,7 @@ class WindowScan:
         limit = self.limit_pct
         if limit is None:
             return f"within reach ({lo}-{hi} tokens) too few counts were measured to state a detection limit"
-        seen = "none was" if found == 0 else f"{found} {'was' if found == 1 else 'were'} found"
+        seen = "none was" if found == 0 else f"{found} confirmed within reach"
         line = f"within reach ({lo}-{hi} tokens), steps of {limit:.0f}% or more would have been found; {seen}"
         if target_pct is not None and limit > target_pct:
             line += f" (--detect {target_pct:g}% not reached: the budget or the counts' own scatter stopped it)"
