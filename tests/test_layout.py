@@ -93,3 +93,9 @@ def test_no_module_or_class_is_too_long(name):
         if isinstance(node, ast.ClassDef):
             length = node.end_lineno - node.lineno + 1
             assert length <= MOST_CLASS_LINES, f"{name}.{node.name} has {length} lines"
+
+
+def test_test_files_have_distinct_names():
+    """pytest imports test files by their base name (tests/ has no packages): two of one name stop collection."""
+    names = [p.name for p in Path(__file__).parent.rglob("test_*.py")]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
