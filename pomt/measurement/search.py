@@ -31,7 +31,7 @@ from pomt.measurement.drift import (
 )
 from pomt.measurement.sources import Session, TraceExhausted
 from pomt.measurement.steps import Step
-from pomt.measurement.windows import WindowScan, WindowShift, counts_to_strengthen, scan, window_verdicts
+from pomt.measurement.windows import WindowScan, WindowShift, counts_to_strengthen, scan_visits, window_verdicts
 from pomt.options import option
 
 LEAST_CANDIDATES = 3  # candidates the smallest adaptive budget can still examine
@@ -172,6 +172,7 @@ class LatencySearch:
         self.judge = Judge(self.measurer, alpha=s.step_alpha, min_step=s.min_step, confirm_rounds=s.confirm_rounds)
         self._curve: tuple[tuple[int, int, int], list[CurvePoint]] | None = None
         self.shifts: tuple[WindowShift, ...] = ()  # what the windows within reach show
+        self.reach = (focus_from if focus_from is not None else self.grid[0]), self.grid[-1]
 
     def curve(self) -> list[CurvePoint]:
         """The pooled, drift-corrected curve of every visit so far (paired rounds included: they correct a
@@ -287,17 +288,10 @@ class LatencySearch:
             cost += len(wanted)
         return sorted(batch)
 
-    def reach(self) -> tuple[int, int]:
-        return (self.focus_from if self.focus_from is not None else self.grid[0]), self.grid[-1]
-
     def detection(self) -> WindowScan:
         """The windows over the counts within reach on every visit so far (`pomt.measurement.windows`)."""
-        values = corrected_values(self.measurer.visits())
-        factor = dict(zip(values, cand.confirmed_factor(list(values), self._accepted_steps()), strict=True))
-        expected = cand.expected_levels(self.curve())  # the curve's bend taken out: windows fit what is left
-        values = {n: [v * factor[n] / expected[n] for v in vs] for n, vs in values.items() if n in expected}
-        s = self.settings
-        return scan(values, self.reach(), relative_noise(values), alpha=s.step_alpha, min_step=s.min_step)
+        return scan_visits(self.measurer.visits(), self.curve(), self._accepted_steps(), self.reach,
+                           alpha=self.settings.step_alpha, min_step=self.settings.min_step)
 
     def strengthen(self) -> WindowScan:
         """Power passes: visit the counts within reach whose windows could miss a step of `detect` %, one
@@ -311,8 +305,8 @@ class LatencySearch:
             limit = found.limit_pct
             if limit is not None and (limit <= s.detect or limit > LEAST_GAIN * before):
                 break  # reached, or the counts' own scatter, not the visits, sets the limit: visits cannot buy it
-            before = math.inf if limit is None else limit
-            counts = counts_to_strengthen(self.grid, found.above(s.detect), self.reach())
+            before = limit or math.inf
+            counts = counts_to_strengthen(self.grid, found.above(s.detect), self.reach)
             if m.left() < len(counts) + 1 + reserve:
                 break
             m.measure_passes(counts, 1)

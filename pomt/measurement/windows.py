@@ -14,7 +14,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from pomt.formats.trace import Visit
+from pomt.measurement.candidates import confirmed_factor, expected_levels
 from pomt.measurement.confirmation import Confirmation
+from pomt.measurement.drift import CurvePoint, corrected_values, relative_noise
 from pomt.measurement.level_shift import MIN_SIDE, LevelShift, WindowVisits, detection_limit_pct, level_shift
 
 WINDOW_COUNTS = 12  # measured counts a window spans (about six each side of a jump in its middle)
@@ -127,6 +130,17 @@ def _supports(pin: Confirmation, shift: WindowShift, min_step: float) -> bool:
             and pin.effect is not None and pin.effect.p_value < SECOND_LOOK_P)
 
 
+def scan_visits(visits: Sequence[Visit], points: list[CurvePoint], confirmed: list[Confirmation],
+                reach: tuple[int, int], *, alpha: float, min_step: float) -> WindowScan:
+    """`scan` on a search's visits: drift divided out, the `confirmed` steps and the curve's trend (its bend,
+    `expected_levels` of the pooled `points`) taken out, so that the windows fit what is left."""
+    values = corrected_values(visits)
+    factor = dict(zip(values, confirmed_factor(list(values), confirmed), strict=True))
+    expected = expected_levels(points)
+    values = {n: [v * factor[n] / expected[n] for v in vs] for n, vs in values.items() if n in expected}
+    return scan(values, reach, relative_noise(values), alpha=alpha, min_step=min_step)
+
+
 def _large_enough(shift: LevelShift, min_step: float) -> bool:
     return abs(shift.saving_pct) >= 100.0 * min_step
 
@@ -172,5 +186,5 @@ def window_verdicts(shifts: Sequence[WindowShift], judged: Mapping[tuple[int, in
     return out
 
 
-__all__ = ["WINDOW_COUNTS", "WindowScan", "WindowShift", "counts_to_strengthen", "scan", "window_verdicts",
-           "window_visits", "windows"]
+__all__ = ["WINDOW_COUNTS", "WindowScan", "WindowShift", "counts_to_strengthen", "scan", "scan_visits",
+           "window_verdicts", "window_visits", "windows"]
