@@ -244,13 +244,14 @@ def test_schedule_for_another_model_is_one_line(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_top1_on_an_image_folder(tmp_path):
-    from tiny_data import SIZE, make_image_folder
+def test_top1_on_an_image_folder(tmp_path, trained):
+    from tiny_data import SIZE
 
-    root = make_image_folder(tmp_path / "data", per_class=2)
+    root, checkpoint, _ = trained  # a model whose classifier has the folder's classes
     args = f"--model test_vit --input-size {SIZE} --methods none,random --remove 10 --batch-size 2"
     args += " --accuracy-samples 6 --rounds 2 --warmup 0 --no-profile"
-    main(["bench", *args.split(), "--dataset-root", str(root), "--output-dir", str(tmp_path)])
+    main(["bench", *args.split(), "--dataset-root", str(root), "--checkpoint", str(checkpoint),
+          "--output-dir", str(tmp_path)])
     _, rows = read_csv(next(tmp_path.glob("*.benchmark.csv")))
     assert {r["accuracy_kind"] for r in rows} == {"top1"}
     assert all(0 <= float(r["accuracy"]) <= 1 for r in rows)
