@@ -107,13 +107,13 @@ def format_table(result: BenchResult) -> str:
 def comparison_lines(meta: dict) -> list[str]:
     """How each reducer was tuned to the schedule's latency, and every accuracy difference with its interval."""
     lines = []
-    if meta.get("match") in ("latency", "flops"):
+    if meta.get("match") == "flops" or meta.get("matches"):
         lines.append(f"reducers matched to the schedule's {meta['match']}" + (
             ": each setting probed against the schedule in paired rounds; ratio = its latency / the schedule's"
             if meta["match"] == "latency" else ""))
     for m in meta.get("matches", []):
         low, high = m["ci"]
-        close = "within the noise" if m["within_noise"] else "closest reachable"
+        close = "within the noise" if m["within_noise"] else "the closest setting found, outside the noise"
         lines.append(f"  {m['name']}: {m['setting']} (setting {m['value']} of 0..{m['range'][1]}, "
                      f"{len(m['probes'])} probes): {m['ratio']:.3f}x [{low:.3f}, {high:.3f}], {close}")
     comparisons = meta.get("comparisons", [])
