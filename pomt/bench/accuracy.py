@@ -7,6 +7,7 @@ seeded random images without a folder). As many images as the offline computatio
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 from pomt.bench.variants import BASELINE, Variant
@@ -28,8 +29,10 @@ def add_accuracy(
     batch: int,
     size: tuple[int, int],
     seed: int = 0,
+    progress: bool | None = None,
 ) -> tuple[str, int]:
-    """Fill each row's `accuracy` and its interval (`accuracy_low`, `accuracy_high`); returns (kind, images)."""
+    """Fill each row's `accuracy` and its interval (`accuracy_low`, `accuracy_high`); returns (kind, images).
+    `progress`: a bar over the batches (None: when stderr is a terminal)."""
     if samples <= 0:
         for row in rows.values():
             row.update(accuracy=None, accuracy_low=None, accuracy_high=None, accuracy_correct=None)
@@ -43,7 +46,8 @@ def add_accuracy(
         dataset, kind = acc.random_images(samples, size, seed), acc.AGREEMENT
     loader = acc.whole_batches(dataset, samples, batch, seed)
     forwards = {v.name: lambda images, _, model=v.model: model(images) for v in variants}
-    scores, images = acc.evaluate(forwards, loader, kind, forwards[BASELINE], device, progress=False,
+    show = sys.stderr.isatty() if progress is None else progress
+    scores, images = acc.evaluate(forwards, loader, kind, forwards[BASELINE], device, progress=show,
                                   dtype=parameter_dtype(variants[0].model))
     for name, score in scores.items():
         proportion = Proportion(round(score * images), images)
