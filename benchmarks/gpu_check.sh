@@ -68,9 +68,12 @@ bench() {
     --methods none,pomt,topk,tome --remove 392 --r 32 --rounds 20 --power-seconds 1 --output-dir "$OUT/bin"
   step "pomt's chunked attention: speed and peak memory against the chunk budget (448 px, batch 16)"
   timeout 120 "$PYTHON" benchmarks/attention_chunks.py --device cuda --budgets-mb 16 64 0
+  step "benchmark: the float32 schedule against top-k and ToMe tuned to its measured latency"
+  timeout 200 "$PYTHON" benchmark.py --schedule "$OUT/bin/deit_base_patch16_224_cuda_bs4_is224.schedule.json" \
+    --device cuda --methods none,topk,tome --rounds 20 --power-seconds 1 --output-dir "$OUT/bin"
   step "benchmark: the float32 schedule against FLOP-matched top-k and ToMe"
   timeout 150 "$PYTHON" benchmark.py --schedule "$OUT/bin/deit_base_patch16_224_cuda_bs4_is224.schedule.json" \
-    --device cuda --methods none,topk,tome --match-flops --rounds 20 --power-seconds 1 --output-dir "$OUT/bin"
+    --device cuda --methods none,topk,tome --match flops --rounds 20 --power-seconds 1 --output-dir "$OUT/bin"
 }
 
 repro() {

@@ -1,6 +1,8 @@
 """How far the latency model's promise is from the patched model on this machine.
 
-For each workload the unpruned latency is probed, then the offline computation runs as a user runs it
+Two parts (`--part`, both by default).
+
+single: for each workload the unpruned latency is probed, then the offline computation runs as a user runs it
 (live, verification on) with a latency budget of `--budget` (default 90%) of that probe, so that the
 budget policy ranks removals and verification measures them. Its schedule's
 `verified` record holds, for every candidate it measured, the latency the model predicted (the curve plus
@@ -9,12 +11,24 @@ unpruned one, paired. Printed: each candidate's predicted and measured latency a
 shipped removal and its verified speedup.
 Goal (issue 10): |prediction error| <= 3% for the shipped schedule on deit_small (batch 1 and 4) and
 deit_tiny at 112 px (batch 1); a removal that does not pay is not shipped.
-Usage: python benchmarks/prediction_error.py [--workloads deit_small:4:224 ...] [-- extra options]
+
+multi: for each workload, multi-block schedules of every reducer (pomt, topk, tome, l2norm: two and three
+pruning blocks, and ToMe's constant r at every block) priced by `pomt.choice.schedule_latency.LatencyModel`
+from a curve L(n) measured here (`--curve-points` counts, shuffled rounds) and each reducer's own cost
+measured by `pomt.choice.reducer_costs`; then every schedule's patched model is measured against the
+unpruned one in paired rounds (a deep copy each, seeded random order per round). Printed per schedule: the
+predicted and measured speedup and the error of the predicted latency, both at this run's unpruned median.
+Goal (issue 30): |error| <= 3% for multi-block schedules of every reducer.
+
+Usage: python benchmarks/prediction_error.py [--part multi] [--workloads deit_small:4:224 ...] [-- extra options]
+Tiny check: python benchmarks/prediction_error.py --part multi --workloads deit_tiny:1:64 --rounds 3 \
+    --cost-rounds 2 --curve-points 6
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import subprocess
 import sys
@@ -40,12 +54,132 @@ def probe(model: str, batch: int, size: int) -> float:
     return stats.median_ms
 
 
+def multi_block_schedules(num_tokens: int, prefix: int, depth: int) -> list:
+    """Two- and three-block schedules of every reducer (a share of the patch tokens entering each pruning
+    block), ToMe's constant r at every block, top-k's keep rate at its rate blocks."""
+    from pomt.choice.candidates import REDUCERS, Candidate
+    from pomt.choice.families import rate_blocks, tome_constant, tome_values, topk_rate
+
+    layouts = {2: sorted({depth // 3, 2 * depth // 3}), 3: rate_blocks(depth)}
+    schedules = []
+    for method in REDUCERS:
+        for blocks in layouts.values():
+            patches, removal = num_tokens - prefix, {}
+            for block in blocks:
+                removal[block] = max(1, round((0.2 if method == "tome" else 0.25) * patches))
+                patches -= removal[block]
+            schedules.append(Candidate.of(method, removal))
+    values = tome_values(num_tokens, prefix, depth, 5)
+    schedules += tome_constant(depth, values[1:2]) + topk_rate(num_tokens, prefix, depth, (0.7,))
+    return list(dict.fromkeys(c for c in schedules if not c.unpruned))
+
+
+def paired_rounds(forwards: dict, rounds: int, seed: int, threads: int | None, what: str) -> dict[str, list[float]]:
+    """Per name, one time (ms) per round; every round visits all names in a seeded random order."""
+    import numpy as np
+    import torch
+    from tqdm import tqdm
+
+    from pomt.measurement.timing import fixed_threads, time_calls
+
+    rng, names = np.random.default_rng(seed), list(forwards)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    with fixed_threads(threads) as used, torch.inference_mode():
+        for name in names:
+            forwards[name]()  # untimed: the first forward of a shape sets it up
+        for _ in tqdm(range(rounds), desc=what, unit="round", leave=False):
+            for i in rng.permutation(len(names)):
+                times[names[i]] += time_calls(forwards[names[i]], "cpu", 1, used)
+    return times
+
+
+def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
+    """Predicted against measured latency of every multi-block schedule on one workload; the |errors|."""
+    import numpy as np
+    import torch
+    from tqdm import tqdm
+
+    from pomt.choice.candidates import REDUCERS
+    from pomt.choice.reducer_costs import measure_reducer_costs
+    from pomt.choice.schedule_latency import LatencyModel
+    from pomt.measurement.paired import paired_effect
+    from pomt.models.geometry import model_geometry
+    from pomt.models.registry import create_model
+    from pomt.models.tokens import truncate_tokens
+    from pomt.patching import patch
+
+    model_name, batch, size = workload.split(":")
+    net = create_model(model_name, int(size)).eval()
+    x = torch.randn(int(batch), 3, int(size), int(size), generator=torch.Generator().manual_seed(args.seed))
+    g = model_geometry(net)
+    n, prefix, depth = g.num_tokens, g.prefix_tokens, g.depth
+    schedules = multi_block_schedules(n, prefix, depth)
+    probe = LatencyModel({n: 1.0, prefix + 1: 1.0}, n, prefix, depth)
+    lowest = min(min(probe.counts(c)) for c in schedules)
+    counts = sorted({*np.linspace(lowest, n, args.curve_points).round().astype(int).tolist(), n})
+    start = time.perf_counter()
+
+    def at_count(count: int):
+        def forward():
+            with truncate_tokens(net, count):
+                return net(x)
+        return forward
+
+    curve_times = paired_rounds({str(c): at_count(c) for c in counts}, args.rounds, args.seed, args.threads,
+                                "curve L(n)")
+    curve = {c: float(np.median(curve_times[str(c)])) for c in counts}
+    costs = measure_reducer_costs(net, x, REDUCERS, threads=args.threads, rounds=args.cost_rounds, seed=args.seed)
+    latency = LatencyModel(curve, n, prefix, depth, costs)
+    models = {"none": net}
+    for c in tqdm(schedules, desc="patching", leave=False):
+        models[c.key] = patch(copy.deepcopy(net), c.method, c.as_dict())
+    times = paired_rounds({key: (lambda m=m: m(x)) for key, m in models.items()}, args.rounds, args.seed + 1,
+                          args.threads, "schedules vs unpruned")
+    unpruned = float(np.median(times["none"]))
+    print(f"{workload} (multi-block): curve at {len(counts)} counts in [{counts[0]}, {n}], reducer costs, "
+          f"{len(schedules)} schedules x {args.rounds} paired rounds in {time.perf_counter() - start:.0f} s; "
+          f"unpruned {unpruned:.3f} ms")
+    errors = []
+    for c in schedules:
+        effect = paired_effect(times["none"], times[c.key])
+        predicted_ratio = latency.predict(c) / latency.baseline
+        error = effect.ratio / predicted_ratio - 1
+        errors.append(abs(error))
+        mark = "" if abs(error) <= GOAL else "  <- outside the goal"
+        print(f"  {c.key:<40s} blocks {len(c.removal):>2d}: predicted {unpruned * predicted_ratio:8.3f} ms "
+              f"(speedup {1 / predicted_ratio:.3f}x), measured {unpruned * effect.ratio:8.3f} ms "
+              f"(speedup {1 / effect.ratio:.3f}x [{1 / effect.ci[1]:.3f}, {1 / effect.ci[0]:.3f}]), "
+              f"error {100 * error:+.2f}%{mark}")
+    within = sum(e <= GOAL for e in errors)
+    print(f"  {within} of {len(errors)} schedules within {100 * GOAL:.0f}% (goal: all); "
+          f"largest |error| {100 * max(errors):.2f}%")
+    return errors
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), help="model:batch:input_size")
+    parser.add_argument("--part", choices=("single", "multi", "both"), default="both",
+                        help="single: the offline computation's shipped schedules; multi: multi-block schedules")
     parser.add_argument("--budget", type=float, default=0.9, help="latency budget as a fraction of unpruned")
+    parser.add_argument("--rounds", type=int, default=20, help="multi: paired rounds (curve and schedules)")
+    parser.add_argument("--cost-rounds", type=int, default=5, help="multi: rounds of the reducer-cost measurement")
+    parser.add_argument("--curve-points", type=int, default=24, help="multi: counts at which L(n) is measured")
+    parser.add_argument("--threads", type=int, default=None, help="multi: CPU threads (default: torch's)")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("extra", nargs="*", help="further offline_computation.py options (after --)")
     args = parser.parse_args()
+    if args.part in ("multi", "both"):
+        errors = [e for workload in args.workloads for e in multi_block(workload, args)]
+        met = all(e <= GOAL for e in errors)
+        print(f"multi-block: largest |error| {100 * max(errors):.2f}% over {len(errors)} schedules "
+              f"(goal within {100 * GOAL:.0f}%: {'met' if met else 'NOT met'})\n")
+    if args.part in ("single", "both"):
+        single(args)
+
+
+def single(args: argparse.Namespace) -> None:
+    """The offline computation's shipped schedule and its verified candidates, per workload."""
     shipped_errors = []
     for workload in args.workloads:
         model, batch, size = workload.split(":")

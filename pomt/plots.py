@@ -135,9 +135,13 @@ def _saved(path: str | Path, figure) -> Path:
 
 
 def plot_benchmark(path: str | Path, title: str, rows: Sequence[Mapping]) -> Path:
-    """Latency bars with IQR error bars (left) and speedup vs unpruned (right), one bar per variant."""
+    """Latency bars with IQR error bars, speedup vs unpruned, and (where measured) accuracy with its interval
+    against measured speedup, one bar or point per variant."""
     names = [row["method"] for row in rows]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(max(6, 1.6 * len(names) + 3), 3.6))
+    measured = [r for r in rows if r.get("accuracy") is not None]
+    panels = 3 if measured else 2
+    figure, axes = plt.subplots(1, panels, figsize=(max(6, 1.6 * len(names) + 3) + 4 * (panels - 2), 3.6))
+    left, right = axes[0], axes[1]
     latency, iqr = [r["latency_ms"] for r in rows], [r["latency_iqr_ms"] / 2 for r in rows]
     left.bar(names, latency, yerr=iqr, capsize=4, color="tab:blue")
     left.set_ylabel("latency per batch (ms, median ± IQR/2)")
@@ -147,9 +151,23 @@ def plot_benchmark(path: str | Path, title: str, rows: Sequence[Mapping]) -> Pat
     right.set_ylabel("speedup vs unpruned")
     for axis in (left, right):
         axis.tick_params(axis="x", rotation=30)
+    if measured:
+        _accuracy_panel(axes[2], measured)
     figure.suptitle(title)
     figure.tight_layout()
     return _saved(path, figure)
+
+
+def _accuracy_panel(axis, rows: Sequence[Mapping]) -> None:
+    """Accuracy (95% Wilson interval) against measured speedup, a labelled point per variant."""
+    for row in rows:
+        accuracy, low, high = row["accuracy"], row.get("accuracy_low"), row.get("accuracy_high")
+        error = None if low is None or high is None else [[accuracy - low], [high - accuracy]]
+        axis.errorbar([row["speedup"]], [accuracy], yerr=error, fmt="o", capsize=4)
+        axis.annotate(row["method"], (row["speedup"], accuracy), textcoords="offset points", xytext=(5, 5),
+                      fontsize=8)
+    axis.axvline(1.0, color="black", linewidth=0.8)
+    axis.set(xlabel="measured speedup vs unpruned", ylabel="accuracy (95% interval)")
 
 
 def plot_sweep(

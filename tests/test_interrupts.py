@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import pomt
+import pomt.deploy.export as export_module
 from pomt.formats.curve import read_curve
 from pomt.formats.trace import read_trace
 from pomt.io import COMMIT, clear_stale
@@ -132,14 +133,19 @@ def test_ctrl_c_in_a_benchmark_says_nothing_was_written(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_ctrl_c_in_an_export_leaves_the_folder_as_it_was(tmp_path):
+def test_ctrl_c_in_an_export_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
+    """Ctrl-C arrives once the model file is written into the staging folder, while it is checked (a timer
+    would race an export that may finish first)."""
     schedule = tmp_path / "tiny.schedule.json"
     schedule.write_text(json.dumps(schedule_dict()))
-    timer = _interrupt_after(1.5)
-    try:
-        result = run_in_process("export", str(schedule), "--no-pretrained")
-    finally:
-        timer.cancel()
+    check = export_module._max_abs_diff
+
+    def ctrl_c_during_the_check(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(export_module, "_max_abs_diff", ctrl_c_during_the_check)
+    result = run_in_process("export", str(schedule), "--no-pretrained")
     assert result.returncode == 130
     assert result.stderr.splitlines()[-1] == ("interrupted; nothing was exported (an earlier export there is as it "
                                               "was)")

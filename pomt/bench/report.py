@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from pomt.bench.compare import Comparison
 from pomt.bench.run import BenchResult, SweepResult
 from pomt.bench.variants import BASELINE
 from pomt.io import atomic_write_csv, atomic_write_json, clear_stale, staged_set
@@ -13,11 +14,12 @@ from pomt.plots import plot_benchmark, plot_sweep
 COLUMNS = (
     "model", "method", "batch_size", "input_size", "tokens_kept", "latency_ms", "latency_iqr_ms", "throughput_ips",
     "speedup", "predicted_ms", "gflops", "params_m", "peak_mem_mb", "power_w", "energy_j_per_img",
-    "ops_per_forward", "device_time_ms", "accuracy", "accuracy_kind", "clocks_locked",
+    "ops_per_forward", "device_time_ms", "accuracy", "accuracy_low", "accuracy_high", "accuracy_kind", "clocks_locked",
 )
 EXTRA_COLUMNS = (
     "reducer", "amount", "latency_min_ms", "latency_p10_ms", "samples", "speedup_min", "measured_over_predicted",
-    "predicted_error_pct",
+    "predicted_error_pct", "latency_vs_schedule", "setting", "match_ratio", "match_ci_low", "match_ci_high",
+    "accuracy_correct",
     "peak_mem_kind", "profiled_wall_ms", "profile_kind",
 )
 ALL_COLUMNS = COLUMNS + EXTRA_COLUMNS
@@ -31,6 +33,7 @@ _TABLE = (  # (header, column, format)
     ("min ms", "latency_min_ms", "{:.3f}"),
     ("img/s", "throughput_ips", "{:.1f}"),
     ("speedup", "speedup", "{:.3f}x"),
+    ("vs sched", "latency_vs_schedule", "{:.3f}x"),
     ("pred ms", "predicted_ms", "{:.3f}"),
     ("meas/pred", "measured_over_predicted", "{:.3f}"),
     ("GFLOPs", "gflops", "{:.3f}"),
@@ -41,13 +44,16 @@ _TABLE = (  # (header, column, format)
     ("ops/fwd", "ops_per_forward", "{:.0f}"),
     ("dev ms", "device_time_ms", "{:.3f}"),
     ("accuracy", "accuracy", "{:.3f}"),
+    ("95% interval", ("accuracy_low", "accuracy_high"), "[{:.3f}, {:.3f}]"),
 )
 
 
-def _cell(value, fmt: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+def _cell(row: dict, column: str | tuple[str, ...], fmt: str) -> str:
+    """One table cell: the column's value (or the columns' values) formatted, "-" where one is missing."""
+    values = [row.get(name) for name in ((column,) if isinstance(column, str) else column)]
+    if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
         return "-"
-    return fmt.format(value)
+    return fmt.format(*values)
 
 
 def aligned(header: list[str], body: list[list[str]]) -> str:
@@ -76,7 +82,7 @@ def slower_than_unpruned(rows: list[dict]) -> list[str]:
 def format_table(result: BenchResult) -> str:
     """The benchmark as an aligned text table with a title and notes."""
     header = [h for h, _, _ in _TABLE]
-    body = [[_cell(row.get(col), fmt) for _, col, fmt in _TABLE] for row in result.rows]
+    body = [[_cell(row, col, fmt) for _, col, fmt in _TABLE] for row in result.rows]
     meta = result.meta
     kind = meta.get("accuracy_kind") or "none"
     fp = result.run.fingerprint
@@ -95,7 +101,26 @@ def format_table(result: BenchResult) -> str:
     slower = slower_than_unpruned(result.rows)
     if slower:
         notes.append(f"break-even not reached (slower than unpruned): {', '.join(slower)}")
-    return "\n".join([title, aligned(header, body), *(f"note: {n}" for n in notes)])
+    return "\n".join([title, aligned(header, body), *(f"note: {n}" for n in notes), *comparison_lines(meta)])
+
+
+def comparison_lines(meta: dict) -> list[str]:
+    """How each reducer was tuned to the schedule's latency, and every accuracy difference with its interval."""
+    lines = []
+    if meta.get("match") == "flops" or meta.get("matches"):
+        lines.append(f"reducers matched to the schedule's {meta['match']}" + (
+            ": each setting probed against the schedule in paired rounds; ratio = its latency / the schedule's"
+            if meta["match"] == "latency" else ""))
+    for m in meta.get("matches", []):
+        low, high = m["ci"]
+        close = "within the noise" if m["within_noise"] else "the closest setting found, outside the noise"
+        lines.append(f"  {m['name']}: {m['setting']} (setting {m['value']} of 0..{m['range'][1]}, "
+                     f"{len(m['probes'])} probes): {m['ratio']:.3f}x [{low:.3f}, {high:.3f}], {close}")
+    comparisons = meta.get("comparisons", [])
+    if comparisons:
+        lines.append("accuracy differences (95% interval, Newcombe's from the Wilson intervals):")
+        lines += [f"  {Comparison.from_dict(c).line()}" for c in comparisons]
+    return lines
 
 
 def write_benchmark(result: BenchResult, output_dir: str | Path) -> dict[str, Path]:

@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from pomt.bench.accuracy import DEFAULT_SAMPLES, add_accuracy
+from pomt.bench.compare import compare
 from pomt.bench.flops import count_flops
+from pomt.bench.latency_match import Match, Timing, match_latency
+from pomt.bench.predict import Predictor, predictor
 from pomt.bench.profile import profile_forward
 from pomt.bench.resources import peak_memory, power_and_energy
 from pomt.bench.variants import (
     BASELINE,
+    SCHEDULE,
     VALID_METHODS,
     Variant,
     build_variant,
@@ -30,20 +35,17 @@ from pomt.bench.variants import (
     variant_methods,
 )
 from pomt.checks import check_options
-from pomt.choice import accuracy as acc
-from pomt.choice.policy import predict_from_counts
-from pomt.choice.verify import cost_function
 from pomt.device import clock_snapshot
-from pomt.errors import CurveError, DatasetError, ScheduleError, SettingError
-from pomt.formats.curve import read_curve
+from pomt.errors import DatasetError, ScheduleError, SettingError
 from pomt.formats.schedule import Schedule, load_schedule
 from pomt.measurement.timing import fixed_threads, interleaved
 from pomt.models.registry import architecture
 from pomt.options import option
-from pomt.patching import token_counts
-from pomt.runtimes import BACKENDS, DTYPES, Backend, backend_info, build_forward, parameter_dtype, parse_backend
+from pomt.runtimes import BACKENDS, DTYPES, Backend, backend_info, build_forward, parse_backend
 from pomt.workload.prepare import Workload, prepare
 from pomt.workload.setup import RunSetup, output_stem, prepare_run
+
+MATCHES = ("auto", "latency", "flops", "none")
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,11 @@ class BenchConfig:
     r: int | None = option(None, "ToMe: tokens merged per block.", min=0)
     prune_block: int = option(3, "Block that prunes (0-based).", min=0)
     keep_rate: float | None = option(None, "Instead of --remove: patch tokens kept, in (0, 1].", min=0, max=1)
-    match_flops: bool = option(False, "Choose each reducer's amount to match the schedule's FLOPs.")
+    match: str = option("auto", "How the reducers' amounts are set against a --schedule: latency (tuned to its "
+                                "measured latency here), flops, or none (the amounts given); auto: latency when "
+                                "a schedule is given without --remove/--r/--keep-rate, else none.",
+                        choices=MATCHES)
+    match_rounds: int = option(10, "--match latency: paired rounds per probed setting.", min=2)
     batch_size: int | None = option(None, "Batch size (default: the schedule's, else 1).", min=1)
     input_size: int | tuple[int, int] | None = option(None, "Input size in pixels (default: schedule's/model's).",
                                                       min=1)
@@ -74,7 +80,8 @@ class BenchConfig:
     dataset_root: Path | str | None = option(None, "ImageFolder for top-1 accuracy.")
     agreement: bool = option(False, "Accuracy as agreement with the unpruned model, --dataset-root's labels "
                                     "ignored (for images whose classes are not the model's).")
-    accuracy_samples: int = option(32, "Images for accuracy (top-1 or agreement on random inputs); 0: skip.",
+    accuracy_samples: int = option(DEFAULT_SAMPLES, "Images for accuracy (top-1 or agreement on random inputs), "
+                                                    "as many as the offline computation's by default; 0: skip.",
                                    min=0)
     checkpoint: Path | str | None = option(None, "Local weights (state dict or timm checkpoint).")
     pretrained: bool = option(False, "Fetch timm's pretrained weights.", negatable=True)
@@ -113,6 +120,7 @@ class _Setup:
     config: BenchConfig
     schedule: Schedule | None
     run: RunSetup
+    match: str = "none"
 
     def workload(self) -> Workload:
         """The run as a workload: what `pomt.workload.prepare.prepare` builds the model and input from."""
@@ -129,13 +137,27 @@ def resolve(config: BenchConfig) -> _Setup:
     schedule = load_schedule(config.schedule) if config.schedule is not None else None
     if config.model is None and schedule is None:
         raise ScheduleError("give --model or a --schedule (whose model is used)")
-    if config.match_flops and schedule is None:
-        raise ScheduleError("--match-flops needs a --schedule whose FLOPs the reducers match")
+    match = resolve_match(config, schedule is not None)
     batch = config.batch_size if config.batch_size is not None else (schedule.batch_size if schedule else 1)
     size = config.input_size if config.input_size is not None else (schedule.input_size if schedule else None)
     run = prepare_run(config.model or schedule.model, config.device, config.threads, batch, size,
                       config.require_locked_clocks)
-    return _Setup(config, schedule, run)
+    return _Setup(config, schedule, run, match)
+
+
+def resolve_match(config: BenchConfig, has_schedule: bool) -> str:
+    """latency, flops or none: what `config.match` means with or without a schedule (see its help)."""
+    if config.match not in MATCHES:
+        raise SettingError(f"--match must be one of {', '.join(MATCHES)}, got {config.match!r}")
+    given = [flag for flag, value in (("--remove", config.remove), ("--r", config.r),
+                                      ("--keep-rate", config.keep_rate)) if value is not None]
+    if config.match == "auto":
+        return "latency" if has_schedule and not given else "none"
+    if config.match != "none" and not has_schedule:
+        raise ScheduleError(f"--match {config.match} needs a --schedule whose {config.match} the reducers match")
+    if config.match != "none" and given:
+        raise SettingError(f"--match {config.match} sets every reducer's amount: leave out {', '.join(given)}")
+    return config.match
 
 
 def run_benchmark(config: BenchConfig, progress: bool | None = None) -> BenchResult:
@@ -155,10 +177,21 @@ def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) 
             warnings.warn(f"schedule was made for {schedule.model}, benchmarking {run.model}", stacklevel=2)
     predicted = predictor(schedule, config.schedule, geometry) if schedule is not None else None
 
+    match = setup.match if schedule is not None else "none"
     reductions = plan_reductions(config.methods, geometry, config.remove, config.r, config.prune_block,
-                                 config.keep_rate, schedule, amounts_later=config.match_flops)
-    if config.match_flops:
-        reductions = match_flops(reductions, geometry, flops_function(base, x[:1]), config.prune_block)
+                                 config.keep_rate, schedule, amounts_later=match != "none")
+    flops_at = flops_function(base, x[:1]) if match != "none" else None
+    if match == "flops":
+        reductions = match_flops(reductions, geometry, flops_at, config.prune_block)
+    matches: list[Match] = []
+    if match == "latency":
+        target = build_variant(base, next(r for r in reductions if r.name == SCHEDULE), schedule, batch,
+                               config.seed).model
+        timing = Timing(device, config.threads, config.backend, config.match_rounds, max(1, config.warmup),
+                        config.seed)
+        reductions, matches = match_latency(base, x, reductions, target, geometry, flops_at, timing,
+                                            config.prune_block, progress)
+        del target
 
     bar = tqdm(total=2 * len(reductions) + 2, desc=f"{geometry.model} {size[0]}px", unit="stage", leave=False,
                disable=None if progress is None else not progress)
@@ -169,7 +202,8 @@ def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) 
             bar.update()
         del base
         rows = {v.name: _static_row(v, x, run, predicted) for v in variants}
-        accuracy_kind, samples = _add_accuracy(rows, variants, config, device, batch, size)
+        accuracy_kind, samples = add_accuracy(rows, variants, config.accuracy_samples, config.dataset_root,
+                                              config.agreement, device, batch, size, config.seed, progress)
         bar.update()
         notes: list[str] = []
         with contextlib.ExitStack() as programs:
@@ -188,6 +222,9 @@ def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) 
     _add_timing(rows, timing.stats, batch)
     for row in rows.values():
         row["accuracy_kind"] = accuracy_kind
+    for m in matches:
+        rows[m.name].update(setting=m.setting, match_ratio=m.chosen.ratio, match_ci_low=m.chosen.ci[0],
+                            match_ci_high=m.chosen.ci[1])
     meta = {
         "model": run.model,
         "device": device,
@@ -202,7 +239,9 @@ def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) 
         "schedule": str(config.schedule) if isinstance(config.schedule, (str, Path)) else None,
         "accuracy_kind": accuracy_kind,
         "accuracy_samples": samples,
-        "match_flops": config.match_flops,
+        "match": match,
+        "matches": [m.to_dict() for m in matches],
+        "comparisons": [c.to_dict() for c in compare(list(rows.values()), samples)],
         "dtype": config.dtype,
         "backend": backend_info(backend),
         "clocks": {"before": before, "after": after},
@@ -236,72 +275,9 @@ def _static_row(variant: Variant, x: torch.Tensor, run: RunSetup, predicted: Pre
     }
 
 
-Predictor = Callable[[str | None, Mapping[int, int]], float]
-
-
-def predictor(schedule: Schedule, source: object, geometry) -> Predictor | None:
-    """Latency of a variant over the unpruned model's, predicted from the schedule's curve file (beside the
-    schedule): every block at the tokens it receives (`pomt.choice.policy.predict_from_counts`), plus the method's
-    own cost where the schedule measured it. Without the curve, the schedule's own prediction only."""
-    baseline, pruned = schedule.predicted.baseline_ms, schedule.predicted.pruned_ms
-    curve = None
-    if schedule.curve and isinstance(source, (str, Path)):
-        try:
-            curve = read_curve(Path(source).parent / schedule.curve)
-        except CurveError:
-            curve = None
-    if curve is None:
-        if not (isinstance(baseline, (int, float)) and isinstance(pruned, (int, float)) and baseline > 0):
-            return None
-        own = (schedule.method, schedule.removal)
-        return lambda method, removal: 1.0 if not removal else (
-            pruned / baseline if (method, dict(removal)) == own else None)
-    costs = (schedule.verified.method_cost_ms if schedule.verified is not None else None) or {}
-    cost = cost_function({int(r): float(c) for r, c in costs.items()})
-    n, prefix, depth = geometry.num_tokens, geometry.prefix_tokens, geometry.depth
-    unpruned = predict_from_counts(curve, [n] * depth)
-
-    def ratio(method: str | None, removal: Mapping[int, int]) -> float:
-        if not method or not removal:
-            return 1.0
-        kept = token_counts(n, prefix, depth, method, removal)[:-1]  # what each block receives
-        own_blocks = schedule.removal if method == schedule.method else {}
-        extra = sum(cost(r) for b, r in removal.items() if b in own_blocks)
-        return (predict_from_counts(curve, kept) + extra) / unpruned
-
-    return ratio
-
-
-def _add_accuracy(
-    rows: dict[str, dict],
-    variants: Sequence[Variant],
-    config: BenchConfig,
-    device: str,
-    batch: int,
-    size: tuple[int, int],
-) -> tuple[str, int]:
-    if config.accuracy_samples <= 0:
-        for row in rows.values():
-            row["accuracy"] = None
-        return "", 0
-    samples = -(-config.accuracy_samples // batch) * batch
-    if config.dataset_root is not None:
-        dataset, kind = acc.open_image_folder(config.dataset_root, acc.eval_transform(variants[0].model, size),
-                                              agreement=config.agreement)
-        acc.check_labels(dataset, kind, variants[0].model, config.dataset_root)
-    else:
-        dataset, kind = acc.random_images(samples, size, config.seed), acc.AGREEMENT
-    loader = acc.whole_batches(dataset, samples, batch, config.seed)
-    forwards = {v.name: lambda images, _, model=v.model: model(images) for v in variants}
-    scores, samples = acc.evaluate(forwards, loader, kind, forwards[BASELINE], device, progress=False,
-                                   dtype=parameter_dtype(variants[0].model))
-    for name, score in scores.items():
-        rows[name]["accuracy"] = score
-    return kind, samples
-
-
 def _add_timing(rows: dict[str, dict], stats: dict, batch: int) -> None:
     baseline = stats[BASELINE].median_ms
+    reference = stats[SCHEDULE].median_ms if SCHEDULE in stats else None
     for name, row in rows.items():
         s = stats[name]
         row.update(
@@ -313,6 +289,7 @@ def _add_timing(rows: dict[str, dict], stats: dict, batch: int) -> None:
             throughput_ips=batch * 1e3 / s.median_ms,
             speedup=baseline / s.median_ms,
             speedup_min=stats[BASELINE].min_ms / s.min_ms,
+            latency_vs_schedule=s.median_ms / reference if reference else None,
         )
         ratio = row.pop("predicted_ratio", None)
         predicted = stats[BASELINE].median_ms * ratio if ratio else None  # this run's speed, drift cancels
@@ -367,8 +344,9 @@ def run_sweep(
     runs = {(b, s): setup.run.at(b, s) for b in batch_sizes for s in input_sizes}
     schedule = setup.schedule
     if schedule is not None and any((s, s) != schedule.input_size for s in input_sizes):
-        if config.match_flops:
-            raise ScheduleError(f"--match-flops needs the schedule's input size {schedule.input_size[0]} in every cell")
+        if setup.match != "none":
+            raise ScheduleError(f"--match {setup.match} needs the schedule's input size {schedule.input_size[0]} "
+                                "in every cell")
         warnings.warn(
             f"the schedule applies at input size {schedule.input_size[0]} only; other cells leave it out",
             stacklevel=2,

@@ -1,7 +1,7 @@
 """The variants a benchmark compares: the unpruned model, a schedule, and reducers with their amounts.
 
 A `Reduction` says what to do (method and {block: remove}); `build_variant` does it to a deep copy of
-the base model, so every variant is its own module called as `model(x)`. With `match_flops`, each
+the base model, so every variant is its own module called as `model(x)`. With `--match flops`, each
 reducer's amount is chosen so its FLOPs come as close as they can to the schedule's.
 """
 
@@ -109,7 +109,7 @@ def plan_reductions(
             reductions.append(Reduction(method, method))
         elif method == "tome":
             if r is None:
-                raise PatchError("method tome needs --r (tokens merged per block) or --match-flops")
+                raise PatchError("method tome needs --r (tokens merged per block), or a --schedule to match")
             reductions.append(Reduction(method, method, {b: r for b in range(geometry.depth)} if r else {}))
         else:
             removal = _token_removal(method, geometry, remove, prune_block, keep_rate, schedule)
@@ -136,7 +136,7 @@ def _token_removal(
         remove = geometry.patch_tokens - max(1, round(keep_rate * geometry.patch_tokens))
     if remove is None:
         if schedule is None:
-            raise PatchError(f"method {method} needs --remove N, --keep-rate, --match-flops or a --schedule")
+            raise PatchError(f"method {method} needs --remove N, --keep-rate or a --schedule")
         return dict(schedule.removal)
     if remove < 0:
         raise PatchError(f"--remove must be >= 0, got {remove}")
@@ -176,7 +176,7 @@ def match_flops(
     """Replace each reducer's amount so its FLOPs match the schedule variant's (closest reachable)."""
     target_reduction = next((red for red in reductions if red.name == SCHEDULE), None)
     if target_reduction is None:
-        raise PatchError("--match-flops needs a --schedule to match")
+        raise PatchError("--match flops needs a --schedule to match")
     check_prune_block(prune_block, geometry.depth, "--prune-block")
     target = flops_at(target_reduction.method, target_reduction.removal)
     matched = []

@@ -71,3 +71,12 @@ class Proportion:
         low, high = self.interval(confidence)
         return {"accuracy": round(self.value, 6), "ci": [round(low, 6), round(high, 6)],
                 "correct": self.successes, "images": self.trials}
+
+
+def difference_interval(a: Proportion, b: Proportion, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Interval of a.value - b.value from the two Wilson intervals (Newcombe's hybrid score method); on the
+    same images (paired) it errs wide, so a difference it excludes 0 from is there."""
+    (a_low, a_high), (b_low, b_high) = a.interval(confidence), b.interval(confidence)
+    d = a.value - b.value
+    return (d - math.sqrt((a.value - a_low) ** 2 + (b_high - b.value) ** 2),
+            d + math.sqrt((a_high - a.value) ** 2 + (b.value - b_low) ** 2))

@@ -14,9 +14,9 @@ v_ij is the run's noise model for one visit (noise plus the drift correction's d
 departs from the line by itself (real small edges between neighbours), its variance tau^2 estimated from the
 window (Paule-Mandel). A visit more than OUTLIER_SD standard deviations from the fit is interference and left
 out. The jump is tested by z = h / se(h) (normal while the counts scatter no more than the noise says, else
-t with k - 3 degrees of freedom, k - 2 without the slope), profiled over every position with MIN_SIDE counts each side, the p-value
-Bonferroni-corrected for the positions tried. The detection limit at a position is the shift that test would
-find with the given power: (critical value + power quantile) x se(h).
+t with k - 3 degrees of freedom, k - 2 without the slope), profiled over every position with MIN_SIDE counts
+each side, the p-value Bonferroni-corrected for the positions tried. The detection limit at a position is the
+shift that test would find with the given power: (critical value + power quantile) x se(h).
 """
 
 from __future__ import annotations

@@ -106,9 +106,11 @@ def scan(values_by_count: Mapping[int, Sequence[float]], reach: tuple[int, int],
          alpha: float, min_step: float, size: int = WINDOW_COUNTS, line: bool = False) -> WindowScan:
     """Test every window over the counts within `reach` (inclusive) that have a visit, and state each
     window's detection limit, both at `alpha` corrected for the number of windows. The values are flat but
-    for steps (the trend divided out); `line` fits each window a slope as well."""
+    for steps (the trend divided out); `line` fits each window a slope as well. A count with a value at or
+    below zero (no latency: a trend bent below zero divided it) is left out."""
     lo, hi = reach
-    counts = [n for n in sorted(values_by_count) if lo <= n <= hi and values_by_count[n]]
+    counts = [n for n in sorted(values_by_count)
+              if lo <= n <= hi and values_by_count[n] and min(values_by_count[n]) > 0.0]
     spans = windows(counts, size)
     share = alpha / max(len(spans), 1)
     regions, shifts = [], []
@@ -136,11 +138,13 @@ def _supports(pin: Confirmation, shift: WindowShift, min_step: float) -> bool:
 def scan_visits(visits: Sequence[Visit], points: list[CurvePoint], confirmed: list[Confirmation],
                 reach: tuple[int, int], *, alpha: float, min_step: float) -> WindowScan:
     """`scan` on a search's visits: drift divided out, the `confirmed` steps and the curve's trend (its bend,
-    `expected_levels` of the pooled `points`) taken out, so that the windows fit what is left."""
+    `expected_levels` of the pooled `points`) taken out, so that the windows fit what is left. A count whose
+    trend reads at or below zero (sub-millisecond noise can bend a tiny model's trend there) has no level to
+    test and is left out."""
     values = corrected_values(visits)
     factor = dict(zip(values, confirmed_factor(list(values), confirmed), strict=True))
     expected = expected_levels(points)
-    values = {n: [v * factor[n] / expected[n] for v in vs] for n, vs in values.items() if n in expected}
+    values = {n: [v * factor[n] / expected[n] for v in vs] for n, vs in values.items() if expected.get(n, 0.0) > 0.0}
     return scan(values, reach, relative_noise(values), alpha=alpha, min_step=min_step)
 
 

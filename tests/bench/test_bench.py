@@ -180,7 +180,7 @@ def test_half_precision_benchmark_measures_accuracy(tmp_path):
 @pytest.mark.slow
 def test_match_flops_within_two_percent(tmp_path):
     schedule = write_schedule(tmp_path / "s.schedule.json", {3: 60})
-    args = "--methods none,topk,tome,l2norm --match-flops --prune-block 6 --rounds 2 --warmup 0"
+    args = "--methods none,topk,tome,l2norm --match flops --prune-block 6 --rounds 2 --warmup 0"
     args += " --accuracy-samples 0 --no-profile"
     main(["bench", *args.split(), "--schedule", str(schedule), "--output-dir", str(tmp_path)])
     _, rows = read_csv(tmp_path / "deit_tiny_patch16_224_cpu_bs1_is224.benchmark.csv")

@@ -64,6 +64,14 @@ def test_a_window_on_trend_free_values_needs_no_slope_of_its_own_and_sees_about_
     assert own < 0.7 * sloped
 
 
+def test_a_count_with_a_value_at_or_below_zero_is_left_out_of_the_windows():
+    values = visits(list(range(150, 198)), 3, 0.02, seed=2)
+    without = {n: v for n, v in values.items() if n != 170}
+    values[170] = [-values[170][0], *values[170][1:]]  # a trend bent below zero divided this count
+    bent = scan(values, (150, 197), 0.02, alpha=0.01, min_step=0.03)
+    assert bent == scan(without, (150, 197), 0.02, alpha=0.01, min_step=0.03) and bent.regions
+
+
 def test_the_sentence_states_the_limit_with_no_step_and_the_target_it_missed():
     counts = list(range(150, 198))
     found = scan(visits(counts, 3, 0.05), (150, 197), 0.05, alpha=0.01, min_step=0.03)

@@ -1,0 +1,63 @@
+"""The benchmark's accuracy: every variant on the same seeded images, each with its Wilson interval.
+
+Top-1 on an ImageFolder, or agreement with the unpruned model (a folder's images with `--agreement`, or
+seeded random images without a folder). As many images as the offline computation takes by default
+(`OfflineConfig.accuracy_samples`), so a difference the benchmark prints is one the schedule was chosen on.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from pomt.bench.variants import BASELINE, Variant
+from pomt.choice import accuracy as acc
+from pomt.choice.binomial import Proportion
+from pomt.pipelines.offline.config import OfflineConfig
+from pomt.runtimes import parameter_dtype
+
+DEFAULT_SAMPLES: int = OfflineConfig.accuracy_samples
+
+
+def add_accuracy(
+    rows: dict[str, dict],
+    variants: Sequence[Variant],
+    samples: int,
+    dataset_root,
+    agreement: bool,
+    device: str,
+    batch: int,
+    size: tuple[int, int],
+    seed: int = 0,
+    progress: bool | None = None,
+) -> tuple[str, int]:
+    """Fill each row's `accuracy` and its interval (`accuracy_low`, `accuracy_high`); returns (kind, images).
+    `progress`: a bar over the batches (None: when stderr is a terminal)."""
+    if samples <= 0:
+        for row in rows.values():
+            row.update(accuracy=None, accuracy_low=None, accuracy_high=None, accuracy_correct=None)
+        return "", 0
+    samples = -(-samples // batch) * batch
+    if dataset_root is not None:
+        dataset, kind = acc.open_image_folder(dataset_root, acc.eval_transform(variants[0].model, size),
+                                              agreement=agreement)
+        acc.check_labels(dataset, kind, variants[0].model, dataset_root)
+    else:
+        dataset, kind = acc.random_images(samples, size, seed), acc.AGREEMENT
+    loader = acc.whole_batches(dataset, samples, batch, seed)
+    forwards = {v.name: lambda images, _, model=v.model: model(images) for v in variants}
+    show = sys.stderr.isatty() if progress is None else progress
+    scores, images = acc.evaluate(forwards, loader, kind, forwards[BASELINE], device, progress=show,
+                                  dtype=parameter_dtype(variants[0].model))
+    for name, score in scores.items():
+        proportion = Proportion(round(score * images), images)
+        low, high = proportion.interval()
+        rows[name].update(accuracy=proportion.value, accuracy_low=low, accuracy_high=high,
+                          accuracy_correct=proportion.successes)
+    return kind, images
+
+
+def proportion_of(row: dict, images: int) -> Proportion | None:
+    """A row's accuracy as successes of `images` (None where accuracy was not measured)."""
+    correct = row.get("accuracy_correct")
+    return None if correct is None or not images else Proportion(int(correct), images)

@@ -1,0 +1,48 @@
+"""The latency of each benchmark variant over the unpruned model's, predicted from the schedule's curve."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from pomt.choice.policy import predict_from_counts
+from pomt.choice.verify import cost_function
+from pomt.errors import CurveError
+from pomt.formats.curve import read_curve
+from pomt.formats.schedule import Schedule
+from pomt.patching import token_counts
+
+Predictor = Callable[[str | None, Mapping[int, int]], float]
+
+
+def predictor(schedule: Schedule, source: object, geometry) -> Predictor | None:
+    """Latency of a variant over the unpruned model's, predicted from the schedule's curve file (beside the
+    schedule): every block at the tokens it receives (`pomt.choice.policy.predict_from_counts`), plus the method's
+    own cost where the schedule measured it. Without the curve, the schedule's own prediction only."""
+    baseline, pruned = schedule.predicted.baseline_ms, schedule.predicted.pruned_ms
+    curve = None
+    if schedule.curve and isinstance(source, (str, Path)):
+        try:
+            curve = read_curve(Path(source).parent / schedule.curve)
+        except CurveError:
+            curve = None
+    if curve is None:
+        if not (isinstance(baseline, (int, float)) and isinstance(pruned, (int, float)) and baseline > 0):
+            return None
+        own = (schedule.method, schedule.removal)
+        return lambda method, removal: 1.0 if not removal else (
+            pruned / baseline if (method, dict(removal)) == own else None)
+    costs = (schedule.verified.method_cost_ms if schedule.verified is not None else None) or {}
+    cost = cost_function({int(r): float(c) for r, c in costs.items()})
+    n, prefix, depth = geometry.num_tokens, geometry.prefix_tokens, geometry.depth
+    unpruned = predict_from_counts(curve, [n] * depth)
+
+    def ratio(method: str | None, removal: Mapping[int, int]) -> float:
+        if not method or not removal:
+            return 1.0
+        kept = token_counts(n, prefix, depth, method, removal)[:-1]  # what each block receives
+        own_blocks = schedule.removal if method == schedule.method else {}
+        extra = sum(cost(r) for b, r in removal.items() if b in own_blocks)
+        return (predict_from_counts(curve, kept) + extra) / unpruned
+
+    return ratio
