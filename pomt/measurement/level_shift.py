@@ -1,18 +1,22 @@
 """Level-shift tests over a window of counts, and the smallest shift a window could have shown (pure maths).
 
 A step shows in every count on its side, not only in the two adjacent ones. In a window of counts around a
-candidate, the drift-corrected log values of every visit are fitted with a line and a jump at a position p
-(the jump multiplies every count >= p):
+candidate, the drift-corrected log values of every visit are fitted with a level (and, with `line`, a slope)
+and a jump at a position p (the jump multiplies every count >= p):
 
     y_ij = a + b (n_i - c) + h [n_i >= p] + u_i + e_ij,   e_ij ~ N(0, v_ij),   u_i ~ N(0, tau^2)
+
+Without `line`, b = 0: for values whose trend is already divided out (`pomt.measurement.windows` divides the
+curve's robust trend out before it tests), a slope fitted again in every window only spends precision: with
+six counts each side it doubles the jump's standard error, and so the smallest step a window can show.
 
 v_ij is the run's noise model for one visit (noise plus the drift correction's doubt); u_i is what a count
 departs from the line by itself (real small edges between neighbours), its variance tau^2 estimated from the
 window (Paule-Mandel). A visit more than OUTLIER_SD standard deviations from the fit is interference and left
 out. The jump is tested by z = h / se(h) (normal while the counts scatter no more than the noise says, else
-t with k - 3 degrees of freedom), profiled over every position with MIN_SIDE counts each side, the p-value
-Bonferroni-corrected for the positions tried. The detection limit at a position is the shift that test would
-find with the given power: (critical value + power quantile) x se(h).
+t with k - 3 degrees of freedom, k - 2 without the slope), profiled over every position with MIN_SIDE counts
+each side, the p-value Bonferroni-corrected for the positions tried. The detection limit at a position is the
+shift that test would find with the given power: (critical value + power quantile) x se(h).
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ from scipy import stats as scipy_stats
 
 OUTLIER_SD = 5.0  # a visit this many SDs from the window's fit was hit by interference
 MIN_SIDE = 2  # measured counts a jump needs on each side
-PARAMETERS = 3  # level, slope, jump
 POWER = 0.8
 
 
@@ -115,10 +118,17 @@ def _ppf(q: float, df: float) -> float:
     return float(scipy_stats.norm.ppf(q) if math.isinf(df) else scipy_stats.t.ppf(q, df))
 
 
-def _design(counts: np.ndarray, position: int) -> np.ndarray:
+def parameters(line: bool) -> int:
+    """Coefficients the fit estimates: level and jump, and the slope with `line`."""
+    return 3 if line else 2
+
+
+def _design(counts: np.ndarray, position: int, line: bool) -> np.ndarray:
+    """Columns: the level, the slope (with `line`), the jump last."""
     centre = 0.5 * (counts.min() + counts.max())
     scale = max(float(np.ptp(counts)), 1.0)
-    return np.column_stack([np.ones(counts.size), (counts - centre) / scale, (counts >= position).astype(float)])
+    slope = [(counts - centre) / scale] if line else []
+    return np.column_stack([np.ones(counts.size), *slope, (counts >= position).astype(float)])
 
 
 def _wls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -163,13 +173,14 @@ def _levels(t: np.ndarray, y: np.ndarray, v: np.ndarray, keep: np.ndarray) -> tu
     return counts, means, variances
 
 
-def fit_jump(window: WindowVisits, position: int) -> JumpFit:
-    """The line with a jump at `position`, fitted to the window's count levels (see the module doc)."""
+def fit_jump(window: WindowVisits, position: int, line: bool = True) -> JumpFit:
+    """The level (the line, with `line`) with a jump at `position`, fitted to the window's count levels (see the
+    module doc)."""
     t, y, v = window.tokens, window.values, window.variances
     keep = np.ones(t.size, dtype=bool)
     for _ in range(2):  # fit, leave out visits far from the fit, fit again
         counts, means, variances = _levels(t, y, v, keep)
-        x = _design(counts, position)
+        x = _design(counts, position, line)
         tau2 = _tau_squared(x, means, variances)
         beta, _, _ = _wls(x, means, 1.0 / (variances + tau2))
         fitted = dict(zip(counts.tolist(), (x @ beta).tolist(), strict=True))
@@ -180,24 +191,24 @@ def fit_jump(window: WindowVisits, position: int) -> JumpFit:
             break
         keep = again
     counts, means, variances = _levels(t, y, v, keep)
-    x = _design(counts, position)
+    x = _design(counts, position, line)
     tau2 = _tau_squared(x, means, variances)
     beta, cov, _ = _wls(x, means, 1.0 / (variances + tau2))
     below = counts[counts < position]
-    return JumpFit(position=position, low=int(below.max()), jump=float(beta[2]), se=float(math.sqrt(cov[2, 2])),
-                   tau=math.sqrt(tau2), df=int(counts.size - PARAMETERS), dropped=int((~keep).sum()))
+    return JumpFit(position=position, low=int(below.max()), jump=float(beta[-1]), se=float(math.sqrt(cov[-1, -1])),
+                   tau=math.sqrt(tau2), df=int(counts.size - parameters(line)), dropped=int((~keep).sum()))
 
 
 def level_shift(window: WindowVisits, positions: Sequence[int] | None = None,
-                min_side: int = MIN_SIDE) -> LevelShift | None:
+                min_side: int = MIN_SIDE, line: bool = True) -> LevelShift | None:
     """The jump profiled over `positions` (default: every position with `min_side` counts each side); the
     position with the largest |z| and its p-value corrected for the positions tried. None when the window
     leaves no position."""
     allowed = set(window.positions(min_side))
     tried = sorted(allowed if positions is None else allowed & set(positions))
-    if not tried or window.counts.size < PARAMETERS + 2:
+    if not tried or window.counts.size < parameters(line) + 2:
         return None
-    profile = tuple(fit_jump(window, p) for p in tried)
+    profile = tuple(fit_jump(window, p, line) for p in tried)
     best = max(profile, key=lambda f: abs(f.z))
     return LevelShift(best, min(1.0, len(tried) * best.p_value()), len(tried), profile)
 
@@ -216,10 +227,10 @@ def detectable_jump(fit: JumpFit, alpha: float, positions: int, power: float = P
 
 
 def detection_limit_pct(window: WindowVisits, alpha: float, min_step: float, power: float = POWER,
-                        min_side: int = MIN_SIDE) -> dict[int, float]:
+                        min_side: int = MIN_SIDE, line: bool = True) -> dict[int, float]:
     """{position: the smallest step in % (a drop, fewer tokens faster) the window would have confirmed there
     with `power`}: never below `min_step`, the smallest step pomt reports."""
-    shift = level_shift(window, min_side=min_side)
+    shift = level_shift(window, min_side=min_side, line=line)
     if shift is None:
         return {}
     return {f.position: max(100.0 * (1.0 - math.exp(-detectable_jump(f, alpha, shift.positions, power))),

@@ -2,8 +2,10 @@
 could have shown (the run's detection limit). Pure functions of the drift-corrected visits.
 
 The counts measured within reach are cut into overlapping windows of `WINDOW_COUNTS` counts (each window
-shares half its counts with the next), each tested for a line with a jump (`pomt.measurement.level_shift`),
-Bonferroni-corrected over the windows as well as over the positions within each. A window's detection limit
+shares half its counts with the next), each tested for a jump (`pomt.measurement.level_shift`), Bonferroni-
+corrected over the windows as well as over the positions within each. The values tested have the curve's
+robust trend divided out (`scan_visits`), so a window fits a level and a jump, no slope of its own: what the
+trend misses locally is count-level scatter, which the test estimates and pays for. A window's detection limit
 is the smallest step its worst position would show with 80% power; a region's limit is the largest of its
 windows', so that "steps of L% or more would have been found" holds wherever such a step lies.
 """
@@ -101,9 +103,10 @@ def window_visits(values_by_count: Mapping[int, Sequence[float]], counts: Sequen
 
 
 def scan(values_by_count: Mapping[int, Sequence[float]], reach: tuple[int, int], noise: float, *,
-         alpha: float, min_step: float, size: int = WINDOW_COUNTS) -> WindowScan:
+         alpha: float, min_step: float, size: int = WINDOW_COUNTS, line: bool = False) -> WindowScan:
     """Test every window over the counts within `reach` (inclusive) that have a visit, and state each
-    window's detection limit, both at `alpha` corrected for the number of windows. A count with a value at or
+    window's detection limit, both at `alpha` corrected for the number of windows. The values are flat but
+    for steps (the trend divided out); `line` fits each window a slope as well. A count with a value at or
     below zero (no latency: a trend bent below zero divided it) is left out."""
     lo, hi = reach
     counts = [n for n in sorted(values_by_count)
@@ -113,10 +116,10 @@ def scan(values_by_count: Mapping[int, Sequence[float]], reach: tuple[int, int],
     regions, shifts = [], []
     for span in spans:
         window = window_visits(values_by_count, span, noise)
-        limits = detection_limit_pct(window, share, min_step)
+        limits = detection_limit_pct(window, share, min_step, line=line)
         if limits:
             regions.append((span[0], span[-1], max(limits.values())))
-        shift = level_shift(window)
+        shift = level_shift(window, line=line)
         if shift is not None and shift.p_value * len(spans) < alpha and _large_enough(shift, min_step):
             best = shift.best
             shifts.append(WindowShift(best.low, best.position, shift.saving_pct,

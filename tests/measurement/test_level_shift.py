@@ -39,11 +39,19 @@ def test_a_rise_is_a_jump_of_the_other_sign():
     assert shift.best.position == 166 and shift.p_value < ALPHA / 5 and shift.saving_pct < 0
 
 
+@pytest.mark.parametrize("line", [True, False])
 @pytest.mark.parametrize("noise, visits, tau", [(0.08, 3, 0.0), (0.015, 3, 0.0), (0.015, 3, 0.02)])
-def test_without_a_step_the_false_step_rate_is_the_test_level(noise, visits, tau):
+def test_without_a_step_the_false_step_rate_is_the_test_level(noise, visits, tau, line):
     rng = np.random.default_rng(2)
-    false = sum(level_shift(window(rng, noise=noise, visits=visits, tau=tau)).p_value < ALPHA for _ in range(200))
+    slope = 0.004 if line else 0.0  # without a line of its own the window is handed trend-free values
+    false = sum(level_shift(window(rng, noise=noise, visits=visits, tau=tau, slope=slope), line=line).p_value < ALPHA
+                for _ in range(200))
     assert false <= 6  # 2 expected at ALPHA over 200 windows; a miscalibrated test gives tens
+
+
+def test_a_level_without_a_slope_pins_the_jump_about_twice_as_well():
+    flat = window(np.random.default_rng(8), slope=0.0)
+    assert fit_jump(flat, 166, line=False).se < 0.6 * fit_jump(flat, 166).se
 
 
 def test_one_visit_hit_by_interference_is_left_out():

@@ -16,11 +16,12 @@ from pomt.measurement.windows import WINDOW_COUNTS, WindowShift, counts_to_stren
 
 
 def visits(counts, per_count: int, noise: float, jump_at: int | None = None, jump: float = 0.0, seed: int = 0):
-    """Drift-corrected visit values (ms) on a straight line, a drop of `jump` (fraction) below `jump_at`."""
+    """Drift-corrected visit values with the trend divided out (as `scan_visits` hands them to `scan`): flat but
+    for a drop of `jump` (fraction) below `jump_at`."""
     rng = np.random.default_rng(seed)
     out = {}
     for n in counts:
-        level = 10.0 + 0.05 * n
+        level = 1.0
         if jump_at is not None and n >= jump_at:
             level *= 1.0 + jump
         out[n] = (level * np.exp(rng.normal(0.0, noise, per_count))).tolist()
@@ -53,6 +54,14 @@ def test_the_stated_limit_falls_with_more_visits_and_never_goes_below_the_minimu
     quiet = scan(visits(counts, 12, 0.001), (150, 197), 0.001, alpha=0.01, min_step=0.03).limit_pct
     assert few > many > 3.0
     assert quiet == pytest.approx(3.0)
+
+
+def test_a_window_on_trend_free_values_needs_no_slope_of_its_own_and_sees_about_twice_as_small_a_step():
+    counts = list(range(150, 198))
+    values = visits(counts, 3, 0.05)
+    own = scan(values, (150, 197), 0.05, alpha=0.01, min_step=0.03).limit_pct
+    sloped = scan(values, (150, 197), 0.05, alpha=0.01, min_step=0.03, line=True).limit_pct
+    assert own < 0.7 * sloped
 
 
 def test_a_count_with_a_value_at_or_below_zero_is_left_out_of_the_windows():

@@ -1,7 +1,8 @@
 """Replaying every trace of the bank gives the schedule JSON and curve CSV recorded in `tests/data/golden`: a
 refactoring must not change an answer, nor the order of its keys. Timestamps aside, and paths compared by file
 name. Written by 6e122db before the layout change; rewritten when the level-shift windows (issue 29) added the
-detection limit and spent visits on two traces, every choice unchanged (tests/data/README.md)."""
+detection limit and spent visits on two traces, and when the windows stopped fitting a slope of their own
+(lower limits, one more step on two traces), every choice unchanged (tests/data/README.md)."""
 
 from __future__ import annotations
 
