@@ -110,7 +110,8 @@ def frontier_lines(frontier: FrontierRun) -> None:
     echo, found = typer.echo, frontier.found
     result, seconds = found.result, found.seconds
     echo(f"frontier   {result.evals} schedules measured on the search split, {len(result.frontier)} on the "
-         f"frontier; latency {seconds['latency']:.0f} s, reducer costs {seconds['reducer_costs']:.0f} s, "
+         f"frontier; {found.measured} accuracies measured now, the others read from the journal")
+    echo(f"time       latency {seconds['latency']:.0f} s, reducer costs {seconds['reducer_costs']:.0f} s, "
          f"accuracy {seconds['accuracy']:.0f} s")
     record = frontier.schedule.frontier or {}
     unpruned = record.get("unpruned") or {}

@@ -33,6 +33,7 @@ class FrontierFound:
     shippable: tuple[Evaluated, ...]
     uniform: Evaluated | None
     reps: int = 1  # forwards per visit, as the latency search settled
+    measured: int = 0  # accuracies measured by this run (the others were read from the journal)
     seconds: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
@@ -69,5 +70,5 @@ def search(request: Request, run: Run, setup: FrontierSetup, latency: Latency) -
     result = with_held_out(result, lambda cs: calibration.measure(cs, HELD_OUT), wanted)
     accuracy_s = time.perf_counter() - started
     return FrontierFound(result, model, tuple(preference(result, goal)), best_uniform(result, goal),
-                         latency.search.reps, {"reducer_costs": round(cost_s, 2), "accuracy": round(accuracy_s, 2),
+                         latency.search.reps, calibration.evaluated, {"reducer_costs": round(cost_s, 2), "accuracy": round(accuracy_s, 2),
                           "latency": round(latency.seconds, 2)}, notes + result.notes)
