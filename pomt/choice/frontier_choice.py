@@ -72,3 +72,13 @@ def best_uniform(result: FrontierResult, goal: Goal) -> Evaluated | None:
     """The best schedule of any uniform family that meets the goal (None: none does): the one to beat."""
     found = ordered((p for p in result.evaluated if p.family in FAMILIES), result.baseline.accuracy, goal)
     return found[0] if found else None
+
+
+def first_verified(order: Sequence[int], qualified_here: Iterable[int],
+                   held_fresh: Iterable[int] | None = None) -> int | None:
+    """The first candidate in the order of preference that qualified here and, where a fresh process measured
+    them (`held_fresh` not None), there too: the one that ships, a faster one that did not verify falling
+    back to the next; None when none did."""
+    here = set(qualified_here)
+    fresh = None if held_fresh is None else set(held_fresh)
+    return next((i for i in order if i in here and (fresh is None or i in fresh)), None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pomt.choice.binomial import Proportion
 from pomt.choice.candidates import Candidate
 from pomt.choice.frontier import FrontierResult
-from pomt.choice.frontier_choice import Goal, best_by_family, best_uniform, preference
+from pomt.choice.frontier_choice import Goal, best_by_family, best_uniform, first_verified, preference
 from pomt.choice.frontier_table import COLUMNS, document, rows
 from pomt.choice.pareto import Evaluated, pareto_front
 from pomt.choice.schedule_latency import LatencyModel
@@ -87,3 +87,11 @@ def test_the_frontier_record_names_the_uniform_schedule_beaten_and_by_how_much()
     assert record["file"] == "x.frontier.json" and record["chosen"]["verified_speedup"] == 1.6
     beat = record["best_uniform"]
     assert beat["key"] == "tome:0=2,1=2" and beat["speedup_over"] == 1.28 and beat["predicted_speedup_over"] == 1.3333
+
+
+def test_a_schedule_that_does_not_verify_falls_back_to_the_next_or_to_nothing():
+    assert first_verified([1, 2, 3], {1, 2}) == 1
+    assert first_verified([1, 2, 3], {2, 3}) == 2  # the fastest did not verify: the next ships
+    assert first_verified([1, 2, 3], {1, 2}, held_fresh={2}) == 2  # the fastest did not hold in a fresh process
+    assert first_verified([1, 2, 3], {1}, held_fresh=set()) is None
+    assert first_verified([1, 2], {3}) is None  # the uniform schedule (3) is measured, never shipped

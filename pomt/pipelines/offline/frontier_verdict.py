@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pomt.choice.candidates import Candidate
 from pomt.choice.fresh import FreshJob, verify_in_fresh_process
+from pomt.choice.frontier_choice import first_verified
 from pomt.choice.pareto import Evaluated
 from pomt.choice.verify import CandidateResult, Verification, schedule_forward_at
 from pomt.choice.verify import verify as verify_candidates
@@ -73,16 +74,16 @@ def verify_shippable(request: Request, run: Run, found: FrontierFound) -> Fronti
     measured = {p.candidate: by_index[i] for i, p in enumerate(points, start=1)}
     shippable = [i for i, p in enumerate(points, start=1) if p in found.shippable]
     qualified = [i for i in shippable if by_index[i].qualifies]
-    fresh, both = None, qualified
+    fresh, held = None, None
     if qualified and config.verify_fresh:
         job = FreshJob(workload, {n - i: schedules[n - i] for i in qualified}, found.reps, config.verify_rounds,
                        config.min_gain, settings.min_step, settings.step_alpha)
         fresh = verify_in_fresh_process(job)
         held = {c.remove for c in fresh.candidates if c.qualifies}
-        both = [i for i in qualified if i in held]
+    index = first_verified(shippable, qualified, held)
     relabelled = relabel(here, points, found)
     fresh_record = None if fresh is None else relabel(fresh, [points[i - 1] for i in qualified], found, qualified)
-    if not both:
+    if index is None:
         best = max((by_index[i] for i in shippable), key=lambda c: c.speedup)
         where = "in a fresh process" if qualified else "here"
         reason = (f"no frontier schedule verified {where} as faster by {config.min_gain:.0%} or more: the best "
@@ -91,14 +92,15 @@ def verify_shippable(request: Request, run: Run, found: FrontierFound) -> Fronti
                                      config, reported_accuracy(found.result.baseline))
         return FrontierVerdict(Verdict(decision, replace(relabelled, chosen=None, reason=reason), fresh_record,
                                        journal=journal, notes=notes), None, measured)
-    index = both[0]
     point, result = points[index - 1], by_index[index]
-    fallback = "" if index == shippable[0] else f", after {shippable.index(index)} faster schedule(s) did not verify"
+    fallback = "" if index == shippable[0] else f", after {shippable.index(index)} preferred schedule(s) did not verify"
     reason = (f"{point.candidate.key} ({point.family}): measured {result.speedup:.3f}x (95% CI "
               f"{result.speedup_ci[0]:.3f}-{result.speedup_ci[1]:.3f}){fallback}"
               + ("; held in a fresh process" if fresh is not None else ""))
     decision = frontier_decision(latency, point, reason, "verified", config, reported_accuracy(point))
     chosen = relabelled.candidates[index - 1]
+    if fresh_record is not None:  # the fresh process's record speaks of what ships too
+        fresh_record = replace(fresh_record, chosen=fresh_record.candidates[qualified.index(index)])
     return FrontierVerdict(Verdict(decision, replace(relabelled, chosen=chosen, reason=reason), fresh_record,
                                    journal=journal, notes=notes), point, measured)
 
