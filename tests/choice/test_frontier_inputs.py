@@ -72,6 +72,13 @@ def test_an_accuracy_journal_of_another_model_is_refused_before_measuring(tmp_pa
     _nothing_measured(tmp_path)
 
 
+def test_a_grid_that_stops_above_the_lowest_count_is_refused_before_measuring(tmp_path, images):
+    result = run_in_process("offline", *TINY, "--dataset-root", str(images), "--agreement", "--max-accuracy-drop",
+                            "50", "--grid-token-stop", "9", "--output-dir", str(tmp_path))
+    assert_one_line_error(result, "down to 2 kept tokens", "the grid stops at 9")
+    _nothing_measured(tmp_path)
+
+
 @pytest.mark.parametrize(("args", "fragments"), [
     (("--policy", "frontier"), ("the frontier policy measures each schedule's accuracy", "--dataset-root")),
     (("--max-accuracy-drop", "0"), ("--max-accuracy-drop must be positive",)),

@@ -11,6 +11,7 @@ from pomt.checks import check_drop_resolution
 from pomt.choice.accuracy_journal import AccuracyJournal, model_identity
 from pomt.choice.calibration import SEARCH, Calibration, split_indices
 from pomt.choice.frontier_choice import Goal
+from pomt.errors import SettingError
 from pomt.pipelines.offline.accuracy import Sample
 from pomt.pipelines.offline.config import OfflineConfig, max_accuracy_drop
 from pomt.pipelines.offline.prepare import Run
@@ -43,7 +44,11 @@ def goal_of(config: OfflineConfig) -> Goal:
 def prepare_frontier(workload: Workload, config: OfflineConfig, run: Run, sample: Sample) -> FrontierSetup:
     """Split and check the calibration images and open the journal (a run without --resume starts it afresh)."""
     dataset, kind = sample
-    model = run.prepared.model
+    model, geometry = run.prepared.model, run.geometry
+    if run.prepared.grid and min(run.prepared.grid) > geometry.prefix_tokens + 1:
+        raise SettingError(f"the frontier prices schedules down to {geometry.prefix_tokens + 1} kept tokens, but the "
+                           f"grid stops at {min(run.prepared.grid)}: leave --grid-token-stop out, or give --policy "
+                           "utility")
     path = journal_path(workload.output_dir, run.setup.stem)
     goal = goal_of(config)
     if goal.max_drop_points is not None:
