@@ -53,7 +53,7 @@ def check_removal(method: str, block: int, remove: int, patch_tokens: int) -> in
                          f"(r <= {patch_tokens // 2}), got r = {remove}")
     if remove >= patch_tokens:
         raise PatchError(f"block {block} cannot remove {remove} tokens: only {patch_tokens} patch tokens are left "
-                         f"there (remove at most {patch_tokens - 1})")
+                         f"there and at least one patch token must stay (remove at most {patch_tokens - 1})")
     return remove
 
 
