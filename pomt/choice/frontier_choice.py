@@ -53,8 +53,10 @@ def ordered(points: Iterable[Evaluated], baseline_accuracy: float, goal: Goal) -
 
 
 def preference(result: FrontierResult, goal: Goal) -> list[Evaluated]:
-    """The frontier schedules that meet the goal, best first: what may ship, in the order of fallback."""
-    return ordered(result.frontier, result.baseline.accuracy, goal)
+    """The frontier schedules predicted faster than the unpruned model that meet the goal, best first: what
+    may ship, in the order of fallback."""
+    faster = [p for p in result.frontier if p.predicted_ms < result.baseline.predicted_ms]
+    return ordered(faster, result.baseline.accuracy, goal)
 
 
 def best_by_family(points: Sequence[Evaluated], baseline_accuracy: float, goal: Goal,

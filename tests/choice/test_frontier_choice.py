@@ -1,8 +1,13 @@
 """What may ship from a frontier, best first, the uniform schedule to beat, the frontier's table, and a
-frontier schedule as the schedule file it ships as (pure, on hand-made evaluations)."""
+frontier schedule as the schedule file it ships as (on hand-made evaluations; the last applied to a tiny ViT)."""
 
 from __future__ import annotations
 
+import warnings
+
+import torch
+
+import pomt
 from pomt.choice.binomial import Proportion
 from pomt.choice.candidates import Candidate
 from pomt.choice.frontier import FrontierResult
@@ -11,7 +16,10 @@ from pomt.choice.frontier_table import COLUMNS, document, rows
 from pomt.choice.pareto import Evaluated, pareto_front
 from pomt.choice.schedule_latency import LatencyModel
 from pomt.choice.verify import CandidateResult
-from pomt.pipelines.offline.frontier_schedule import effective_removal, frontier_record
+from pomt.formats.schedule import BlockRemoval, Schedule, load_schedule, save_schedule
+from pomt.models.geometry import transformer_blocks
+from pomt.models.registry import create_model
+from pomt.pipelines.offline.frontier_schedule import as_schedule, effective_removal, frontier_record
 
 UNPRUNED = Evaluated(Candidate.of("pomt", {}), "unpruned", 10.0, Proportion(90, 100))
 
@@ -38,6 +46,9 @@ def test_the_fastest_within_the_drop_ships_first_then_the_next():
     order = preference(result(), Goal(max_drop_points=1.0))
     assert [p.candidate.key for p in order] == ["pomt:2=30,6=10", "pomt:5=20"]
     assert preference(result(), Goal(max_drop_points=0.5))[0].candidate.key == "pomt:5=20"
+    slower = point("pomt", {11: 1}, "search-pomt", 10.5, 95)  # more accurate, but slower than unpruned
+    assert slower in result([*POINTS, slower]).frontier
+    assert slower not in preference(result([*POINTS, slower]), Goal(max_drop_points=1.0))
 
 
 def test_a_latency_budget_ships_the_most_accurate_within_it():
@@ -95,3 +106,25 @@ def test_a_schedule_that_does_not_verify_falls_back_to_the_next_or_to_nothing():
     assert first_verified([1, 2, 3], {1, 2}, held_fresh={2}) == 2  # the fastest did not hold in a fresh process
     assert first_verified([1, 2, 3], {1}, held_fresh=set()) is None
     assert first_verified([1, 2], {3}) is None  # the uniform schedule (3) is measured, never shipped
+
+
+def test_a_frontier_schedule_is_a_version_1_file_that_apply_schedule_loads(tmp_path):
+    latency = LatencyModel({n: float(n) for n in range(2, 38)}, 37, 1, 6)
+    base = Schedule(model="test_vit", input_size=(96, 96), batch_size=2, num_tokens=37, prefix_tokens=1, depth=6,
+                    method="pomt", prune=(BlockRemoval(3, 10),))
+    candidate = Candidate.of("tome", {0: 12, 1: 12, 2: 12})  # ToMe merges 12, then 12, then 6 (its cap)
+    schedule = as_schedule(base, latency, candidate, {"file": "x.frontier.json"})
+    path = save_schedule(schedule, tmp_path / "x.schedule.json")
+    loaded = load_schedule(path)
+    assert loaded.method == "tome" and loaded.removal == {0: 12, 1: 12, 2: 6} and loaded.kept_tokens == 7
+    assert loaded.frontier == {"file": "x.frontier.json"}
+    model = create_model("test_vit", input_size=96)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # unverified
+        pomt.apply_schedule(model, path)
+    counts = []
+    for block in transformer_blocks(model):
+        block.register_forward_pre_hook(lambda _m, args: counts.append(args[0].shape[1]))
+    with torch.inference_mode():
+        model(torch.randn(2, 3, 96, 96))
+    assert counts == [37, 25, 13, 7, 7, 7]

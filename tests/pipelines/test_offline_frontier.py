@@ -48,7 +48,6 @@ def test_the_frontier_run_writes_its_files_a_schedule_that_applies_and_resumes(t
     families = {r["family"] for r in rows}
     assert {"unpruned", "tome-constant", "tome-decreasing", "topk-rate", "pomt-block3"} <= families
     assert all(r["search_accuracy"] and r["search_low"] and r["search_high"] for r in rows)
-    assert any(r["verified_speedup"] for r in rows)  # the verified ones carry their measured speedup
     assert any(r["on_frontier"] == "True" and r["held_out_accuracy"] for r in rows)
     document = json.loads((tmp_path / f"{STEM}.frontier.json").read_text())
     assert document["format"] == "pomt.frontier" and document["accuracy_kind"] == "top1"
@@ -60,11 +59,15 @@ def test_the_frontier_run_writes_its_files_a_schedule_that_applies_and_resumes(t
     frontier = data["frontier"]
     assert frontier["file"] == f"{STEM}.frontier.json"
     assert frontier["unpruned"]["held_out"]["images"] == 20
+    # what ships depends on this machine's timings: every outcome must be reported as such
+    code = data["policy"]["reason_code"]
     if data["prune"]:  # shipped: verified, and its held-out accuracy is reported
-        assert data["policy"]["reason_code"] == "verified" and frontier["chosen"]["held_out"]["images"] == 20
+        assert code == "verified" and frontier["chosen"]["held_out"]["images"] == 20
         assert data["verified"]["speedup"] > 1.0
     else:
-        assert data["policy"]["reason_code"] in {"not_faster", "not_in_fresh_process", "no_candidate"}
+        assert code in {"not_faster", "not_in_fresh_process", "no_candidate"} and frontier["chosen"] is None
+    if code != "no_candidate":  # a frontier schedule was verified: its row carries the measured speedup
+        assert any(r["verified_speedup"] for r in rows) and data["verified"]["candidates"]
     _applies(tmp_path / f"{STEM}.schedule.json")
 
     # killed after 10 accuracies (and half a line): --resume measures only the rest, to the same frontier
@@ -77,8 +80,8 @@ def test_the_frontier_run_writes_its_files_a_schedule_that_applies_and_resumes(t
     assert sorted(_journal_lines(tmp_path)[1:]) == sorted(lines[1:])
     assert _rows(tmp_path, "search_accuracy") == [(r["key"], r["search_accuracy"]) for r in rows]
     resumed = json.loads((tmp_path / f"{STEM}.schedule.json").read_text())
-    assert resumed["prune"], "--no-verify ships the best frontier schedule"
-    assert resumed["frontier"]["chosen"]["held_out"]["images"] == 20
+    if resumed["policy"]["reason_code"] != "no_candidate":  # --no-verify ships the best frontier schedule
+        assert resumed["prune"] and resumed["frontier"]["chosen"]["held_out"]["images"] == 20
     _applies(tmp_path / f"{STEM}.schedule.json")
 
 

@@ -33,7 +33,7 @@ class FrontierVerdict:
     and every verified candidate's result here."""
 
     verdict: Verdict
-    chosen: Evaluated | None
+    chosen: Evaluated | None = None
     measured: dict[Candidate, CandidateResult] = field(default_factory=dict)
 
 
@@ -47,7 +47,8 @@ def decide_frontier(request: Request, run: Run, found: FrontierFound, goal: str)
     replay or with --no-verify; else the first that measures faster here and in a fresh process."""
     config, latency = request.config, found.latency
     if not found.shippable:
-        reason = f"no evaluated schedule is {goal} ({len(found.result.evaluated)} schedules evaluated)"
+        reason = (f"no schedule on the frontier is predicted faster than the unpruned model and {goal} "
+                  f"({len(found.result.evaluated)} schedules evaluated)")
         decision = frontier_decision(latency, None, reason, "no_candidate", config,
                                      reported_accuracy(found.result.baseline))
         return FrontierVerdict(Verdict(decision))
