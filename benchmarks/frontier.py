@@ -40,7 +40,7 @@ from pomt.workload.prepare import Prepared, Workload, prepare
 
 RECIPE = Recipe(data=DigitsSpec(calibration=0.45))
 SMOKE_SEARCH = SearchSettings(passes=3, visit_s=0.01, confirm_rounds=3)
-CHOSEN = "pomt (chosen)"
+CHOSEN = "chosen"
 
 
 @dataclass(frozen=True)
