@@ -47,7 +47,7 @@ def choose_on_frontier(request: Request, run: Run, setup: FrontierSetup, latency
     table = rows(result, found.latency.baseline, chosen, verdict.measured)
     facts = {"model": run.geometry.model, "stem": stem, "batch_size": run.setup.batch_size,
              "accuracy_kind": kind, "search_images": setup.calibration.size("search"),
-             "held_out_images": setup.calibration.size("held_out"), "goal": record["max_accuracy_drop"],
+             "held_out_images": setup.calibration.size("held_out"), "max_accuracy_drop": goal.max_drop_points,
              "latency_budget_ms": goal.latency_budget_ms, "min_accuracy": goal.min_accuracy,
              "chosen": None if chosen is None else chosen.key, "best_uniform": record["best_uniform"],
              "seconds": found.seconds, "journal": setup.journal.name,
