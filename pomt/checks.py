@@ -7,12 +7,14 @@ setting in the message the way the caller's user knows it (a CLI flag, or a fiel
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from statistics import NormalDist
 
-from pomt.choice.binomial import CONFIDENCE, half_width, trials_for_half_width
+from pomt.choice.binomial import CONFIDENCE, half_width, trials_for_half_width, wilson_interval
 from pomt.errors import BatchSizeError, CalibrationError, OutputError, PatchError, SettingError
 from pomt.options import flag
 
@@ -51,7 +53,7 @@ def check_removal(method: str, block: int, remove: int, patch_tokens: int) -> in
                          f"(r <= {patch_tokens // 2}), got r = {remove}")
     if remove >= patch_tokens:
         raise PatchError(f"block {block} cannot remove {remove} tokens: only {patch_tokens} patch tokens are left "
-                         f"there (remove at most {patch_tokens - 1})")
+                         f"there and at least one patch token must stay (remove at most {patch_tokens - 1})")
     return remove
 
 
@@ -84,6 +86,33 @@ def check_calibration_size(images: int, accuracy: float, max_drop_points: float,
             f"({confidence:.0%} Wilson interval), wider than the {max_drop_points:g}-point drop asked by {label}: "
             f"give at least {needed} images or allow a drop of {width:.1f} points or more")
     return images
+
+
+def check_drop_resolution(images: int, max_drop_points: float, confidence: float = CONFIDENCE,
+                          label: str = "--max-accuracy-drop") -> int:
+    """Raise CalibrationError when `images` search images cannot resolve a drop of `max_drop_points`.
+
+    A schedule's drop is measured paired, on the same images as the unpruned model, so what bounds it is the
+    share of images whose prediction the schedule changes. A schedule that changed none of n images could
+    still change up to the upper end of the Wilson interval of 0 of n; when that interval is wider than the
+    drop asked, no measurement on these images could tell such a drop from noise."""
+    if max_drop_points <= 0:
+        raise CalibrationError(f"{label} must be positive, got {max_drop_points:g}")
+    width = wilson_interval(0, images, confidence)[1] * 100
+    if width > max_drop_points:
+        share = max_drop_points / 100
+        z2 = _z_squared(confidence)
+        needed = math.ceil(z2 * (1 - share) / share) if share < 1 else 1  # Wilson's bound at 0: z2 / (n + z2)
+        raise CalibrationError(
+            f"{images} search images bound a paired accuracy drop only to within {width:.2f} points ({confidence:.0%} "
+            f"Wilson interval of no prediction changed), wider than the {max_drop_points:g} points asked by {label}: "
+            f"give at least {needed} search images (--accuracy-samples, a larger folder or a smaller --held-out) or "
+            f"allow a drop of {width:.2f} points or more")
+    return images
+
+
+def _z_squared(confidence: float) -> float:
+    return NormalDist().inv_cdf(0.5 + confidence / 2) ** 2
 
 
 def check_options(config: object) -> object:

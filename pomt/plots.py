@@ -201,3 +201,46 @@ def plot_sweep(
     bar.ax.minorticks_off()
     figure.suptitle(title, y=1.04)
     return _saved(path, figure)
+
+
+def plot_frontier(path: str | Path, title: str, rows: Sequence[Mapping], floor: float | None = None) -> Path:
+    """Accuracy (search split, Wilson interval) against speedup over the unpruned model, one series per
+    family (a reducer's per-block search is one): hollow at the predicted speedup, filled with its interval
+    where verified; the frontier as a line, the chosen schedule as a star, the accuracy the goal allows
+    (`floor`) as a dashed line. Rows as `pomt.choice.frontier_table.rows` gives them."""
+    figure, ax = plt.subplots(figsize=(9, 5.4))
+    def series(r: Mapping) -> str:  # probes and proposals of one reducer's per-block search are one series
+        return f"{r['method']} per block" if r["family"].startswith(("probe-", "search-")) else r["family"]
+
+    families = list(dict.fromkeys(series(r) for r in rows))
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, family in enumerate(families):
+        colour, mine = palette[index % len(palette)], [r for r in rows if series(r) == family]
+        accuracy = np.array([r["search_accuracy"] for r in mine], dtype=float)
+        error = np.array([[r["search_accuracy"] - r["search_low"] for r in mine],
+                          [r["search_high"] - r["search_accuracy"] for r in mine]], dtype=float)
+        ax.errorbar([r["predicted_speedup"] for r in mine], accuracy, yerr=error, fmt="o", mfc="none",
+                    color=colour, ms=5, lw=0.6, capsize=2, alpha=0.7, label=f"{family} (predicted)")
+        verified = [r for r in mine if r["verified_speedup"] is not None]
+        if verified:
+            ax.errorbar([r["verified_speedup"] for r in verified], [r["search_accuracy"] for r in verified],
+                        xerr=np.array([[r["verified_speedup"] - r["verified_speedup_low"] for r in verified],
+                                       [r["verified_speedup_high"] - r["verified_speedup"] for r in verified]]),
+                        fmt="s", color=colour, ms=6, capsize=3, label=f"{family} (verified)")
+    front = sorted((r for r in rows if r["on_frontier"]), key=lambda r: r["predicted_speedup"])
+    if front:
+        ax.step([r["predicted_speedup"] for r in front], [r["search_accuracy"] for r in front], where="post",
+                color="black", lw=1.0, label="frontier (predicted)")
+    for r in rows:
+        if r["chosen"]:
+            x = r["verified_speedup"] if r["verified_speedup"] is not None else r["predicted_speedup"]
+            ax.plot([x], [r["search_accuracy"]], "*", color="gold", mec="black", ms=16, label="chosen", zorder=5)
+    if floor is not None:
+        ax.axhline(floor, color="tab:red", ls="--", lw=0.8, label="accuracy the goal allows")
+    ax.axvline(1.0, color="0.5", lw=0.6)
+    ax.set_xlabel("speedup over the unpruned model (predicted; verified where measured, 95% CI)")
+    ax.set_ylabel("accuracy on the search split (95% Wilson interval)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="lower left", ncol=2)
+    figure.tight_layout()
+    return _saved(path, figure)

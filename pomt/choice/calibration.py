@@ -44,13 +44,17 @@ def split_indices(size: int, held_out: float = 0.5, seed: int = 0) -> dict[str, 
 def dataset_digest(dataset: Dataset) -> str:
     """A digest of what a dataset holds: its files' bytes and labels for image folders, else its tensors."""
     digest = hashlib.sha256()
+    chosen = None
+    if isinstance(dataset, Subset):  # a seeded sample of a folder: the files it holds
+        dataset, chosen = dataset.dataset, list(dataset.indices)
     if hasattr(dataset, "samples") or hasattr(dataset, "paths"):
         items = getattr(dataset, "samples", None) or [(path, -1) for path in dataset.paths]
+        items = items if chosen is None else [items[i] for i in chosen]
         for path, label in items:
             digest.update(f"{Path(path).name}:{label}:".encode())
             digest.update(Path(path).read_bytes())
     elif isinstance(dataset, TensorDataset):
-        for tensor in dataset.tensors:
+        for tensor in dataset.tensors if chosen is None else (t[chosen] for t in dataset.tensors):
             digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     else:
         raise DatasetError(f"cannot name the images of a {type(dataset).__name__} for the accuracy cache")

@@ -17,6 +17,7 @@ import numpy as np
 
 from pomt.choice.candidates import Candidate
 
+FAMILIES = ("tome-constant", "tome-decreasing", "topk-rate", "pomt-block3")
 TOPK_RATES = (0.9, 0.8, 0.7, 0.6, 0.5)
 POMT_SHARES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 POMT_BLOCK = 3
@@ -75,9 +76,6 @@ def uniform_families(num_tokens: int, prefix_tokens: int, depth: int, steps: Seq
                      points: int = 5) -> dict[str, list[Candidate]]:
     """{family name: its candidates} (see the module docstring); `points` r values for the ToMe families."""
     values = tome_values(num_tokens, prefix_tokens, depth, points)
-    return {
-        "tome-constant": tome_constant(depth, values),
-        "tome-decreasing": tome_decreasing(depth, values),
-        "topk-rate": topk_rate(num_tokens, prefix_tokens, depth),
-        "pomt-block3": pomt_single(num_tokens, prefix_tokens, depth, steps),
-    }
+    return dict(zip(FAMILIES, (tome_constant(depth, values), tome_decreasing(depth, values),
+                               topk_rate(num_tokens, prefix_tokens, depth),
+                               pomt_single(num_tokens, prefix_tokens, depth, steps)), strict=True))

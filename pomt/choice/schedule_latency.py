@@ -105,7 +105,8 @@ class LatencyModel:
         if cost is None:
             return ms
         removed = removed_at(method, tokens - self.prefix_tokens, remove) if remove else 0
-        return ms + cost.prune(tokens, removed) + (cost.carry(tokens) if after_first else 0.0)
+        total = ms + cost.prune(tokens, removed) + (cost.carry(tokens) if after_first else 0.0)
+        return max(0.0, total)  # a noisy cost measured on a tiny model can exceed the block itself
 
     def predict(self, candidate: Candidate) -> float:
         """Predicted latency (ms) of the model running `candidate`; see the module docstring."""

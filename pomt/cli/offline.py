@@ -8,6 +8,7 @@ from pomt.cli.app import app
 from pomt.cli.options import config_command
 from pomt.measurement.search import SearchSettings
 from pomt.pipelines.offline import OfflineConfig, OfflineResult, run_offline
+from pomt.pipelines.offline.frontier_pipeline import FrontierRun
 from pomt.workload.prepare import Workload
 
 
@@ -75,12 +76,17 @@ def print_report(result: OfflineResult, detect: float | None = None) -> None:
         for c in v.candidates:
             echo(f"  remove {c.remove:>4d}: {c.pruned_ms:9.3f} ms  {c.speedup:.3f}x [{c.speedup_ci[0]:.3f}, "
                  f"{c.speedup_ci[1]:.3f}]{'  qualifies' if c.qualifies else ''}")
+    if result.frontier is not None:
+        frontier_lines(result.frontier)
     if result.decision:
         d = result.decision
         echo(f"schedule   remove {d.remove} tokens at block {d.block} -> keep {d.kept_tokens}  "
              f"(policy {d.policy}: {d.reason})")
         echo(f"predicted  {d.baseline_ms:.3f} ms -> {d.predicted_ms:.3f} ms  (gain {100 * d.gain:.1f}%"
              + (f", accuracy {d.accuracy:.3f})" if d.accuracy is not None else ")"))
+    if result.schedule is not None and result.frontier is not None and result.schedule.prune:
+        echo(f"reducer    {result.schedule.method} removing "
+             + ", ".join(f"{p.remove} at block {p.block}" for p in result.schedule.prune))
     measurement = result.schedule.measurement if result.schedule else None
     warning = measurement.warning if measurement else None
     if warning:
@@ -89,3 +95,35 @@ def print_report(result: OfflineResult, detect: float | None = None) -> None:
         echo(f"note       {note}")
     for kind, path in result.paths.items():
         echo(f"wrote      {kind:9s} {path}")
+
+
+def _proportion(data: dict | None) -> str:
+    if data is None:
+        return "not measured"
+    low, high = data["ci"]
+    return f"{data['accuracy']:.3f} [{low:.3f}, {high:.3f}] on {data['images']}"
+
+
+def frontier_lines(frontier: FrontierRun) -> None:
+    """The frontier search in a few lines: what it measured, the unpruned, chosen and best uniform schedules
+    with their accuracies on each split and their verified speedups, and where the time went."""
+    echo, found = typer.echo, frontier.found
+    result, seconds = found.result, found.seconds
+    echo(f"frontier   {result.evals} schedules measured on the search split, {len(result.frontier)} on the "
+         f"frontier; {found.measured} accuracies measured now, the others read from the journal")
+    echo(f"time       latency {seconds['latency']:.0f} s, reducer costs {seconds['reducer_costs']:.0f} s, "
+         f"accuracy {seconds['accuracy']:.0f} s")
+    record = frontier.schedule.frontier or {}
+    unpruned = record.get("unpruned") or {}
+    echo(f"  unpruned   search {_proportion(unpruned.get('search'))}; held-out {_proportion(unpruned.get('held_out'))}")
+    chosen = record.get("chosen")
+    if chosen:
+        speed = chosen.get("verified_speedup")
+        echo(f"  chosen     {chosen['key']} ({chosen['family']}): search {_proportion(chosen['search'])}; held-out "
+             f"{_proportion(chosen['held_out'])}" + (f"; verified {speed:.3f}x" if speed else ""))
+    uniform = record.get("best_uniform")
+    if uniform:
+        speed, over = uniform.get("verified_speedup"), uniform.get("speedup_over")
+        echo(f"  uniform    {uniform['key']} ({uniform['family']}): search {_proportion(uniform['search'])}; "
+             f"held-out {_proportion(uniform['held_out'])}" + (f"; verified {speed:.3f}x" if speed else "")
+             + (f"; chosen runs {over:.3f}x its speed" if over else ""))

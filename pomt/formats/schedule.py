@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pomt.checks import check_method, check_prune_block
+from pomt.checks import check_method, check_prune_block, check_removals
 from pomt.device.fingerprint import Fingerprint
 from pomt.errors import PatchError, ScheduleError
 from pomt.formats.schedule_parts import MeasurementRecord, Prediction, SchedulePolicy, Verified
@@ -56,6 +56,7 @@ class Schedule:
     backend: dict | None = None
     measurement: MeasurementRecord | None = None  # how the curve was measured: passes, visits, drift, steps judged
     verified: Verified | None = None  # the patched model measured against the unpruned one (pomt.choice.verify)
+    frontier: dict | None = None  # the frontier search that chose it: its file, accuracies, the uniform it beat
 
     @property
     def backend_name(self) -> str:
@@ -94,6 +95,7 @@ class Schedule:
             **({"backend": self.backend} if self.backend is not None else {}),
             **({"measurement": self.measurement.to_dict()} if self.measurement is not None else {}),
             **({"verified": self.verified.to_dict()} if self.verified is not None else {}),
+            **({"frontier": self.frontier} if self.frontier is not None else {}),
         }
 
     def check_geometry(self, geometry: Geometry) -> None:
@@ -166,6 +168,7 @@ def schedule_from_dict(data: Mapping) -> Schedule:
     blocks = [item.block for item in prune]
     if blocks != sorted(set(blocks)):
         raise ScheduleError("schedule 'prune' blocks must be strictly increasing")
+    _shared(check_removals, data["method"], {item.block: item.remove for item in prune}, num_tokens, prefix, depth)
     removed = sum(item.remove for item in prune)
     if removed >= num_tokens - prefix:
         raise ScheduleError(
@@ -197,6 +200,7 @@ def schedule_from_dict(data: Mapping) -> Schedule:
         backend=_backend(data),
         measurement=_measurement(data),
         verified=None if data.get("verified") is None else Verified.from_dict(data["verified"]),
+        frontier=None if data.get("frontier") is None else _mapping(data, "frontier"),
     )
 
 

@@ -212,7 +212,7 @@ def test_a_bad_trace_is_one_line_exit_2(tmp_path):
 def test_end_to_end_with_accuracy_writes_a_schedule_that_applies(tmp_path, trained):
     root, checkpoint, _ = trained
     result = _offline("--dataset-root", str(root), "--checkpoint", str(checkpoint), "--accuracy-points", "6",
-                      "--alpha", "0.5", out=tmp_path)
+                      "--alpha", "0.5", "--policy", "utility", out=tmp_path)
     assert result.returncode == 0, result.stderr
     for fragment in ("N=37", "steps", "schedule", "predicted", "top1"):
         assert fragment in result.stdout

@@ -15,6 +15,9 @@ from pomt.options import option
 from pomt.workload.prepare import Workload
 
 SEARCHES = ("adaptive", "full")
+FRONTIER = "frontier"
+OFFLINE_POLICIES = (FRONTIER, *POLICIES)
+DEFAULT_DROP = 1.0  # points: the frontier's default --max-accuracy-drop
 BLIND_SHARE = 0.25  # of the patch tokens: the most a schedule removes by default when accuracy is unknown
 
 
@@ -42,8 +45,17 @@ class OfflineConfig:
     accuracy_batch_size: int = option(32, "Images per forward while measuring accuracy.", min=1)
     alpha: float = option(0.5, "Utility weight of latency against accuracy.", min=0, max=1)
     policy: str | None = option(
-        None, "Default: budget with a budget, utility with accuracy, else step.", choices=POLICIES
+        None, "Default: frontier with --dataset-root (the fastest verified schedule across blocks and reducers "
+              "within --max-accuracy-drop), else budget with a budget, utility with an accuracy curve, else step.",
+        choices=OFFLINE_POLICIES,
     )
+    max_accuracy_drop: float | None = option(
+        None, "Frontier: most accuracy the schedule may lose against the unpruned model, in points (default 1.0).",
+        min=0)
+    max_evals: int = option(80, "Frontier: schedules whose accuracy the search may measure on the search split.",
+                            min=1)
+    held_out: float = option(0.5, "Frontier: share of the calibration images held out to report the chosen "
+                                  "schedule's accuracy on.", min=0.05, max=0.95)
     latency_budget_ms: float | None = option(None, "Latency the schedule must meet (ms, > 0).", min=0)
     min_accuracy: float | None = option(None, "Lowest acceptable A(n), in [0, 1].", min=0, max=1)
     max_remove: int | None = option(None, "Most tokens the schedule may remove (default: all but one with an "
@@ -72,8 +84,8 @@ class OfflineConfig:
         check_method(self.method)
         if self.search not in SEARCHES:
             raise GridError(f"unknown search {self.search!r}; choose one of {', '.join(SEARCHES)}")
-        if self.policy is not None and self.policy not in POLICIES:
-            raise PolicyError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.policy is not None and self.policy not in OFFLINE_POLICIES:
+            raise PolicyError(f"unknown policy {self.policy!r}; choose one of {', '.join(OFFLINE_POLICIES)}")
         check_options(self)
         if self.latency_only and self.accuracy_only:
             raise PolicyError("--latency-only and --accuracy-only exclude each other")
@@ -87,6 +99,11 @@ class OfflineConfig:
             raise DatasetError("--agreement measures A(n) on --dataset-root: give one")
         if self.latency_budget_ms is not None and not self.latency_budget_ms > 0:
             raise SettingError(f"--latency-budget-ms must be positive, got {self.latency_budget_ms:g}")
+        if self.max_accuracy_drop is not None and not self.max_accuracy_drop > 0:
+            raise SettingError(f"--max-accuracy-drop must be positive, got {self.max_accuracy_drop:g}")
+        if self.policy == FRONTIER and not needs_accuracy_model(self):
+            raise PolicyError("the frontier policy measures each schedule's accuracy: give --dataset-root "
+                              "(without --latency-only or --accuracy-curve)")
         if self.policy == "budget" and self.latency_budget_ms is None:
             raise PolicyError("the budget policy needs --latency-budget-ms")
         known = self.accuracy_curve is not None or needs_accuracy_model(self)
@@ -117,8 +134,10 @@ def validate(config: OfflineConfig, settings: SearchSettings) -> None:
 def check_pruning(config: OfflineConfig, geometry: Geometry) -> None:
     """The pruning block and the removal limit, against the model."""
     check_prune_block(config.prune_block, geometry.depth, "--prune-block")
-    if config.max_remove is not None and not 0 <= config.max_remove <= geometry.patch_tokens - 1:
-        raise GridError(f"--max-remove {config.max_remove} is outside [0, {geometry.patch_tokens - 1}]")
+    most = geometry.patch_tokens // 2 if config.method == "tome" else geometry.patch_tokens - 1
+    if config.max_remove is not None and not 0 <= config.max_remove <= most:
+        why = " (ToMe merges at most half the patch tokens at a block)" if config.method == "tome" else ""
+        raise GridError(f"--max-remove {config.max_remove} is outside [0, {most}]{why}")
 
 
 def max_remove(config: OfflineConfig, geometry: Geometry, accuracy_known: bool) -> int:
@@ -126,7 +145,8 @@ def max_remove(config: OfflineConfig, geometry: Geometry, accuracy_known: bool) 
     known, else a quarter of the patch tokens (`BLIND_SHARE`)."""
     if config.max_remove is not None:
         return config.max_remove
-    return geometry.patch_tokens - 1 if accuracy_known else int(BLIND_SHARE * geometry.patch_tokens)
+    limit = geometry.patch_tokens - 1 if accuracy_known else int(BLIND_SHARE * geometry.patch_tokens)
+    return min(limit, geometry.patch_tokens // 2) if config.method == "tome" else limit
 
 
 def needs_accuracy_model(config: OfflineConfig) -> bool:
@@ -135,6 +155,13 @@ def needs_accuracy_model(config: OfflineConfig) -> bool:
 
 
 def policy_name(config: OfflineConfig, accuracy_known: bool) -> str:
-    """The policy asked for, else budget with a budget, utility with accuracy, step without."""
-    return config.policy or ("budget" if config.latency_budget_ms is not None else
+    """The policy asked for, else frontier with a dataset measured here, budget with a budget, utility with
+    accuracy, step without."""
+    return config.policy or (FRONTIER if needs_accuracy_model(config) else
+                             "budget" if config.latency_budget_ms is not None else
                              "utility" if accuracy_known else "step")
+
+
+def max_accuracy_drop(config: OfflineConfig) -> float:
+    """The frontier's drop limit in points: the setting, else `DEFAULT_DROP`."""
+    return DEFAULT_DROP if config.max_accuracy_drop is None else config.max_accuracy_drop

@@ -1,6 +1,7 @@
 """The files a run leaves beside its journals: the curve CSV, the schedule JSON, the plot and (where measured)
-the accuracy CSV, written as one set (`pomt.io.staged_set`): a run killed at any moment leaves the previous
-set or the new one, and what it left half-written is cleared when the next run starts (`prepare_outputs`)."""
+the accuracy CSV or the frontier's CSV, JSON and plot, written as one set (`pomt.io.staged_set`): a run
+killed at any moment leaves the previous set or the new one, and what it left half-written is cleared when
+the next run starts (`prepare_outputs`)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from pomt.formats.schedule import Schedule, save_schedule
 from pomt.io import clear_stale, staged_set
 from pomt.measurement.drift import corrected_values
 from pomt.pipelines.offline.config import OfflineConfig
+from pomt.pipelines.offline.frontier_outputs import FRONTIER_SET, FrontierReport, write_frontier
 from pomt.pipelines.offline.prepare import Run
 from pomt.pipelines.offline.records import Findings
 from pomt.plots import plot_offline
 
-SET = {"curve": "curve.csv", "accuracy": "accuracy.csv", "plot": "png", "schedule": "schedule.json"}
+SET = {"curve": "curve.csv", "accuracy": "accuracy.csv", "plot": "png", "schedule": "schedule.json",
+       **FRONTIER_SET}
 
 
 def output_names(stem: str) -> dict[str, str]:
@@ -35,9 +38,10 @@ def prepare_outputs(folder: Path, stem: str) -> None:
 
 
 def write_outputs(folder: Path, run: Run, config: OfflineConfig, findings: Findings,
-                  schedule: Schedule) -> dict[str, Path]:
+                  schedule: Schedule, frontier: FrontierReport | None = None) -> dict[str, Path]:
     """`<stem>.curve.csv`, `<stem>.schedule.json`, `<stem>.png` (and `<stem>.accuracy.csv` where A(n) was
-    measured) in `folder` as one set, the schedule moved into place last; by kind."""
+    measured, `<stem>.frontier.csv/.json/.png` where a frontier was searched) in `folder` as one set, the
+    schedule moved into place last; by kind."""
     search, accuracy = findings.latency.search, findings.accuracy
     names = output_names(run.setup.stem)
     with staged_set(folder, run.setup.stem, last=[names["schedule"]]) as staging:
@@ -48,6 +52,8 @@ def write_outputs(folder: Path, run: Run, config: OfflineConfig, findings: Findi
         }
         if findings.measured_accuracy:
             written["accuracy"] = save_accuracy_curve(staging / names["accuracy"], accuracy)
+        if frontier is not None:
+            written |= write_frontier(staging, names, frontier)
     return {kind: folder / path.name for kind, path in written.items()}
 
 

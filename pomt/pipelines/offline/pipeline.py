@@ -14,6 +14,7 @@ from pomt.measurement.search import SearchResult, SearchSettings
 from pomt.models.geometry import Geometry
 from pomt.pipelines.offline.accuracy import Sample, accuracy_sample, estimate_accuracy, given_accuracy
 from pomt.pipelines.offline.config import (
+    FRONTIER,
     OfflineConfig,
     Request,
     max_remove,
@@ -21,6 +22,8 @@ from pomt.pipelines.offline.config import (
     validate,
 )
 from pomt.pipelines.offline.fresh_steps import check_steps_in_fresh_process
+from pomt.pipelines.offline.frontier_pipeline import FrontierRun, choose_on_frontier
+from pomt.pipelines.offline.frontier_setup import prepare_frontier
 from pomt.pipelines.offline.latency import measure_latency
 from pomt.pipelines.offline.outputs import output_names, prepare_outputs, write_outputs
 from pomt.pipelines.offline.prepare import Run, prepare_run
@@ -48,6 +51,7 @@ class OfflineResult:
     paths: dict[str, Path] = field(default_factory=dict)
     measure_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    frontier: FrontierRun | None = None  # the frontier search, where its policy chose
 
 
 def run_offline(workload: Workload, config: OfflineConfig | None = None,
@@ -74,11 +78,14 @@ def measure_and_choose(request: Request, run: Run, sample: Sample | None) -> Off
     workload, config, settings = request.workload, request.config, request.settings
     accuracy = given_accuracy(config, run)
     known = accuracy is not None or sample is not None
+    frontier = prepare_frontier(workload, config, run, sample) if policy_name(config, known) == FRONTIER else None
     reach = run.geometry.num_tokens - max_remove(config, run.geometry, known)
     latency = measure_latency(request, run, reach)
     if run.replay is None and config.verify_fresh and policy_name(config, known) == "step":
         latency = check_steps_in_fresh_process(workload, settings, latency, reach)
     paths = {} if latency.trace is None else {"trace": latency.trace}
+    if frontier is not None:
+        return frontier_result(request, run, choose_on_frontier(request, run, frontier, latency), paths)
     if sample is not None:
         accuracy = estimate_accuracy(workload, config, run, sample, latency.search.steps)
     ranking = rank(config, policy_setting(config, run.geometry, latency.search, accuracy), latency.search)
@@ -95,6 +102,24 @@ def measure_and_choose(request: Request, run: Run, sample: Sample | None) -> Off
         fresh_verification=verdict.fresh_verification, fresh_steps=list(latency.fresh_steps),
         method_cost=dict(verdict.method_cost), schedule=schedule, paths=paths, measure_seconds=latency.seconds,
         notes=[*verdict.notes, *([note] if note else [])],
+    )
+
+
+def frontier_result(request: Request, run: Run, chosen: FrontierRun, paths: dict) -> OfflineResult:
+    """The frontier policy's outputs written (the run's set with the frontier's files), and its result."""
+    latency, verdict = chosen.findings.latency, chosen.verdict.verdict
+    if verdict.journal is not None:
+        paths["verify"] = verdict.journal
+    paths["frontier_journal"] = Path(request.workload.output_dir) / chosen.report.document["journal"]
+    paths |= write_outputs(Path(request.workload.output_dir), run, request.config, chosen.findings, chosen.schedule,
+                           chosen.report)
+    note = here_only_note(run.setup.fingerprint, latency, verdict)
+    return OfflineResult(
+        geometry=run.geometry, device=run.setup.fingerprint, batch_size=run.setup.batch_size, search=latency.search,
+        decision=verdict.decision, verification=verdict.verification, fresh_verification=verdict.fresh_verification,
+        fresh_steps=list(latency.fresh_steps), schedule=chosen.schedule, paths=paths,
+        measure_seconds=latency.seconds, notes=[*chosen.found.notes, *verdict.notes, *([note] if note else [])],
+        frontier=chosen,
     )
 
 

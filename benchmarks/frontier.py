@@ -1,0 +1,183 @@
+"""The frontier search on the digits case: pomt's chosen schedule against each uniform family's best.
+
+For each batch size (default 1 and 16, CPU) the offline computation runs as a user runs it with the trained
+digits model (`pomt.digits`) and its calibration folder: latency curve, reducer costs, the frontier search on
+the search split, held-out accuracies, the chosen schedule verified. Then, in the same process and from the
+same run, the chosen schedule and each uniform family's best schedule within the drop (ToMe constant and
+decreasing r, top-k at a constant keep rate, single-block POMT at block 3) are measured against the
+unpruned model in the same paired shuffled rounds, and their held-out accuracies measured (Wilson 95%).
+Printed side by side: predicted and verified speedup, held-out accuracy and drop, and where the time went.
+
+The digits recipe holds 45% of the images out for calibration (808 of 1797): 404 search images are the
+fewest that resolve a 1-point drop (`pomt.checks.check_drop_resolution`).
+Goal (issue 30): at a held-out drop of at most 1 point, the chosen schedule at least 1.10x the speed of the
+fastest uniform schedule within the drop at batch 16, never slower at batch 1; the whole search <= 10 min.
+Usage: python benchmarks/frontier.py [--batch-sizes 1 16] [--threads 2] [--drop 1.0] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pomt.choice.accuracy import eval_transform, open_image_folder, seeded_subset
+from pomt.choice.accuracy_journal import AccuracyJournal, model_identity
+from pomt.choice.calibration import HELD_OUT, Calibration
+from pomt.choice.frontier import UNPRUNED
+from pomt.choice.frontier_choice import Goal, best_by_family
+from pomt.choice.pareto import Evaluated
+from pomt.choice.verify import Verification, schedule_forward_at, verify
+from pomt.digits.folder import DigitsSpec
+from pomt.digits.model import SMALL, DigitsCase, Recipe, digits_case
+from pomt.measurement.search import SearchSettings
+from pomt.measurement.sources import LiveSource, Session
+from pomt.pipelines.offline import OfflineConfig, OfflineResult, run_offline
+from pomt.pipelines.offline.frontier_schedule import as_schedule
+from pomt.pipelines.offline.frontier_setup import journal_path
+from pomt.workload.prepare import Prepared, Workload, prepare
+
+RECIPE = Recipe(data=DigitsSpec(calibration=0.45))
+SMOKE_SEARCH = SearchSettings(passes=3, visit_s=0.01, confirm_rounds=3)
+CHOSEN = "chosen"
+
+
+@dataclass(frozen=True)
+class Case:
+    """What one batch size measured: the offline run, the schedules compared, their paired verification
+    (candidate i is the i-th schedule), held-out accuracies, and the seconds each part took."""
+
+    batch: int
+    result: OfflineResult
+    compared: dict[str, Evaluated]
+    verification: Verification | None
+    held_out: dict[str, object]
+    seconds: dict[str, float]
+
+
+def offline(case: DigitsCase, batch: int, args: argparse.Namespace) -> tuple[Workload, OfflineConfig, OfflineResult]:
+    """The offline computation with the frontier policy on the digits calibration folder."""
+    workload = Workload(model=case.recipe.model, batch_size=batch, input_size=case.recipe.data.size, device="cpu",
+                        threads=args.threads, output_dir=Path(args.output_dir) / f"bs{batch}", progress=args.progress)
+    config = OfflineConfig(dataset_root=case.calibration_root, checkpoint=case.checkpoint, policy="frontier",
+                           max_accuracy_drop=args.drop, max_evals=args.max_evals, accuracy_samples=100_000,
+                           verify_rounds=args.rounds)
+    return workload, config, run_offline(workload, config, SMOKE_SEARCH if args.smoke else SearchSettings())
+
+
+def compared_schedules(result: OfflineResult, drop: float) -> dict[str, Evaluated]:
+    """The chosen schedule (where one shipped) and each uniform family's best within the drop."""
+    found = result.frontier.found
+    chosen = result.frontier.verdict.chosen
+    bests = best_by_family(found.result.evaluated, found.result.baseline.accuracy, Goal(drop))
+    return ({CHOSEN: chosen} if chosen is not None else {}) | bests
+
+
+def held_out(prepared: Prepared, workload: Workload, config: OfflineConfig, case: DigitsCase,
+             compared: dict[str, Evaluated]) -> dict[str, object]:
+    """Held-out accuracy of the unpruned model and each compared schedule, through the run's journal."""
+    model = prepared.model
+    dataset, kind = open_image_folder(case.calibration_root, eval_transform(model, prepared.geometry.input_size))
+    dataset = seeded_subset(dataset, config.accuracy_samples, workload.seed)
+    journal = AccuracyJournal(journal_path(workload.output_dir, prepared.setup.stem), model_identity(model))
+    calibration = Calibration(model, dataset, kind, journal, held_out=config.held_out, seed=workload.seed,
+                              batch_size=config.accuracy_batch_size)
+    measured = calibration.measure([UNPRUNED, *(p.candidate for p in compared.values())], HELD_OUT)
+    return {"unpruned": measured[UNPRUNED]} | {name: measured[p.candidate] for name, p in compared.items()}
+
+
+def paired(prepared: Prepared, workload: Workload, result: OfflineResult, compared: dict[str, Evaluated],
+           rounds: int) -> Verification | None:
+    """Every compared schedule against the unpruned model in the same paired shuffled rounds."""
+    if not compared:
+        return None
+    found, n = result.frontier.found, prepared.geometry.num_tokens
+    schedules = {n - i: as_schedule(result.schedule, found.latency, p.candidate)
+                 for i, p in enumerate(compared.values(), start=1)}
+    forward_at = schedule_forward_at(prepared.model, prepared.x, schedules, device="cpu", threads=workload.threads)
+    session = Session(LiveSource(forward_at, "cpu", workload.threads))
+    ratio = {i: p.predicted_ms / found.latency.baseline for i, p in enumerate(compared.values(), start=1)}
+    return verify(session, n, list(ratio), reps=found.reps, rounds=rounds, predicted_ratio=ratio,
+                  seed=workload.seed, progress=workload.progress)
+
+
+def run_case(case: DigitsCase, batch: int, args: argparse.Namespace) -> Case:
+    """One batch size: the offline run, then the side-by-side measurements."""
+    started = time.perf_counter()
+    workload, config, result = offline(case, batch, args)
+    offline_s = time.perf_counter() - started
+    compared = compared_schedules(result, args.drop)
+    prepared = prepare(workload, checkpoint=case.checkpoint)
+    started = time.perf_counter()
+    accuracy = held_out(prepared, workload, config, case, compared)
+    held_s = time.perf_counter() - started
+    started = time.perf_counter()
+    verification = paired(prepared, workload, result, compared, args.rounds)
+    seconds = dict(result.frontier.found.seconds) | {"offline": offline_s, "held_out": held_s,
+                                                      "side_by_side": time.perf_counter() - started}
+    return Case(batch, result, compared, verification, accuracy, seconds)
+
+
+def _interval(proportion) -> str:
+    if proportion is None:
+        return "-"
+    low, high = proportion.interval()
+    return f"{proportion.value:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def report(item: Case, drop: float) -> None:
+    """The batch size's table (see the module docstring)."""
+    found, seconds = item.result.frontier.found, item.seconds
+    baseline = item.held_out.get("unpruned")
+    kind = item.result.frontier.report.document["accuracy_kind"]
+    print(f"\nbatch {item.batch}: {found.result.evals} schedules measured; unpruned {kind} held-out "
+          f"{_interval(baseline)}; offline decision: {item.result.decision.reason}")
+    print(f"time: offline run {seconds['offline']:.0f} s (latency {seconds['latency']:.0f} s, reducer costs "
+          f"{seconds['reducer_costs']:.0f} s, accuracy {seconds['accuracy']:.0f} s, the rest verification), "
+          f"then held-out {seconds['held_out']:.0f} s and side by side {seconds['side_by_side']:.0f} s")
+    print(f"  {'schedule':34s} {'family':16s} {'predicted':>9s} {'verified [95% CI]':>26s} "
+          f"{'held-out ' + kind + ' [95% CI]':>28s} {'drop pts':>8s}")
+    speed = {}
+    for i, (name, point) in enumerate(item.compared.items(), start=1):
+        measured = next(c for c in item.verification.candidates if c.remove == i)
+        speed[name] = measured.speedup
+        accuracy = item.held_out[name]
+        loss = 100 * (baseline.value - accuracy.value) if baseline is not None else float("nan")
+        print(f"  {point.candidate.key[:34]:34s} {name:16s} {found.latency.baseline / point.predicted_ms:8.3f}x "
+              f"{measured.speedup:8.3f}x [{measured.speedup_ci[0]:.3f}, {measured.speedup_ci[1]:.3f}]    "
+              f"{_interval(accuracy):>28s} {loss:8.2f}")
+    uniform = {k: v for k, v in speed.items() if k != CHOSEN}
+    if CHOSEN in speed and uniform:
+        best = max(uniform, key=uniform.get)
+        print(f"  chosen / fastest uniform within {drop:g} points ({best}): {speed[CHOSEN] / uniform[best]:.3f}x "
+              "(verified speedups, same rounds)")
+    elif CHOSEN not in speed:
+        print("  no schedule shipped: the uniform families' best are listed for reference")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16])
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    parser.add_argument("--drop", type=float, default=1.0, help="most accuracy lost, points (held-out reported)")
+    parser.add_argument("--max-evals", type=int, default=80)
+    parser.add_argument("--rounds", type=int, default=10, help="paired rounds of the verification")
+    parser.add_argument("--output-dir", default="bin/frontier-bench")
+    parser.add_argument("--progress", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="a tiny case in seconds: proves the script runs")
+    args = parser.parse_args()
+    if args.smoke:
+        args.drop, args.max_evals, args.rounds = max(args.drop, 20.0), min(args.max_evals, 26), min(args.rounds, 3)
+    started = time.perf_counter()
+    case = digits_case(SMALL if args.smoke else RECIPE, progress=args.progress)
+    print(f"digits case: {case.recipe.model} at {case.recipe.data.size} px, {case.calibration_images} calibration "
+          f"images, top-1 {case.accuracy:.3f}, trained in {case.train_s:.0f} s"
+          f"{' (cached)' if case.reused else ''}; drop <= {args.drop:g} points")
+    for batch in args.batch_sizes:
+        report(run_case(case, batch, args), args.drop)
+    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Which frontier schedules may ship, best first, and the best uniform schedule they must beat (pure).
+
+A schedule meets the goal when its search-split accuracy is at most `max_drop_points` below the unpruned
+model's (where a drop is asked), at least `min_accuracy` (where asked) and its predicted latency within
+`latency_budget_ms` (where asked). Among those, with a latency budget the most accurate comes first (on
+equal accuracy the faster), else the fastest (on equal latency the more accurate). The order is the order
+of fallback: verification ships the first that measures faster, else the next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pomt.choice.families import FAMILIES
+from pomt.choice.frontier import FrontierResult
+from pomt.choice.pareto import EPSILON, Evaluated
+
+
+@dataclass(frozen=True)
+class Goal:
+    """What the shipped schedule must meet; None: not asked."""
+
+    max_drop_points: float | None = 1.0
+    latency_budget_ms: float | None = None
+    min_accuracy: float | None = None
+
+    def meets(self, point: Evaluated, baseline_accuracy: float) -> bool:
+        if self.max_drop_points is not None and \
+                point.accuracy < baseline_accuracy - self.max_drop_points / 100 - EPSILON:
+            return False
+        if self.min_accuracy is not None and point.accuracy < self.min_accuracy - EPSILON:
+            return False
+        return self.latency_budget_ms is None or point.predicted_ms <= self.latency_budget_ms
+
+    def describe(self) -> str:
+        """The goal in words, for reasons."""
+        parts = [f"within {self.max_drop_points:g} points of the unpruned accuracy"] \
+            if self.max_drop_points is not None else []
+        if self.min_accuracy is not None:
+            parts.append(f"accuracy at least {self.min_accuracy:g}")
+        if self.latency_budget_ms is not None:
+            parts.append(f"predicted within {self.latency_budget_ms:g} ms")
+        return ", ".join(parts) or "any accuracy"
+
+
+def ordered(points: Iterable[Evaluated], baseline_accuracy: float, goal: Goal) -> list[Evaluated]:
+    """The pruned points that meet the goal, best first (see the module docstring)."""
+    kept = [p for p in points if not p.candidate.unpruned and goal.meets(p, baseline_accuracy)]
+    if goal.latency_budget_ms is not None:
+        return sorted(kept, key=lambda p: (-p.accuracy, p.predicted_ms, p.candidate))
+    return sorted(kept, key=lambda p: (p.predicted_ms, -p.accuracy, p.candidate))
+
+
+def preference(result: FrontierResult, goal: Goal) -> list[Evaluated]:
+    """The frontier schedules predicted faster than the unpruned model that meet the goal, best first: what
+    may ship, in the order of fallback."""
+    faster = [p for p in result.frontier if p.predicted_ms < result.baseline.predicted_ms]
+    return ordered(faster, result.baseline.accuracy, goal)
+
+
+def best_by_family(points: Sequence[Evaluated], baseline_accuracy: float, goal: Goal,
+                   families: Sequence[str] = FAMILIES) -> dict[str, Evaluated]:
+    """{family: its best schedule that meets the goal} for each family that has one."""
+    best = {}
+    for family in families:
+        found = ordered((p for p in points if p.family == family), baseline_accuracy, goal)
+        if found:
+            best[family] = found[0]
+    return best
+
+
+def best_uniform(result: FrontierResult, goal: Goal) -> Evaluated | None:
+    """The best schedule of any uniform family that meets the goal (None: none does): the one to beat."""
+    found = ordered((p for p in result.evaluated if p.family in FAMILIES), result.baseline.accuracy, goal)
+    return found[0] if found else None
+
+
+def first_verified(order: Sequence[int], qualified_here: Iterable[int],
+                   held_fresh: Iterable[int] | None = None) -> int | None:
+    """The first candidate in the order of preference that qualified here and, where a fresh process measured
+    them (`held_fresh` not None), there too: the one that ships, a faster one that did not verify falling
+    back to the next; None when none did."""
+    here = set(qualified_here)
+    fresh = None if held_fresh is None else set(held_fresh)
+    return next((i for i in order if i in here and (fresh is None or i in fresh)), None)

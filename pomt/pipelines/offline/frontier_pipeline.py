@@ -1,0 +1,59 @@
+"""The frontier policy's stages after the latency curve: the search (`frontier_search`), the verdict
+(`frontier_verdict`), the schedule that ships with its `frontier` object, and the frontier's files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pomt.choice.frontier_table import document, rows
+from pomt.formats.schedule import Schedule
+from pomt.pipelines.offline.config import Request
+from pomt.pipelines.offline.frontier_outputs import FrontierReport
+from pomt.pipelines.offline.frontier_schedule import as_schedule, frontier_record
+from pomt.pipelines.offline.frontier_search import FrontierFound, search
+from pomt.pipelines.offline.frontier_setup import FrontierSetup
+from pomt.pipelines.offline.frontier_verdict import FrontierVerdict, decide_frontier
+from pomt.pipelines.offline.latency import Latency
+from pomt.pipelines.offline.prepare import Run
+from pomt.pipelines.offline.ranking import Ranking, policy_setting
+from pomt.pipelines.offline.records import Findings, final_schedule
+
+
+@dataclass(frozen=True)
+class FrontierRun:
+    """What the frontier stages found and what they write."""
+
+    found: FrontierFound
+    verdict: FrontierVerdict
+    findings: Findings
+    schedule: Schedule
+    report: FrontierReport
+
+
+def choose_on_frontier(request: Request, run: Run, setup: FrontierSetup, latency: Latency) -> FrontierRun:
+    """Search, verify, and build the schedule and the frontier's files (see the module docstring)."""
+    config, settings, goal = request.config, request.settings, setup.goal
+    found = search(request, run, setup, latency)
+    verdict = decide_frontier(request, run, found, goal.describe())
+    ranking = Ranking(policy_setting(config, run.geometry, latency.search, None), (), latency.search)
+    findings = Findings(latency, None, ranking, verdict.verdict)
+    kind, stem, result = setup.calibration.kind, run.setup.stem, found.result
+    chosen = None if verdict.chosen is None else verdict.chosen.candidate
+    record = frontier_record(f"{stem}.frontier.json", kind, goal, result.baseline, verdict.chosen, found.uniform,
+                             verdict.measured, result.evals)
+    schedule = final_schedule(run, config, settings, findings)
+    schedule = as_schedule(replace(schedule, predicted=replace(schedule.predicted, accuracy_kind=kind)),
+                           found.latency, chosen, record)
+    table = rows(result, found.latency.baseline, chosen, verdict.measured)
+    facts = {"model": run.geometry.model, "stem": stem, "batch_size": run.setup.batch_size,
+             "accuracy_kind": kind, "search_images": setup.calibration.size("search"),
+             "held_out_images": setup.calibration.size("held_out"), "max_accuracy_drop": goal.max_drop_points,
+             "latency_budget_ms": goal.latency_budget_ms, "min_accuracy": goal.min_accuracy,
+             "chosen": None if chosen is None else chosen.key, "best_uniform": record["best_uniform"],
+             "seconds": found.seconds, "journal": setup.journal.name,
+             "reducer_costs": {m: c.to_dict() for m, c in found.latency.costs.items()}}
+    floor = None if goal.max_drop_points is None else result.baseline.accuracy - goal.max_drop_points / 100
+    title = (f"{run.geometry.model}, batch {run.setup.batch_size}, {kind} on {facts['search_images']} search "
+             f"images: {result.evals} schedules measured")
+    return FrontierRun(found, verdict, findings, schedule, FrontierReport(table, document(result, table, facts),
+                                                                          floor, title))

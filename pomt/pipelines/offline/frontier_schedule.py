@@ -1,0 +1,89 @@
+"""A frontier schedule as the schedule file it ships as: its reducer and its removal at each block (what each
+block really removes, ToMe's clamp applied), the decision that names it, and the `frontier` object that says
+where it came from, how accurate it measured on each split and the best uniform schedule it beat."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from pomt.choice.candidates import Candidate
+from pomt.choice.frontier_choice import Goal
+from pomt.choice.pareto import Evaluated
+from pomt.choice.policy import Decision
+from pomt.choice.schedule_latency import LatencyModel
+from pomt.choice.verify import CandidateResult
+from pomt.formats.schedule import BlockRemoval, Schedule
+from pomt.pipelines.offline.assemble import Evidence, build_schedule
+from pomt.pipelines.offline.config import FRONTIER, OfflineConfig
+from pomt.pipelines.offline.prepare import Run
+
+
+def effective_removal(latency: LatencyModel, candidate: Candidate) -> dict[int, int]:
+    """{block: tokens it really removes}: ToMe's r clamped to its cap, as the patch clamps it."""
+    counts = latency.counts(candidate)
+    return {b: counts[b] - counts[b + 1] for b in range(latency.depth) if counts[b] > counts[b + 1]}
+
+
+def frontier_decision(latency: LatencyModel, point: Evaluated | None, reason: str, code: str,
+                      config: OfflineConfig, accuracy: float | None) -> Decision:
+    """The decision naming `point` (None: remove nothing): `remove` is the total removed, `block` the first
+    pruning block (the prune block asked when nothing is removed), `kept_tokens` the count leaving the last
+    block."""
+    baseline = latency.baseline
+    if point is None:
+        return Decision(0, config.prune_block, latency.num_tokens, baseline, baseline, 0.0, accuracy, FRONTIER,
+                        reason, code)
+    removal = effective_removal(latency, point.candidate)
+    gain = 1.0 - point.predicted_ms / baseline if baseline > 0 else 0.0
+    return Decision(sum(removal.values()), min(removal), latency.num_tokens - sum(removal.values()), baseline,
+                    point.predicted_ms, gain, accuracy, FRONTIER, reason, code)
+
+
+def as_schedule(schedule: Schedule, latency: LatencyModel, candidate: Candidate | None,
+                frontier: Mapping | None = None) -> Schedule:
+    """`schedule` (built from a frontier decision) with the candidate's reducer and per-block removals."""
+    if candidate is None or candidate.unpruned:
+        return replace(schedule, prune=(), frontier=None if frontier is None else dict(frontier))
+    removal = effective_removal(latency, candidate)
+    return replace(schedule, method=candidate.method,
+                   prune=tuple(BlockRemoval(b, r) for b, r in sorted(removal.items())),
+                   frontier=None if frontier is None else dict(frontier))
+
+
+def candidate_schedule(run: Run, config: OfflineConfig, latency: LatencyModel, point: Evaluated) -> Schedule:
+    """The schedule verification patches the model with for `point`."""
+    decision = frontier_decision(latency, point, "candidate under verification", "candidate", config, None)
+    return as_schedule(build_schedule(run, config, decision, Evidence()), latency, point.candidate)
+
+
+def frontier_record(file: str, kind: str, goal: Goal, baseline: Evaluated, chosen: Evaluated | None,
+                    uniform: Evaluated | None, measured: Mapping[Candidate, CandidateResult], evals: int) -> dict:
+    """The schedule's `frontier` object (see the module docstring); speedups are the verification's, measured
+    in the same paired rounds, where the schedules were verified."""
+
+    def accuracies(point: Evaluated | None) -> dict | None:
+        if point is None:
+            return None
+        return {"search": point.search.to_dict(),
+                "held_out": None if point.held_out is None else point.held_out.to_dict()}
+
+    def speedup(point: Evaluated | None) -> float | None:
+        result = measured.get(point.candidate) if point is not None else None
+        return None if result is None else round(result.speedup, 4)
+
+    beat = None
+    if uniform is not None:
+        ours, theirs = speedup(chosen), speedup(uniform)
+        beat = {"family": uniform.family, **uniform.candidate.to_dict(), "key": uniform.candidate.key,
+                "predicted_ms": round(uniform.predicted_ms, 4), **accuracies(uniform),
+                "verified_speedup": theirs,
+                "speedup_over": None if ours is None or theirs is None else round(ours / theirs, 4),
+                "predicted_speedup_over": None if chosen is None else
+                round(uniform.predicted_ms / chosen.predicted_ms, 4)}
+    return {"file": file, "accuracy_kind": kind, "max_accuracy_drop": goal.max_drop_points,
+            "latency_budget_ms": goal.latency_budget_ms, "min_accuracy": goal.min_accuracy, "evals": evals,
+            "unpruned": accuracies(baseline), "chosen": None if chosen is None else
+            {"family": chosen.family, "key": chosen.candidate.key, **accuracies(chosen),
+             "verified_speedup": speedup(chosen)},
+            "best_uniform": beat}

@@ -1,0 +1,95 @@
+"""The frontier search on the measured curve: each reducer's own cost measured inside the model, the latency
+model of any schedule (`pomt.choice.schedule_latency`), the search on the search split's measured accuracy
+(`pomt.choice.frontier`), then the held-out accuracy of the frontier, the unpruned model and the best uniform
+schedule; the schedules that may ship, best first (`pomt.choice.frontier_choice`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pomt.choice.calibration import HELD_OUT, SEARCH
+from pomt.choice.candidates import REDUCERS
+from pomt.choice.frontier import UNPRUNED, FrontierResult, search_frontier, with_held_out
+from pomt.choice.frontier import SearchSettings as FrontierSettings
+from pomt.choice.frontier_choice import best_uniform, preference
+from pomt.choice.pareto import Evaluated
+from pomt.choice.reducer_costs import measure_reducer_costs
+from pomt.choice.schedule_latency import LatencyModel, ReducerCost
+from pomt.io import atomic_write_json
+from pomt.pipelines.offline.config import DEFAULT_DROP, Request
+from pomt.pipelines.offline.frontier_setup import FrontierSetup
+from pomt.pipelines.offline.latency import Latency
+from pomt.pipelines.offline.prepare import Run
+from pomt.runtimes import Backend
+
+COSTS = "reducer-costs.json"
+
+
+@dataclass(frozen=True)
+class FrontierFound:
+    """The search's result (held-out accuracies added), the latency model it priced schedules with, the
+    schedules that may ship (best first), the best uniform one, and where the time went (s)."""
+
+    result: FrontierResult
+    latency: LatencyModel
+    shippable: tuple[Evaluated, ...]
+    uniform: Evaluated | None
+    reps: int = 1  # forwards per visit, as the latency search settled
+    measured: int = 0  # accuracies measured by this run (the others were read from the journal)
+    seconds: dict[str, float] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+def costs_path(output_dir: str | Path, stem: str) -> Path:
+    """`<output>/<stem>.reducer-costs.json`: the costs a resumed run prices its schedules with again."""
+    return Path(output_dir) / f"{stem}.{COSTS}"
+
+
+def reducer_costs(request: Request, run: Run) -> tuple[dict[str, ReducerCost], tuple[str, ...]]:
+    """Each reducer's own cost inside the model (eager, live runs), kept beside the outputs so that a resumed
+    run prices every schedule as the killed one did (and so takes the same decisions); elsewhere none, with
+    a note."""
+    workload = request.workload
+    if run.replay is not None or run.prepared.x is None:
+        return {}, ("replayed trace: reducer costs not measured, schedules priced from the curve alone",)
+    if workload.backend != Backend.EAGER.value:
+        return {}, (f"reducer costs not measured on {workload.backend} (eager blocks only)",)
+    path = costs_path(workload.output_dir, run.setup.stem)
+    if workload.resume and path.is_file():
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            return {m: ReducerCost.from_dict(c) for m, c in saved.items()}, ()
+        except (ValueError, KeyError, TypeError):
+            pass  # unreadable: measured again
+    costs = measure_reducer_costs(run.prepared.model, run.prepared.x, REDUCERS, device=run.setup.device,
+                                  threads=workload.threads, seed=workload.seed)
+    atomic_write_json(path, {m: c.to_dict() for m, c in costs.items()})
+    return costs, ()
+
+
+def search(request: Request, run: Run, setup: FrontierSetup, latency: Latency) -> FrontierFound:
+    """Costs, latency model, search, held-out accuracies and the shippable schedules (module docstring)."""
+    config, geometry, calibration, goal = request.config, run.geometry, setup.calibration, setup.goal
+    started = time.perf_counter()
+    costs, notes = reducer_costs(request, run)
+    cost_s = time.perf_counter() - started
+    model = LatencyModel({p.tokens: p.latency_ms for p in latency.search.points}, geometry.num_tokens,
+                         geometry.prefix_tokens, geometry.depth, costs)
+    settings = FrontierSettings(
+        max_evals=config.max_evals, latency_budget_ms=config.latency_budget_ms,
+        max_accuracy_drop=goal.max_drop_points if goal.max_drop_points is not None else DEFAULT_DROP,
+        steps=tuple(sorted({s.tokens for s in latency.search.steps})),
+    )
+    started = time.perf_counter()
+    result = search_frontier(model, lambda cs: calibration.measure(cs, SEARCH), settings)
+    uniform = best_uniform(result, goal)
+    wanted = [UNPRUNED, *(e.candidate for e in result.frontier), *([uniform.candidate] if uniform else [])]
+    result = with_held_out(result, lambda cs: calibration.measure(cs, HELD_OUT), wanted)
+    accuracy_s = time.perf_counter() - started
+    seconds = {"reducer_costs": round(cost_s, 2), "accuracy": round(accuracy_s, 2),
+               "latency": round(latency.seconds, 2)}
+    return FrontierFound(result, model, tuple(preference(result, goal)), best_uniform(result, goal),
+                         latency.search.reps, calibration.evaluated, seconds, notes + result.notes)

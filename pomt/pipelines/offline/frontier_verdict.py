@@ -1,0 +1,144 @@
+"""What ships from the frontier: its best schedules (and the best uniform one, for comparison) measured
+against the unpruned model through `pomt.apply_schedule` in paired shuffled rounds (journal
+`<stem>.verify.csv`), the ones that qualified once more in a fresh process; the first in the order of
+preference that qualified in both ships, else nothing, with the reason. `pomt.choice.verify` names its
+candidates by kept tokens; here candidate i (1-based, in the order verified) is named N - i, and the
+schedule's `verified` record names each by the tokens it removes in all."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from pomt.choice.candidates import Candidate
+from pomt.choice.fresh import FreshJob, verify_in_fresh_process
+from pomt.choice.frontier_choice import first_verified
+from pomt.choice.pareto import Evaluated
+from pomt.choice.verify import CandidateResult, Verification, schedule_forward_at
+from pomt.choice.verify import verify as verify_candidates
+from pomt.errors import TraceError
+from pomt.formats.schedule import Schedule
+from pomt.measurement.sources import LiveSource, Session, journal_end_s
+from pomt.pipelines.offline.config import Request
+from pomt.pipelines.offline.frontier_schedule import candidate_schedule, effective_removal, frontier_decision
+from pomt.pipelines.offline.frontier_search import FrontierFound
+from pomt.pipelines.offline.prepare import Run
+from pomt.pipelines.offline.verdict import Verdict
+from pomt.workload.prepare import open_journal
+
+
+@dataclass(frozen=True)
+class FrontierVerdict:
+    """The verdict (decision, verification narrowed to what ships), the schedule that ships (None: nothing),
+    and every verified candidate's result here."""
+
+    verdict: Verdict
+    chosen: Evaluated | None = None
+    measured: dict[Candidate, CandidateResult] = field(default_factory=dict)
+
+
+def reported_accuracy(point: Evaluated) -> float:
+    """The accuracy a schedule reports: its held-out one where measured, else its search one."""
+    return point.held_out.value if point.held_out is not None else point.accuracy
+
+
+def decide_frontier(request: Request, run: Run, found: FrontierFound, goal: str) -> FrontierVerdict:
+    """Nothing when no frontier schedule meets the goal (`goal`: in words); the first, unverified, on a
+    replay or with --no-verify; else the first that measures faster here and in a fresh process."""
+    config, latency = request.config, found.latency
+    if not found.shippable:
+        reason = (f"no schedule on the frontier is predicted faster than the unpruned model and {goal} "
+                  f"({len(found.result.evaluated)} schedules evaluated)")
+        decision = frontier_decision(latency, None, reason, "no_candidate", config,
+                                     reported_accuracy(found.result.baseline))
+        return FrontierVerdict(Verdict(decision))
+    if run.replay is not None or not config.verify:
+        note = ("replayed trace: the patched model was not measured, the schedule is unverified"
+                if run.replay is not None else "--no-verify: the schedule is unverified")
+        first = found.shippable[0]
+        decision = frontier_decision(latency, first, f"the best frontier schedule, {first.candidate.key} "
+                                     f"({first.family}), {goal}", "unverified", config, reported_accuracy(first))
+        return FrontierVerdict(Verdict(decision, notes=(note,)), first)
+    return verify_shippable(request, run, found)
+
+
+def verify_shippable(request: Request, run: Run, found: FrontierFound) -> FrontierVerdict:
+    """Verify the best `--verify-candidates` shippable schedules and the best uniform one (module docstring)."""
+    workload, config, settings = request.workload, request.config, request.settings
+    n, latency = run.geometry.num_tokens, found.latency
+    points = list(found.shippable[: config.verify_candidates])
+    if found.uniform is not None and found.uniform not in points:
+        points.append(found.uniform)
+    schedules = {n - i: candidate_schedule(run, config, latency, p) for i, p in enumerate(points, start=1)}
+    here, journal, notes = verify_here(request, run, found, points, schedules)
+    by_index = {c.remove: c for c in here.candidates}
+    measured = {p.candidate: by_index[i] for i, p in enumerate(points, start=1)}
+    shippable = [i for i, p in enumerate(points, start=1) if p in found.shippable]
+    qualified = [i for i in shippable if by_index[i].qualifies]
+    fresh, held = None, None
+    if qualified and config.verify_fresh:
+        job = FreshJob(workload, {n - i: schedules[n - i] for i in qualified}, found.reps, config.verify_rounds,
+                       config.min_gain, settings.min_step, settings.step_alpha)
+        fresh = verify_in_fresh_process(job)
+        held = {c.remove for c in fresh.candidates if c.qualifies}
+    index = first_verified(shippable, qualified, held)
+    relabelled = relabel(here, points, found)
+    fresh_record = None if fresh is None else relabel(fresh, [points[i - 1] for i in qualified], found, qualified)
+    if index is None:
+        best = max((by_index[i] for i in shippable), key=lambda c: c.speedup)
+        where = "in a fresh process" if qualified else "here"
+        reason = (f"no frontier schedule verified {where} as faster by {config.min_gain:.0%} or more: the best "
+                  f"measured {best.speedup:.3f}x here (95% CI {best.speedup_ci[0]:.3f}-{best.speedup_ci[1]:.3f})")
+        decision = frontier_decision(latency, None, reason, "not_in_fresh_process" if qualified else "not_faster",
+                                     config, reported_accuracy(found.result.baseline))
+        return FrontierVerdict(Verdict(decision, replace(relabelled, chosen=None, reason=reason), fresh_record,
+                                       journal=journal, notes=notes), None, measured)
+    point, result = points[index - 1], by_index[index]
+    fallback = "" if index == shippable[0] else f", after {shippable.index(index)} preferred schedule(s) did not verify"
+    reason = (f"{point.candidate.key} ({point.family}): measured {result.speedup:.3f}x (95% CI "
+              f"{result.speedup_ci[0]:.3f}-{result.speedup_ci[1]:.3f}){fallback}"
+              + ("; held in a fresh process" if fresh is not None else ""))
+    decision = frontier_decision(latency, point, reason, "verified", config, reported_accuracy(point))
+    chosen = relabelled.candidates[index - 1]
+    if fresh_record is not None:  # the fresh process's record speaks of what ships too
+        fresh_record = replace(fresh_record, chosen=fresh_record.candidates[qualified.index(index)])
+    return FrontierVerdict(Verdict(decision, replace(relabelled, chosen=chosen, reason=reason), fresh_record,
+                                   journal=journal, notes=notes), point, measured)
+
+
+def relabel(verification: Verification, points: list[Evaluated], found: FrontierFound,
+            numbers: list[int] | None = None) -> Verification:
+    """The verification with each candidate named by the tokens its schedule removes in all (not its number)."""
+    numbers = numbers or list(range(1, len(points) + 1))
+    by_number = {c.remove: c for c in verification.candidates}
+    candidates = tuple(replace(by_number[i], remove=sum(effective_removal(found.latency, p.candidate).values()))
+                       for i, p in zip(numbers, points, strict=True))
+    return replace(verification, candidates=candidates, chosen=None)
+
+
+def verify_here(request: Request, run: Run, found: FrontierFound, points: list[Evaluated],
+                schedules: dict[int, Schedule]) -> tuple[Verification, Path, tuple[str, ...]]:
+    """The candidates verified in this process through the `verify` journal (started afresh where a resumed
+    run's candidates changed)."""
+    workload, config, settings = request.workload, request.config, request.settings
+    n, notes = run.geometry.num_tokens, ()
+    what = "whole model patched through apply_schedule (frontier schedules); tokens = N - candidate number"
+    keys = {"frontier": [p.candidate.key for p in points], "rounds": config.verify_rounds, "reps": found.reps}
+    try:
+        journal = open_journal(workload, run.prepared, "verify", what, keys)
+    except TraceError:
+        journal = open_journal(replace(workload, resume=False), run.prepared, "verify", what, keys)
+        notes = ("the verification started afresh: its candidates changed since the killed run",)
+    forward_at = schedule_forward_at(run.prepared.model, run.prepared.x, schedules, backend=workload.backend,
+                                     device=run.setup.device, threads=workload.threads,
+                                     cache_dir=Path(workload.output_dir) / run.prepared.cache_dir)
+    session = Session(LiveSource(forward_at, run.setup.device, workload.threads, start_s=journal_end_s(journal)),
+                      journal)
+    baseline = found.latency.baseline
+    verification = verify_candidates(
+        session, n, list(range(1, len(points) + 1)), reps=found.reps, rounds=config.verify_rounds,
+        predicted_ratio={i: p.predicted_ms / baseline for i, p in enumerate(points, start=1)},
+        min_gain=config.min_gain, min_step=settings.min_step, alpha=settings.step_alpha, seed=workload.seed,
+        progress=workload.progress,
+    )
+    return verification, journal.path, notes

@@ -1,0 +1,130 @@
+"""What may ship from a frontier, best first, the uniform schedule to beat, the frontier's table, and a
+frontier schedule as the schedule file it ships as (on hand-made evaluations; the last applied to a tiny ViT)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+import pomt
+from pomt.choice.binomial import Proportion
+from pomt.choice.candidates import Candidate
+from pomt.choice.frontier import FrontierResult
+from pomt.choice.frontier_choice import Goal, best_by_family, best_uniform, first_verified, preference
+from pomt.choice.frontier_table import COLUMNS, document, rows
+from pomt.choice.pareto import Evaluated, pareto_front
+from pomt.choice.schedule_latency import LatencyModel
+from pomt.choice.verify import CandidateResult
+from pomt.formats.schedule import BlockRemoval, Schedule, load_schedule, save_schedule
+from pomt.models.geometry import transformer_blocks
+from pomt.models.registry import create_model
+from pomt.pipelines.offline.frontier_schedule import as_schedule, effective_removal, frontier_record
+
+UNPRUNED = Evaluated(Candidate.of("pomt", {}), "unpruned", 10.0, Proportion(90, 100))
+
+
+def point(method: str, removal: dict, family: str, ms: float, correct: int) -> Evaluated:
+    return Evaluated(Candidate.of(method, removal), family, ms, Proportion(correct, 100))
+
+
+POINTS = [
+    point("tome", {0: 2, 1: 2}, "tome-constant", 8.0, 89),
+    point("tome", {0: 4, 1: 4}, "tome-constant", 7.0, 85),
+    point("pomt", {5: 20}, "search-pomt", 7.5, 90),
+    point("pomt", {2: 30, 6: 10}, "search-pomt", 6.0, 89),
+    point("topk", {3: 30}, "topk-rate", 6.5, 80),
+]
+
+
+def result(points=POINTS) -> FrontierResult:
+    evaluated = (UNPRUNED, *points)
+    return FrontierResult(UNPRUNED, evaluated, tuple(pareto_front(evaluated)), len(evaluated))
+
+
+def test_the_fastest_within_the_drop_ships_first_then_the_next():
+    order = preference(result(), Goal(max_drop_points=1.0))
+    assert [p.candidate.key for p in order] == ["pomt:2=30,6=10", "pomt:5=20"]
+    assert preference(result(), Goal(max_drop_points=0.5))[0].candidate.key == "pomt:5=20"
+    slower = point("pomt", {11: 1}, "search-pomt", 10.5, 95)  # more accurate, but slower than unpruned
+    assert slower in result([*POINTS, slower]).frontier
+    assert slower not in preference(result([*POINTS, slower]), Goal(max_drop_points=1.0))
+
+
+def test_a_latency_budget_ships_the_most_accurate_within_it():
+    order = preference(result(), Goal(max_drop_points=None, latency_budget_ms=7.6))
+    assert [p.candidate.key for p in order] == ["pomt:5=20", "pomt:2=30,6=10"]
+    assert preference(result(), Goal(max_drop_points=None, latency_budget_ms=7.6, min_accuracy=0.9))[0] \
+        .candidate.key == "pomt:5=20"
+    assert preference(result(), Goal(max_drop_points=None, latency_budget_ms=5.0)) == []
+
+
+def test_the_uniform_schedule_to_beat_is_the_best_uniform_one_within_the_goal():
+    assert best_uniform(result(), Goal(1.0)).candidate.key == "tome:0=2,1=2"
+    assert best_uniform(result(), Goal(max_drop_points=None, latency_budget_ms=6.9)).family == "topk-rate"
+    assert best_uniform(result(), Goal(0.5)) is None
+    best = best_by_family(list(result().evaluated), 0.9, Goal(10.0))
+    assert {f: p.candidate.key for f, p in best.items()} == {"tome-constant": "tome:0=4,1=4",
+                                                             "topk-rate": "topk:3=30"}
+
+
+def test_the_table_has_every_schedule_its_intervals_and_what_was_verified():
+    chosen = POINTS[3].candidate
+    verified = {chosen: CandidateResult(6, 6.2, 1.6, (1.5, 1.7), 0.001, True, 6.0)}
+    found = result()
+    table = rows(found, 10.0, chosen, verified)
+    assert [r["key"] for r in table][:2] == ["none", "pomt:2=30,6=10"]
+    first = table[1]
+    assert set(first) == set(COLUMNS)
+    assert first["chosen"] and first["on_frontier"] and first["removal"] == "2=30;6=10"
+    assert first["verified_speedup"] == 1.6 and first["verified_speedup_low"] == 1.5
+    assert first["search_low"] < 0.89 < first["search_high"] and first["held_out_accuracy"] is None
+    assert first["predicted_speedup"] == round(10.0 / 6.0, 5)
+    doc = document(found, table, {"model": "m"})
+    assert doc["format"] == "pomt.frontier" and doc["model"] == "m" and len(doc["schedules"]) == len(POINTS) + 1
+
+
+def test_tome_removals_are_written_as_each_block_really_merges():
+    latency = LatencyModel({n: float(n) for n in range(2, 18)}, 17, 1, 4)
+    assert effective_removal(latency, Candidate.of("tome", {0: 8, 1: 8, 2: 8})) == {0: 8, 1: 4, 2: 2}
+    assert effective_removal(latency, Candidate.of("pomt", {1: 5, 3: 2})) == {1: 5, 3: 2}
+
+
+def test_the_frontier_record_names_the_uniform_schedule_beaten_and_by_how_much():
+    chosen, uniform = POINTS[3], POINTS[0]
+    measured = {chosen.candidate: CandidateResult(1, 6.0, 1.6, (1.5, 1.7), 0.001, True),
+                uniform.candidate: CandidateResult(2, 8.0, 1.25, (1.2, 1.3), 0.001, True)}
+    record = frontier_record("x.frontier.json", "top1", Goal(1.0), UNPRUNED, chosen, uniform, measured, 6)
+    assert record["file"] == "x.frontier.json" and record["chosen"]["verified_speedup"] == 1.6
+    beat = record["best_uniform"]
+    assert beat["key"] == "tome:0=2,1=2" and beat["speedup_over"] == 1.28 and beat["predicted_speedup_over"] == 1.3333
+
+
+def test_a_schedule_that_does_not_verify_falls_back_to_the_next_or_to_nothing():
+    assert first_verified([1, 2, 3], {1, 2}) == 1
+    assert first_verified([1, 2, 3], {2, 3}) == 2  # the fastest did not verify: the next ships
+    assert first_verified([1, 2, 3], {1, 2}, held_fresh={2}) == 2  # the fastest did not hold in a fresh process
+    assert first_verified([1, 2, 3], {1}, held_fresh=set()) is None
+    assert first_verified([1, 2], {3}) is None  # the uniform schedule (3) is measured, never shipped
+
+
+def test_a_frontier_schedule_is_a_version_1_file_that_apply_schedule_loads(tmp_path):
+    latency = LatencyModel({n: float(n) for n in range(2, 38)}, 37, 1, 6)
+    base = Schedule(model="test_vit", input_size=(96, 96), batch_size=2, num_tokens=37, prefix_tokens=1, depth=6,
+                    method="pomt", prune=(BlockRemoval(3, 10),))
+    candidate = Candidate.of("tome", {0: 12, 1: 12, 2: 12})  # ToMe merges 12, then 12, then 6 (its cap)
+    schedule = as_schedule(base, latency, candidate, {"file": "x.frontier.json"})
+    path = save_schedule(schedule, tmp_path / "x.schedule.json")
+    loaded = load_schedule(path)
+    assert loaded.method == "tome" and loaded.removal == {0: 12, 1: 12, 2: 6} and loaded.kept_tokens == 7
+    assert loaded.frontier == {"file": "x.frontier.json"}
+    model = create_model("test_vit", input_size=96)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # unverified
+        pomt.apply_schedule(model, path)
+    counts = []
+    for block in transformer_blocks(model):
+        block.register_forward_pre_hook(lambda _m, args: counts.append(args[0].shape[1]))
+    with torch.inference_mode():
+        model(torch.randn(2, 3, 96, 96))
+    assert counts == [37, 25, 13, 7, 7, 7]

@@ -1,0 +1,50 @@
+"""The frontier's verdict where nothing is measured: no schedule meets the goal (remove 0, saying why), or a
+replay ships the best frontier schedule unverified; and the schedule that reports it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pomt.choice.binomial import Proportion
+from pomt.choice.candidates import Candidate
+from pomt.choice.frontier import FrontierResult
+from pomt.choice.frontier_choice import Goal, preference
+from pomt.choice.pareto import Evaluated, pareto_front
+from pomt.choice.schedule_latency import LatencyModel
+from pomt.measurement.search import SearchSettings
+from pomt.pipelines.offline.config import OfflineConfig, Request
+from pomt.pipelines.offline.frontier_search import FrontierFound
+from pomt.pipelines.offline.frontier_verdict import decide_frontier
+from pomt.workload.prepare import Workload
+
+from offline_data import N, make_run
+
+LATENCY = LatencyModel({n: 1.0 + 0.05 * n for n in range(2, N + 1)}, N, 1, 12)
+UNPRUNED = Evaluated(Candidate.of("pomt", {}), "unpruned", LATENCY.baseline, Proportion(180, 200),
+                     Proportion(178, 200))
+CUT = Candidate.of("topk", {3: 40, 6: 30})
+FAST = Evaluated(CUT, "search-topk", LATENCY.predict(CUT), Proportion(179, 200), Proportion(177, 200))
+REQUEST = Request(Workload(), OfflineConfig(), SearchSettings())
+
+
+def found(goal: Goal) -> FrontierFound:
+    evaluated = (UNPRUNED, FAST)
+    result = FrontierResult(UNPRUNED, evaluated, tuple(pareto_front(evaluated)), 2)
+    return FrontierFound(result, LATENCY, tuple(preference(result, goal)), None)
+
+
+def test_no_schedule_within_the_goal_removes_nothing_and_says_why():
+    verdict = decide_frontier(REQUEST, make_run(), found(Goal(max_drop_points=0.1)), Goal(0.1).describe())
+    decision = verdict.verdict.decision
+    assert verdict.chosen is None and decision.remove == 0 and decision.kept_tokens == N
+    assert decision.code == "no_candidate" and decision.policy == "frontier"
+    assert "within 0.1 points of the unpruned accuracy" in decision.reason and "2 schedules" in decision.reason
+    assert decision.accuracy == 0.89  # the unpruned model's held-out accuracy
+
+
+def test_a_replay_ships_the_best_frontier_schedule_unverified():
+    verdict = decide_frontier(REQUEST, make_run(replay=Path("trace.csv")), found(Goal(1.0)), Goal(1.0).describe())
+    decision = verdict.verdict.decision
+    assert verdict.chosen == FAST and decision.code == "unverified" and decision.remove == 70
+    assert decision.block == 3 and decision.kept_tokens == N - 70 and decision.accuracy == 0.885
+    assert "unverified" in verdict.verdict.notes[0]
