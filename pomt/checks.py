@@ -121,10 +121,12 @@ def check_options(config: object) -> object:
     for f in dataclasses.fields(config):
         low, high = f.metadata.get("min"), f.metadata.get("max")
         value = getattr(config, f.name)
+        if isinstance(value, float) and not math.isfinite(value):  # inf: a loop without end, a bound that is none
+            raise SettingError(f"{flag(f)} must be a finite number, got {value:g}")
         if (low is None and high is None) or value is None:
             continue
         for number in value if isinstance(value, (tuple, list)) else (value,):  # (H, W) sizes: each
-            if isinstance(number, bool) or not isinstance(number, (int, float)) or number != number:
+            if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
                 raise SettingError(f"{flag(f)} must be a number, got {value!r}")
             if (low is not None and number < low) or (high is not None and number > high):
                 bounds = (f"in [{low:g}, {high:g}]" if low is not None and high is not None else
