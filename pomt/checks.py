@@ -139,6 +139,8 @@ def check_output_dir(path: str | Path, label: str = "--output-dir") -> Path:
     """Raise OutputError unless files can be written in the folder `path` (made later where it does not exist
     yet): no file in its way, and its nearest existing folder writable. Run before anything is measured, so a
     run never measures for minutes and then fails to write its results."""
+    if not str(path).strip():  # an unset shell variable: "" would mean the current folder
+        raise OutputError(f"{label} is empty; name a folder (. for the current one)")
     path = Path(path)
     problem = _folder_problem(path)
     if problem:
