@@ -16,7 +16,7 @@ from statistics import NormalDist
 
 from pomt.choice.binomial import CONFIDENCE, half_width, trials_for_half_width, wilson_interval
 from pomt.errors import BatchSizeError, CalibrationError, OutputError, PatchError, SettingError
-from pomt.options import flag
+from pomt.options import SEED_MAX, flag
 
 METHODS = ("pomt", "topk", "tome", "l2norm", "random")
 
@@ -40,6 +40,22 @@ def check_batch_size(batch: int) -> int:
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise BatchSizeError(f"batch size must be an integer >= 1, got {batch!r}")
     return batch
+
+
+def check_threads(threads: int | None, label: str = "--threads") -> int | None:
+    """Raise SettingError for more threads than this machine has logical CPUs: they would time-slice, and
+    the latency measured would be the scheduler's (None: torch's default)."""
+    cores = os.cpu_count() or 1
+    if threads is not None and threads > cores:
+        raise SettingError(f"{label} {threads} exceeds the {cores} logical CPUs of this machine")
+    return threads
+
+
+def check_seed(seed: int, label: str = "seed") -> int:
+    """Raise SettingError unless `seed` is an integer in [0, SEED_MAX], which every generator pomt seeds takes."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise SettingError(f"{label} must be an integer in [0, {SEED_MAX}], got {seed!r}")
+    return seed
 
 
 def check_removal(method: str, block: int, remove: int, patch_tokens: int) -> int:
