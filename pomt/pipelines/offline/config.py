@@ -93,6 +93,9 @@ class OfflineConfig:
             raise PolicyError("--replay analyses latency; --accuracy-only measures none")
         if self.accuracy_only and self.dataset_root is None:
             raise PolicyError("--accuracy-only needs --dataset-root")
+        if self.dataset_root is not None and (self.latency_only or self.accuracy_curve is not None):
+            unused = "--latency-only measures no accuracy" if self.latency_only else "--accuracy-curve gives A(n)"
+            raise SettingError(f"{unused}: --dataset-root would go unused; leave one out")
         if self.dataset_root is not None and not Path(self.dataset_root).is_dir():
             raise DatasetError(f"dataset folder not found: {self.dataset_root}")
         if self.agreement and self.dataset_root is None:
