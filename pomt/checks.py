@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from statistics import NormalDist
 
+import psutil
+
 from pomt.choice.binomial import CONFIDENCE, half_width, trials_for_half_width, wilson_interval
 from pomt.errors import BatchSizeError, CalibrationError, OutputError, PatchError, SettingError
 from pomt.options import SEED_MAX, flag
@@ -49,6 +51,16 @@ def check_threads(threads: int | None, label: str = "--threads") -> int | None:
     if threads is not None and threads > cores:
         raise SettingError(f"{label} {threads} exceeds the {cores} logical CPUs of this machine")
     return threads
+
+
+def check_input_memory(batch: int, size: tuple[int, int]) -> int:
+    """Raise BatchSizeError when one batch of float32 input images alone outgrows the memory this machine has
+    available (a batch size mistyped by a few digits), which torch would report deep inside as a traceback."""
+    needed, available = batch * 3 * size[0] * size[1] * 4, psutil.virtual_memory().available
+    if needed > available:
+        raise BatchSizeError(f"batch size {batch} at {size[0]}x{size[1]} px needs {needed / 2**30:.3g} GiB for its "
+                             f"input alone; this machine has {available / 2**30:.1f} GiB available")
+    return batch
 
 
 def check_seed(seed: int, label: str = "seed") -> int:

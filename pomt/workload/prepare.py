@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pomt.checks import check_options, check_output_dir, check_threads
+from pomt.checks import check_input_memory, check_options, check_output_dir, check_threads
 from pomt.errors import Interrupted
 from pomt.formats.schedule import utc_now
 from pomt.formats.trace import TraceWriter
@@ -105,6 +105,7 @@ def prepare(
         MODEL if workload.model is None else workload.model, workload.device, workload.threads,
         BATCH_SIZE if workload.batch_size is None else workload.batch_size, workload.input_size,
         workload.require_locked_clocks)
+    check_input_memory(setup.batch_size, setup.input_size)
     backend = check_backend(workload.backend, setup.device)
     dtype = resolve_dtype(workload.dtype, setup.device)
     model = create_model(setup.model, setup.input_size, pretrained=pretrained, checkpoint=checkpoint)
