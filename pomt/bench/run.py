@@ -39,7 +39,7 @@ from pomt.device import clock_snapshot
 from pomt.errors import DatasetError, ScheduleError, SettingError
 from pomt.formats.schedule import Schedule, load_schedule
 from pomt.measurement.timing import fixed_threads, interleaved
-from pomt.models.registry import MAX_INPUT_SIZE, architecture
+from pomt.models.registry import MAX_INPUT_SIZE
 from pomt.options import SEED_MAX, option
 from pomt.runtimes import BACKENDS, DTYPES, Backend, backend_info, build_forward, parse_backend
 from pomt.workload.prepare import Workload, prepare
@@ -177,10 +177,8 @@ def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) 
     run, base, geometry, x = prepared.setup, prepared.model, prepared.geometry, prepared.x
     del prepared  # no reference to the base model but `base`, deleted once its copies, the variants, are built
     device, batch, size, backend = run.device, run.batch_size, run.input_size, parse_backend(config.backend)
-    if schedule is not None:
+    if schedule is not None:  # another model's schedule: apply_schedule warns, once
         schedule.check_geometry(geometry)
-        if architecture(schedule.model) != run.architecture:
-            warnings.warn(f"schedule was made for {schedule.model}, benchmarking {run.model}", stacklevel=2)
     predicted = predictor(schedule, config.schedule, geometry) if schedule is not None else None
 
     match = setup.match if schedule is not None else "none"
