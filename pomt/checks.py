@@ -14,9 +14,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from statistics import NormalDist
 
+import psutil
+
 from pomt.choice.binomial import CONFIDENCE, half_width, trials_for_half_width, wilson_interval
 from pomt.errors import BatchSizeError, CalibrationError, OutputError, PatchError, SettingError
-from pomt.options import flag
+from pomt.options import SEED_MAX, flag
 
 METHODS = ("pomt", "topk", "tome", "l2norm", "random")
 
@@ -40,6 +42,32 @@ def check_batch_size(batch: int) -> int:
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise BatchSizeError(f"batch size must be an integer >= 1, got {batch!r}")
     return batch
+
+
+def check_threads(threads: int | None, label: str = "--threads") -> int | None:
+    """Raise SettingError for more threads than this machine has logical CPUs: they would time-slice, and
+    the latency measured would be the scheduler's (None: torch's default)."""
+    cores = os.cpu_count() or 1
+    if threads is not None and threads > cores:
+        raise SettingError(f"{label} {threads} exceeds the {cores} logical CPUs of this machine")
+    return threads
+
+
+def check_input_memory(batch: int, size: tuple[int, int]) -> int:
+    """Raise BatchSizeError when one batch of float32 input images alone outgrows the memory this machine has
+    available (a batch size mistyped by a few digits), which torch would report deep inside as a traceback."""
+    needed, available = batch * 3 * size[0] * size[1] * 4, psutil.virtual_memory().available
+    if needed > available:
+        raise BatchSizeError(f"batch size {batch} at {size[0]}x{size[1]} px needs {needed / 2**30:.3g} GiB for its "
+                             f"input alone; this machine has {available / 2**30:.1f} GiB available")
+    return batch
+
+
+def check_seed(seed: int, label: str = "seed") -> int:
+    """Raise SettingError unless `seed` is an integer in [0, SEED_MAX], which every generator pomt seeds takes."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise SettingError(f"{label} must be an integer in [0, {SEED_MAX}], got {seed!r}")
+    return seed
 
 
 def check_removal(method: str, block: int, remove: int, patch_tokens: int) -> int:
@@ -121,10 +149,12 @@ def check_options(config: object) -> object:
     for f in dataclasses.fields(config):
         low, high = f.metadata.get("min"), f.metadata.get("max")
         value = getattr(config, f.name)
+        if isinstance(value, float) and not math.isfinite(value):  # inf: a loop without end, a bound that is none
+            raise SettingError(f"{flag(f)} must be a finite number, got {value:g}")
         if (low is None and high is None) or value is None:
             continue
         for number in value if isinstance(value, (tuple, list)) else (value,):  # (H, W) sizes: each
-            if isinstance(number, bool) or not isinstance(number, (int, float)) or number != number:
+            if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
                 raise SettingError(f"{flag(f)} must be a number, got {value!r}")
             if (low is not None and number < low) or (high is not None and number > high):
                 bounds = (f"in [{low:g}, {high:g}]" if low is not None and high is not None else
@@ -137,6 +167,8 @@ def check_output_dir(path: str | Path, label: str = "--output-dir") -> Path:
     """Raise OutputError unless files can be written in the folder `path` (made later where it does not exist
     yet): no file in its way, and its nearest existing folder writable. Run before anything is measured, so a
     run never measures for minutes and then fails to write its results."""
+    if not str(path).strip():  # an unset shell variable: "" would mean the current folder
+        raise OutputError(f"{label} is empty; name a folder (. for the current one)")
     path = Path(path)
     problem = _folder_problem(path)
     if problem:

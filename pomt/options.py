@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import Field, field
 from typing import Any
 
+SEED_MAX = 2**32 - 1  # the largest seed every generator pomt seeds (torch, numpy) takes
+
 
 def option(
     default: Any,

@@ -34,13 +34,13 @@ from pomt.bench.variants import (
     plan_reductions,
     variant_methods,
 )
-from pomt.checks import check_options
+from pomt.checks import check_options, check_threads
 from pomt.device import clock_snapshot
 from pomt.errors import DatasetError, ScheduleError, SettingError
 from pomt.formats.schedule import Schedule, load_schedule
 from pomt.measurement.timing import fixed_threads, interleaved
-from pomt.models.registry import architecture
-from pomt.options import option
+from pomt.models.registry import MAX_INPUT_SIZE
+from pomt.options import SEED_MAX, option
 from pomt.runtimes import BACKENDS, DTYPES, Backend, backend_info, build_forward, parse_backend
 from pomt.workload.prepare import Workload, prepare
 from pomt.workload.setup import RunSetup, output_stem, prepare_run
@@ -68,7 +68,7 @@ class BenchConfig:
     match_rounds: int = option(10, "--match latency: paired rounds per probed setting.", min=2)
     batch_size: int | None = option(None, "Batch size (default: the schedule's, else 1).", min=1)
     input_size: int | tuple[int, int] | None = option(None, "Input size in pixels (default: schedule's/model's).",
-                                                      min=1)
+                                                      min=1, max=MAX_INPUT_SIZE)
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps.")
     threads: int | None = option(None, "CPU threads (default: torch's).", min=1)
     dtype: str = option("float32", "Model and input dtype (bfloat16 on CPU, float16 on CUDA).", choices=DTYPES)
@@ -88,13 +88,19 @@ class BenchConfig:
     require_locked_clocks: bool = option(False, "Refuse to measure unless clocks are locked.")
     profile: bool = option(True, "Count ops/kernels with torch.profiler.", negatable=True)
     power_seconds: float = option(2.0, "Seconds per variant of power sampling (GPU).", min=0)
-    seed: int = option(0, "Seed for inputs and random pruning.", min=0)
+    seed: int = option(0, "Seed for inputs and random pruning.", min=0, max=SEED_MAX)
 
     def check(self) -> BenchConfig:
         """Raise for settings outside their ranges (`pomt.checks.check_options`) before anything is built."""
         check_options(self)
+        check_threads(self.threads)
         if self.keep_rate is not None and not self.keep_rate > 0:
             raise SettingError(f"--keep-rate must lie in (0, 1], got {self.keep_rate:g}")
+        if self.keep_rate is not None and self.remove is not None:
+            raise SettingError("--remove and --keep-rate both say how many tokens to remove: give one")
+        if isinstance(self.methods, str) and not self.methods.replace(",", "").strip():
+            raise SettingError(f"--methods names no variant ({self.methods!r}); give one or more of "
+                               f"{', '.join(VALID_METHODS)}")
         if self.dataset_root is not None and not Path(self.dataset_root).is_dir():
             raise DatasetError(f"dataset folder not found: {self.dataset_root}")
         return self
@@ -171,10 +177,8 @@ def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) 
     run, base, geometry, x = prepared.setup, prepared.model, prepared.geometry, prepared.x
     del prepared  # no reference to the base model but `base`, deleted once its copies, the variants, are built
     device, batch, size, backend = run.device, run.batch_size, run.input_size, parse_backend(config.backend)
-    if schedule is not None:
+    if schedule is not None:  # another model's schedule: apply_schedule warns, once
         schedule.check_geometry(geometry)
-        if architecture(schedule.model) != run.architecture:
-            warnings.warn(f"schedule was made for {schedule.model}, benchmarking {run.model}", stacklevel=2)
     predicted = predictor(schedule, config.schedule, geometry) if schedule is not None else None
 
     match = setup.match if schedule is not None else "none"

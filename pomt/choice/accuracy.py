@@ -251,10 +251,17 @@ def load_accuracy_curve(path: str | Path, token_range: tuple[int, int] | None = 
         raise CurveError(f"corrupt accuracy curve {path}: needs numeric 'tokens' and 'accuracy' ({exc})") from None
     if not values:
         raise CurveError(f"corrupt accuracy curve {path}: no rows")
+    if len(values) < len(rows):
+        counts = [int(row["tokens"]) for row in rows]
+        twice = sorted({n for n in counts if counts.count(n) > 1})
+        raise CurveError(f"corrupt accuracy curve {path}: token counts listed twice: {twice[:3]}")
     if any(not 0.0 <= a <= 1.0 for a in values.values()):
         raise CurveError(f"corrupt accuracy curve {path}: accuracy must lie in [0, 1]")
     if len(kinds) != 1:
         raise CurveError(f"corrupt accuracy curve {path}: mixes kinds {sorted(kinds)}")
+    if len(values) < 2:
+        raise CurveError(f"accuracy curve {path} holds one token count ({next(iter(values))}); A(n) needs at least "
+                         "two to say how accuracy falls with n")
     if token_range is not None:
         low, high = token_range
         outside = [n for n in values if not low <= n <= high]

@@ -8,6 +8,7 @@ import typer
 
 from pomt.cli.app import app, interrupted_means
 from pomt.deploy.export import FORMATS, export_schedule
+from pomt.options import SEED_MAX
 
 
 @app.command("export")
@@ -21,7 +22,8 @@ def export_command(
                                     "(random init with a warning when they cannot be had)."),
     batch_size: int = typer.Option(None, "--batch-size", help="Static batch size (default: the schedule's).",
                                    min=1),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random inputs used to trace and check.", min=0),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random inputs used to trace and check.", min=0,
+                             max=SEED_MAX),
 ) -> None:
     """Export the scheduled model at static shapes and check its outputs against the patched PyTorch model."""
     with interrupted_means("interrupted; nothing was exported (an earlier export there is as it was)"):

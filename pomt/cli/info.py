@@ -6,6 +6,7 @@ import json
 
 import typer
 
+from pomt.checks import check_threads
 from pomt.cli.app import app
 from pomt.device import device_fingerprint, resolve_device
 from pomt.errors import BackendError
@@ -40,7 +41,7 @@ def device_command(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Print the device fingerprint and clock state that measurements record."""
-    info = device_fingerprint(resolve_device(device), threads).to_dict()
+    info = device_fingerprint(resolve_device(device), check_threads(threads)).to_dict()
     if as_json:
         typer.echo(json.dumps(info, indent=2, default=str))
         return

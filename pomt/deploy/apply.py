@@ -11,6 +11,7 @@ from pathlib import Path
 
 from torch import nn
 
+from pomt.checks import check_batch_size
 from pomt.device import Fingerprint, device_fingerprint, fingerprint_hash
 from pomt.errors import PatchError, PomtError, ScheduleError
 from pomt.formats.schedule import Schedule, load_schedule
@@ -103,6 +104,8 @@ def apply_schedule(
     device fingerprint or runtime (`UnverifiedScheduleWarning`); with `strict` each of these raises.
     """
     check_family(model)
+    if batch_size is not None:
+        check_batch_size(batch_size)
     schedule = load_schedule(schedule)
     schedule.check_geometry(model_geometry(model))
     _check_identity(schedule, model, strict)

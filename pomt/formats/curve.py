@@ -52,6 +52,8 @@ def read_curve(path: str | Path) -> dict[int, float]:
             curve = {int(row["tokens"]): float(row["latency_ms"]) for row in csv.DictReader(handle)}
     except FileNotFoundError:
         raise CurveError(f"latency curve not found: {path}") from None
+    except OSError as exc:  # a folder where the file should be, no permission to read it
+        raise CurveError(f"cannot read latency curve {path}: {exc.strerror}") from None
     except (KeyError, TypeError, ValueError, UnicodeDecodeError, csv.Error) as exc:
         raise CurveError(f"corrupt latency curve {path}: needs numeric 'tokens' and 'latency_ms' ({exc})") from None
     if not curve:

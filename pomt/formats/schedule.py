@@ -5,6 +5,7 @@ prediction, measurement and verification objects are typed in `pomt.formats.sche
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -17,6 +18,7 @@ from pomt.formats.schedule_parts import MeasurementRecord, Prediction, ScheduleP
 from pomt.io import atomic_write_json
 from pomt.models.geometry import Geometry
 from pomt.runtimes import BACKENDS, DTYPES
+from pomt.runtimes.backend import first_line
 
 FORMAT = "pomt.schedule"
 VERSION = 1
@@ -99,7 +101,8 @@ class Schedule:
         }
 
     def check_geometry(self, geometry: Geometry) -> None:
-        """Raise ScheduleError when the model's N, prefix or depth differ from the schedule's."""
+        """Raise ScheduleError when the model's N, prefix or depth differ from the schedule's, or its input size
+        (a schedule whose N does not follow from its own input size is not one the offline computation wrote)."""
         ours = (self.num_tokens, self.prefix_tokens, self.depth)
         theirs = (geometry.num_tokens, geometry.prefix_tokens, geometry.depth)
         if ours != theirs:
@@ -107,6 +110,10 @@ class Schedule:
                 f"schedule for {self.model} (N={ours[0]}, prefix={ours[1]}, depth={ours[2]}) does not match "
                 f"{geometry.model} (N={theirs[0]}, prefix={theirs[1]}, depth={theirs[2]})"
             )
+        if tuple(self.input_size) != tuple(geometry.input_size):
+            size = "x".join(map(str, self.input_size))
+            raise ScheduleError(f"schedule for {self.model} is for {size} px inputs, {geometry.model} takes "
+                                f"{'x'.join(map(str, geometry.input_size))} px (N={geometry.num_tokens} alike)")
 
 
 def utc_now() -> str:
@@ -140,13 +147,18 @@ def schedule_from_dict(data: Mapping) -> Schedule:
     if not isinstance(data, Mapping) or data.get("format") != FORMAT:
         raise ScheduleError(f"not a pomt schedule (field 'format' must be '{FORMAT}')")
     version = data.get("version")
-    if version != VERSION:
+    if isinstance(version, bool) or version != VERSION:
         newer = isinstance(version, int) and version > VERSION
         why = "written by a newer pomt; upgrade pomt" if newer else "unsupported"
         raise ScheduleError(f"schedule version {version!r} is {why} (this pomt reads version {VERSION})")
     missing = [key for key in REQUIRED if key not in data]
     if missing:
         raise ScheduleError(f"schedule is missing field(s): {', '.join(missing)}")
+    if not isinstance(data["model"], str) or not data["model"].strip():
+        raise ScheduleError(f"schedule field 'model' must be a timm model name, got {data['model']!r}")
+    curve = data["curve"]
+    if curve is not None and (not isinstance(curve, str) or (curve and Path(curve).name in ("", ".", ".."))):
+        raise ScheduleError(f"schedule field 'curve' must be a file name or null, got {data['curve']!r}")
     num_tokens, prefix = _int(data, "num_tokens", 2), _int(data, "prefix_tokens", 0)
     depth = _int(data, "depth", 1)
     if prefix >= num_tokens:
@@ -154,7 +166,8 @@ def schedule_from_dict(data: Mapping) -> Schedule:
     size = data["input_size"]
     if isinstance(size, int):
         size = [size, size]
-    if not (isinstance(size, list) and len(size) == 2 and all(isinstance(s, int) and s > 0 for s in size)):
+    if not (isinstance(size, list) and len(size) == 2 and
+            all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size)):
         raise ScheduleError(f"schedule field 'input_size' must be [height, width], got {size!r}")
     _shared(check_method, data["method"])
     if not isinstance(data["prune"], list):
@@ -175,6 +188,7 @@ def schedule_from_dict(data: Mapping) -> Schedule:
             f"schedule removes {removed} tokens but only {num_tokens - prefix - 1} can go "
             "(at least one patch token must stay)"
         )
+    _shared(check_removals, data["method"], {item.block: item.remove for item in prune}, num_tokens, prefix, depth)
     kept = _int(data, "kept_tokens", 1)
     if kept != num_tokens - removed:
         raise ScheduleError(f"schedule kept_tokens {kept} != num_tokens {num_tokens} - removed {removed}")
@@ -236,6 +250,8 @@ def load_schedule(source: str | Path | Mapping | Schedule) -> Schedule:
         return source
     if isinstance(source, Mapping):
         return schedule_from_dict(source)
+    if not isinstance(source, (str, os.PathLike)):
+        raise ScheduleError(f"a schedule is a file path, a decoded dict or a Schedule, not {type(source).__name__}")
     path = Path(source)
     try:
         text = path.read_text(encoding="utf-8")
@@ -249,6 +265,8 @@ def load_schedule(source: str | Path | Mapping | Schedule) -> Schedule:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ScheduleError(f"corrupt schedule {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except (ValueError, RecursionError) as exc:  # a number of thousands of digits, arrays nested thousands deep
+        raise ScheduleError(f"corrupt schedule {path}: not a schedule's JSON ({first_line(exc)})") from None
     return schedule_from_dict(data)
 
 

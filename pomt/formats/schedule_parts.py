@@ -4,6 +4,7 @@ the same order; objects written by an older pomt may lack keys (None here)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -98,16 +99,31 @@ class MeasurementRecord:
 VERIFIED_NUMBERS = ("unpruned_ms", "pruned_ms", "speedup")
 
 
+def _finite(value: Any) -> bool:
+    """A JSON number that is one: not a boolean, not NaN, not infinite (Python's json reads NaN and Infinity)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _whole(key: Any) -> bool:
+    """A JSON object's key that spells a whole number (a token count)."""
+    return isinstance(key, str) and key.strip().isdigit()
+
+
 def _checked(data: Any, where: str) -> Mapping:
     """A verification object as the loader accepts it; every problem is one ScheduleError line."""
     if not isinstance(data, Mapping):
         raise ScheduleError(f"schedule field '{where}' must be an object, got {type(data).__name__}")
     for key in VERIFIED_NUMBERS:
-        if isinstance(data.get(key), bool) or not isinstance(data.get(key), (int, float)) or data[key] <= 0:
+        if not _finite(data.get(key)) or data[key] <= 0:
             raise ScheduleError(f"schedule field '{where}.{key}' must be a positive number, got {data.get(key)!r}")
     interval = data.get("speedup_ci")
-    if not (isinstance(interval, list) and len(interval) == 2 and all(isinstance(v, (int, float)) for v in interval)):
+    if not (isinstance(interval, list) and len(interval) == 2 and all(_finite(v) for v in interval)):
         raise ScheduleError(f"schedule field '{where}.speedup_ci' must be [low, high], got {interval!r}")
+    costs = data.get("method_cost_ms")
+    costs_ok = isinstance(costs, Mapping) and all(_whole(r) and _finite(c) for r, c in costs.items())
+    if costs is not None and not costs_ok:
+        raise ScheduleError(f"schedule field '{where}.method_cost_ms' must map tokens removed to milliseconds, "
+                            f"got {costs!r}")
     if not isinstance(data.get("candidates"), list) or not isinstance(data.get("device_fingerprint_hash"), str):
         raise ScheduleError(f"schedule field '{where}' needs a 'candidates' list and a 'device_fingerprint_hash'")
     return data

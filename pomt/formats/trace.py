@@ -112,12 +112,15 @@ def parse_rows(text: str, name: str) -> list[tuple[int, int, int, float, float]]
     lines = text.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines = lines[:-1]  # a run killed in the middle of a line
-    reader = csv.reader(lines)
-    header = next(reader, None)
+    try:
+        table = list(csv.reader(lines))
+    except csv.Error as exc:  # a cell beyond the csv module's field limit, an unclosed quote
+        raise TraceError(f"{name} is not a latency trace: {exc}") from None
+    header = table[0] if table else None
     if header is None or [h.strip() for h in header[: len(COLUMNS)]] != list(COLUMNS):
         raise TraceError(f"{name} is not a latency trace: the header must start with {','.join(COLUMNS)}")
     rows = []
-    for number, cells in enumerate(reader, start=2):
+    for number, cells in enumerate(table[1:], start=2):
         if not cells:
             continue
         if len(cells) < len(COLUMNS):
@@ -138,8 +141,8 @@ def read_sidecar(csv_path: str | Path) -> dict:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise TraceError(f"trace sidecar not found: {path} (every trace CSV needs its JSON beside it)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceError(f"corrupt trace sidecar {path}: {exc}") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSON's, huge numbers'
+        raise TraceError(f"corrupt trace sidecar {path}: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
     if not isinstance(meta, dict):
         raise TraceError(f"corrupt trace sidecar {path}: expected a JSON object")
     missing = [key for key in SIDECAR_REQUIRED if key not in meta]
@@ -147,11 +150,13 @@ def read_sidecar(csv_path: str | Path) -> dict:
         raise TraceError(f"trace sidecar {path} lacks {', '.join(missing)}")
     size = meta["input_size"]
     size = [size, size] if isinstance(size, int) else size
+    whole = [meta["batch_size"], *(size if isinstance(size, list) else []), meta["num_tokens"], meta["prefix_tokens"]]
     checks = [
         isinstance(meta["model"], str) and meta["model"],
         isinstance(meta["batch_size"], int) and meta["batch_size"] >= 1,
         isinstance(size, list) and len(size) == 2 and all(isinstance(s, int) and s > 0 for s in size),
         isinstance(meta["num_tokens"], int) and isinstance(meta["prefix_tokens"], int),
+        not any(isinstance(value, bool) for value in whole),  # JSON's true is no count
     ]
     if not all(checks) or not 0 <= meta["prefix_tokens"] < meta["num_tokens"]:
         raise TraceError(f"trace sidecar {path}: model, batch_size, input_size, num_tokens or prefix_tokens is invalid")

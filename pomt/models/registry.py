@@ -35,6 +35,7 @@ ALIASES: dict[str, str] = {
 }
 
 HUB_HOST = ("huggingface.co", 443)
+MAX_INPUT_SIZE = 4096  # pixels a side: beyond it a ViT's position embedding alone outgrows any machine's memory
 RANDOM_INIT_SEED = 0  # random weights are the same in every process
 
 
@@ -43,13 +44,19 @@ class PomtWarning(UserWarning):
 
 
 def resolve_model_name(name: str) -> str:
-    """Alias or timm name (optionally with a `.tag`) → the registered timm architecture name."""
+    """Alias or timm name (optionally with a `.tag`, one of timm's pretrained tags of it) → the registered timm
+    architecture name."""
+    if not isinstance(name, str):
+        raise UnknownModelError(f"a model name must be a string, got {type(name).__name__} {name!r}")
     base, _, tag = name.strip().partition(".")
     base = ALIASES.get(base, base)
     if not timm.is_model(base):
         close = difflib.get_close_matches(base, list(ALIASES) + timm.list_models(), n=5, cutoff=0.5)
         hint = f"; closest: {', '.join(close)}" if close else ""
         raise UnknownModelError(f"unknown model '{name}'{hint}")
+    if tag and f"{base}.{tag}" not in timm.list_pretrained(f"{base}.*"):
+        known = ", ".join(name.partition(".")[2] for name in timm.list_pretrained(f"{base}.*")) or "none"
+        raise UnknownModelError(f"unknown pretrained tag '{tag}' of {base} (its tags: {known})")
     return f"{base}.{tag}" if tag else base
 
 
@@ -59,13 +66,18 @@ def architecture(name: str) -> str:
 
 
 def normalise_input_size(input_size: int | tuple[int, int] | None) -> tuple[int, int] | None:
-    """An int or (H, W) → (H, W); rejects non-positive sizes."""
+    """An int or (H, W) → (H, W); rejects what is not one or two whole numbers of pixels in
+    [1, MAX_INPUT_SIZE]."""
     if input_size is None:
         return None
-    size = (input_size, input_size) if isinstance(input_size, int) else tuple(int(s) for s in input_size)
+    size = (input_size, input_size) if isinstance(input_size, int) else input_size
+    if not isinstance(size, (tuple, list)) or not all(isinstance(s, int) and not isinstance(s, bool) for s in size):
+        raise InputSizeError(f"input size must be an integer or (height, width) in pixels, got {input_size!r}")
     if len(size) != 2 or min(size) < 1:
         raise InputSizeError(f"input size must be positive, got {input_size}")
-    return size  # type: ignore[return-value]
+    if max(size) > MAX_INPUT_SIZE:
+        raise InputSizeError(f"input size {input_size} exceeds {MAX_INPUT_SIZE} pixels a side")
+    return tuple(size)  # type: ignore[return-value]
 
 
 def default_input_size(name: str) -> tuple[int, int]:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from torch import nn
 
+from pomt.checks import check_batch_size, check_seed
 from pomt.errors import PatchError
 from pomt.models.geometry import model_geometry, transformer_blocks
 from pomt.patching import blocks, pooling
@@ -43,6 +44,9 @@ def patch(
     (raises PatchError when `strict`).
     """
     check_method(method)
+    check_seed(seed)
+    if batch_size is not None:
+        check_batch_size(batch_size)
     geometry = model_geometry(model)
     removal = resolve_removal(prune, geometry.depth)
     token_counts(geometry.num_tokens, geometry.prefix_tokens, geometry.depth, method, removal)
@@ -78,6 +82,8 @@ def _restore(model: nn.Module, model_blocks: list[nn.Module], state: blocks.Patc
 
 def unpatch(model: nn.Module) -> nn.Module:
     """Restore the original block and model classes and remove every attribute pomt added; returns it."""
+    if not isinstance(model, nn.Module):
+        raise PatchError(f"unpatch takes the model patch() was given, a torch module, not {type(model).__name__}")
     state = model.__dict__.pop(STATE_ATTR, None)
     if state is not None:
         _restore(model, transformer_blocks(model), state)

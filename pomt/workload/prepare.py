@@ -17,15 +17,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pomt.checks import check_options, check_output_dir
+from pomt.checks import check_input_memory, check_options, check_output_dir, check_threads
 from pomt.errors import Interrupted
 from pomt.formats.schedule import utc_now
 from pomt.formats.trace import TraceWriter
 from pomt.measurement.design import token_grid
 from pomt.measurement.sources import LiveSource, Session, forward_at_tokens, journal_end_s
 from pomt.models.geometry import Geometry, model_geometry
-from pomt.models.registry import create_model
-from pomt.options import option
+from pomt.models.registry import MAX_INPUT_SIZE, create_model
+from pomt.options import SEED_MAX, option
 from pomt.runtimes import BACKENDS, DTYPES, backend_info, check_backend, resolve_dtype
 from pomt.workload.setup import RunSetup, prepare_run
 
@@ -40,7 +40,8 @@ class Workload:
     model: str | None = option(None, f"timm model name or alias (default: {MODEL}; a replay's is its trace's).")
     batch_size: int | None = option(None, f"Batch size the latency is for (default: {BATCH_SIZE}; a replay's is "
                                           "its trace's).", min=1)
-    input_size: int | tuple[int, int] | None = option(None, "Input size in pixels (default: the model's).", min=1)
+    input_size: int | tuple[int, int] | None = option(None, "Input size in pixels (default: the model's).", min=1,
+                                                      max=MAX_INPUT_SIZE)
     device: str = option("auto", "auto (cuda if present, else cpu), cpu, cuda[:N], mps.")
     threads: int | None = option(None, "CPU threads, fixed and recorded (default: torch's).", min=1)
     dtype: str = option("float32", "Model and input dtype (bfloat16 on CPU, float16 on CUDA).", choices=DTYPES)
@@ -51,13 +52,14 @@ class Workload:
     output_dir: Path = option(Path("bin"), "Where outputs are written.")
     resume: bool = option(False, "Continue a killed run from its journal; measure only what is missing.")
     require_locked_clocks: bool = option(False, "Refuse to measure unless clocks are locked.")
-    seed: int = option(0, "Seed for pass orders, the input, samples and random pruning.", min=0)
+    seed: int = option(0, "Seed for pass orders, the input, samples and random pruning.", min=0, max=SEED_MAX)
     progress: bool = option(True, "Show progress bars.", negatable=True)
 
     def check(self) -> Workload:
         """Raise for settings outside their ranges (`pomt.checks.check_options`) or an output folder no file
         can be written in, before anything is resolved or built."""
         check_options(self)
+        check_threads(self.threads)
         check_output_dir(self.output_dir)
         return self
 
@@ -103,6 +105,7 @@ def prepare(
         MODEL if workload.model is None else workload.model, workload.device, workload.threads,
         BATCH_SIZE if workload.batch_size is None else workload.batch_size, workload.input_size,
         workload.require_locked_clocks)
+    check_input_memory(setup.batch_size, setup.input_size)
     backend = check_backend(workload.backend, setup.device)
     dtype = resolve_dtype(workload.dtype, setup.device)
     model = create_model(setup.model, setup.input_size, pretrained=pretrained, checkpoint=checkpoint)

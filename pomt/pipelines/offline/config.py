@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pomt.checks import METHODS, check_method, check_options, check_prune_block
+from pomt.choice.accuracy import load_accuracy_curve
 from pomt.choice.policy import POLICIES
 from pomt.errors import DatasetError, GridError, PolicyError, SettingError
 from pomt.measurement.search import SearchSettings
@@ -93,6 +94,11 @@ class OfflineConfig:
             raise PolicyError("--replay analyses latency; --accuracy-only measures none")
         if self.accuracy_only and self.dataset_root is None:
             raise PolicyError("--accuracy-only needs --dataset-root")
+        if self.dataset_root is not None and (self.latency_only or self.accuracy_curve is not None):
+            unused = "--latency-only measures no accuracy" if self.latency_only else "--accuracy-curve gives A(n)"
+            raise SettingError(f"{unused}: --dataset-root would go unused; leave one out")
+        if self.accuracy_curve is not None:  # read now, its token range checked once the model is known
+            load_accuracy_curve(self.accuracy_curve)
         if self.dataset_root is not None and not Path(self.dataset_root).is_dir():
             raise DatasetError(f"dataset folder not found: {self.dataset_root}")
         if self.agreement and self.dataset_root is None:

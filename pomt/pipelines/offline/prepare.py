@@ -74,16 +74,24 @@ def prepare_replay(workload: Workload, config: OfflineConfig) -> Run:
 
 
 def check_replayed_workload(workload: Workload, meta: dict, name: str) -> None:
-    """Raise SettingError where the workload asks for another model, batch or input size than the trace's: a
-    replay analyses what was recorded, and would otherwise answer another question than the one asked."""
+    """Raise SettingError where the workload asks for another model, batch, input size, device kind, thread
+    count, dtype or runtime than the trace's (a setting left at its default asks nothing): a replay analyses
+    what was recorded, and would otherwise answer another question than the one asked."""
+    recorded, default = meta.get("device") if isinstance(meta.get("device"), dict) else {}, Workload()
     asked = {
         "--model": (None if workload.model is None else architecture(workload.model), architecture(name)),
         "--batch-size": (workload.batch_size, int(meta["batch_size"])),
         "--input-size": (normalise_input_size(workload.input_size), tuple(meta["input_size"])),
+        "--device": (None if workload.device == default.device else workload.device.split(":")[0].strip().lower(),
+                     recorded.get("kind") or "cpu"),
+        "--threads": (workload.threads, recorded.get("threads", meta.get("threads"))),
+        "--dtype": (None if workload.dtype == default.dtype else workload.dtype, meta.get("dtype", default.dtype)),
+        "--backend": (None if workload.backend == default.backend else workload.backend,
+                      meta.get("backend", default.backend)),
     }
     clashes = [f"{flag} {mine if not isinstance(mine, tuple) else 'x'.join(map(str, mine))} (the trace's: "
                f"{theirs if not isinstance(theirs, tuple) else 'x'.join(map(str, theirs))})"
-               for flag, (mine, theirs) in asked.items() if mine is not None and mine != theirs]
+               for flag, (mine, theirs) in asked.items() if None not in (mine, theirs) and mine != theirs]
     if clashes:
         raise SettingError(f"--replay analyses the recorded workload, not {', '.join(clashes)}: leave those out, "
                            "or measure anew without --replay")
