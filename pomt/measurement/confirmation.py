@@ -137,8 +137,8 @@ class Judge:
         change = effect.excess - 1.0
         if effect.p_value >= alpha:
             reason = f"not significant (p = {effect.p_value:.2g} >= {alpha:.2g}, {len(rounds)} rounds)"
-        elif effect.pairs < MIN_ROUNDS:
-            reason = f"too few rounds left after interference screening ({effect.pairs} < {MIN_ROUNDS})"
+        elif effect.pairs < (least := MIN_ROUNDS if self.steady(rounds) else SCREEN_MIN_PAIRS):
+            reason = f"too few rounds left after interference screening ({effect.pairs} < {least})"
         elif abs(change) < self.min_step:
             reason = f"smaller than the minimum step ({100 * abs(change):.1f}% < {100 * self.min_step:.1f}%)"
         else:
@@ -176,9 +176,11 @@ class Judge:
 
     def convincing(self, effect: PairedEffect, alpha: float, rounds: list[Round]) -> bool:
         """Significant at `alpha`, at least `min_step`, carried by at least MIN_ROUNDS rounds that
-        interference screening kept, and by no single round (`one_round_carries`)."""
+        interference screening kept (SCREEN_MIN_PAIRS when the pair is tested on its own spread, borrowing
+        no noise: three rounds' spread is a guess), and by no single round (`one_round_carries`)."""
+        least = MIN_ROUNDS if self.steady(rounds) else SCREEN_MIN_PAIRS
         return (effect.p_value < alpha and abs(effect.excess - 1.0) >= self.min_step
-                and effect.pairs >= MIN_ROUNDS
+                and effect.pairs >= least
                 and not one_round_carries(self.log_ratios(rounds), effect, self.min_step))
 
     def effect(self, rounds: list[Round], offset: float) -> PairedEffect:

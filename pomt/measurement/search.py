@@ -299,13 +299,14 @@ class LatencySearch:
         windows' shifts become candidates."""
         s, m = self.settings, self.measurer
         reserve = 2 * s.confirm_rounds + 6
-        before = math.inf
+        before, spans = math.inf, None
         while True:
             found = self.detection()
             limit = found.limit_pct
-            if limit is not None and (limit <= s.detect or limit > LEAST_GAIN * before):
+            same = [(lo, hi) for lo, hi, _ in found.regions] == spans  # a pass over new counts cuts new windows
+            if limit is not None and (limit <= s.detect or (same and limit > LEAST_GAIN * before)):
                 break  # reached, or the counts' own scatter, not the visits, sets the limit: visits cannot buy it
-            before = limit or math.inf
+            before, spans = limit or math.inf, [(lo, hi) for lo, hi, _ in found.regions]
             counts = counts_to_strengthen(self.grid, found.above(s.detect), self.reach)
             if m.left() < len(counts) + 1 + reserve:
                 break

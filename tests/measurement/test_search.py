@@ -379,3 +379,14 @@ def test_a_replay_whose_reference_visits_are_used_up_goes_on_without_it():
     passes = {v.pass_index for v in run.measurer.design}  # coarse and refinement passes (confirmation rounds apart)
     with_reference = {v.pass_index for v in run.measurer.design if v.tokens == N}
     assert passes - with_reference  # refinement passes measured after the trace had no more of N
+
+
+def test_a_pair_tested_on_its_own_spread_needs_six_rounds_and_a_pass_over_new_counts_is_no_failed_power_pass():
+    """deit_tiny_bs1_amd_noisy_long (12% noise a visit): three rounds of 175 and 176, one of them from visits 2 s
+    apart (so the pair borrows no noise), read -10.5%, -11.6% and -10.5%, p = 0.001 on their own spread; the 24
+    passes' pairs read +1.5% +- 3.6%. Its power passes once stopped after the first, which cut the reach into
+    seven windows where there had been two and so read a higher limit."""
+    trace = read_trace(DATA / "deit_tiny_bs1_amd_noisy_long.csv")
+    found, _ = search(trace, focus_from=148)
+    assert not near(found.steps, 175)
+    assert found.visits >= 0.9 * found.budget_visits
