@@ -54,7 +54,9 @@ def test_adaptive_confirms_every_planted_step_and_invents_none(seed):
 
 
 def test_the_full_grid_finds_them_too_at_five_times_the_cost():
-    trace = synthetic_trace(linear_levels(PLANTED), passes=12, drift=slow_drift(0.3, 240.0), noise=0.015)
+    """16 passes: a full grid's rounds of a pair are passes apart, so its confirmation needs six of its own, more
+    than 12 passes leave after the grid's four and the bisection (the replay would run out at 98 tokens)."""
+    trace = synthetic_trace(linear_levels(PLANTED), passes=16, drift=slow_drift(0.3, 240.0), noise=0.015)
     full, _ = search(trace, adaptive=False, passes=4)
     assert full.visits >= 4 * len(GRID)
     assert sorted(s.tokens for s in full.steps) == pytest.approx(sorted(PLANTED), abs=1)
