@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import subprocess
 import sys
 import traceback
@@ -24,6 +25,14 @@ from pomt.formats.schedule import BlockRemoval, Schedule  # noqa: E402
 
 from device_fakes import FakeNvml
 from tiny_data import make_image_folder, train_tiny_vit
+
+
+def pytest_configure(config):
+    """The Ctrl-C tests send SIGINT themselves. A harness that starts pytest as a background job of a
+    non-interactive shell hands it SIGINT ignored, and every process it starts would inherit that: Python's
+    own handler is put back first."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"  # the curve bank and the golden replays
