@@ -14,17 +14,14 @@ from pomt.choice.candidates import Candidate
 from pomt.choice.fresh import FreshJob, verify_in_fresh_process
 from pomt.choice.frontier_choice import first_verified
 from pomt.choice.pareto import Evaluated
-from pomt.choice.verify import CandidateResult, Verification, schedule_forward_at
+from pomt.choice.verify import CandidateResult, Verification
 from pomt.choice.verify import verify as verify_candidates
-from pomt.errors import TraceError
 from pomt.formats.schedule import Schedule
-from pomt.measurement.sources import LiveSource, Session, journal_end_s
 from pomt.pipelines.offline.config import Request
 from pomt.pipelines.offline.frontier_schedule import candidate_schedule, effective_removal, frontier_decision
 from pomt.pipelines.offline.frontier_search import FrontierFound
 from pomt.pipelines.offline.prepare import Run
-from pomt.pipelines.offline.verdict import Verdict
-from pomt.workload.prepare import open_journal
+from pomt.pipelines.offline.verdict import Verdict, verification_session
 
 
 @dataclass(frozen=True)
@@ -121,19 +118,10 @@ def verify_here(request: Request, run: Run, found: FrontierFound, points: list[E
     """The candidates verified in this process through the `verify` journal (started afresh where a resumed
     run's candidates changed)."""
     workload, config, settings = request.workload, request.config, request.settings
-    n, notes = run.geometry.num_tokens, ()
+    n = run.geometry.num_tokens
     what = "whole model patched through apply_schedule (frontier schedules); tokens = N - candidate number"
     keys = {"frontier": [p.candidate.key for p in points], "rounds": config.verify_rounds, "reps": found.reps}
-    try:
-        journal = open_journal(workload, run.prepared, "verify", what, keys)
-    except TraceError:
-        journal = open_journal(replace(workload, resume=False), run.prepared, "verify", what, keys)
-        notes = ("the verification started afresh: its candidates changed since the killed run",)
-    forward_at = schedule_forward_at(run.prepared.model, run.prepared.x, schedules, backend=workload.backend,
-                                     device=run.setup.device, threads=workload.threads,
-                                     cache_dir=Path(workload.output_dir) / run.prepared.cache_dir)
-    session = Session(LiveSource(forward_at, run.setup.device, workload.threads, start_s=journal_end_s(journal)),
-                      journal)
+    session, journal, notes = verification_session(request, run, schedules, what, keys)
     baseline = found.latency.baseline
     verification = verify_candidates(
         session, n, list(range(1, len(points) + 1)), reps=found.reps, rounds=config.verify_rounds,

@@ -111,21 +111,12 @@ def verify_here(request: Request, run: Run, ranking: Ranking,
     """The candidates verified in this process through its journal: the verification, the journal's path
     and a note where a resumed run's journal could not be continued."""
     workload, config, settings = request.workload, request.config, request.settings
-    n, search, notes = run.geometry.num_tokens, ranking.search, ()
+    n, search = run.geometry.num_tokens, ranking.search
     removals = sorted(n - kept for kept in schedules)
     what = (f"whole model patched through apply_schedule ({config.method} at block {config.prune_block}); "
             "tokens = tokens kept")
     keys = {"removals": removals, "rounds": config.verify_rounds, "reps": search.reps}
-    try:
-        journal = open_journal(workload, run.prepared, "verify", what, keys)
-    except TraceError:  # resumed, but the method's cost (measured anew) changed the candidates: verify afresh
-        journal = open_journal(replace(workload, resume=False), run.prepared, "verify", what, keys)
-        notes = ("the verification started afresh: its candidates changed since the killed run",)
-    forward_at = schedule_forward_at(run.prepared.model, run.prepared.x, schedules, backend=workload.backend,
-                                     device=run.setup.device, threads=workload.threads,
-                                     cache_dir=Path(workload.output_dir) / run.prepared.cache_dir)
-    session = Session(LiveSource(forward_at, run.setup.device, workload.threads, start_s=journal_end_s(journal)),
-                      journal)
+    session, journal, notes = verification_session(request, run, schedules, what, keys)
     setting = ranking.setting
     verification = verify_candidates(
         session, n, removals, reps=search.reps, rounds=config.verify_rounds,
@@ -134,6 +125,23 @@ def verify_here(request: Request, run: Run, ranking: Ranking,
         progress=workload.progress,
     )
     return verification, journal.path, notes
+
+
+def verification_session(request: Request, run: Run, schedules: Mapping[int, Schedule], what: str,
+                         keys: dict) -> tuple[Session, object, tuple[str, ...]]:
+    """A live session over the patched `schedules` (candidate number -> schedule) journalled as `verify`, its
+    journal, and a note when a resumed run's candidates changed (the verification then starts afresh)."""
+    workload, notes = request.workload, ()
+    try:
+        journal = open_journal(workload, run.prepared, "verify", what, keys)
+    except TraceError:  # resumed, but the candidates (priced anew) changed: verify afresh
+        journal = open_journal(replace(workload, resume=False), run.prepared, "verify", what, keys)
+        notes = ("the verification started afresh: its candidates changed since the killed run",)
+    forward_at = schedule_forward_at(run.prepared.model, run.prepared.x, schedules, backend=workload.backend,
+                                     device=run.setup.device, threads=workload.threads,
+                                     cache_dir=Path(workload.output_dir) / run.prepared.cache_dir)
+    source = LiveSource(forward_at, run.setup.device, workload.threads, start_s=journal_end_s(journal))
+    return Session(source, journal), journal, notes
 
 
 def verify_fresh(request: Request, ranking: Ranking, here: Verification,
