@@ -5,9 +5,12 @@ to any count n: the model with n tokens entering block j and the reducer removin
 model with n tokens entering block j and r of them simply dropped after it (its block runs plain at n).
 Every round visits each variant once in a seeded random order (one untimed forward, then `reps` timed,
 through `pomt.measurement.timing`); a cost is the median over rounds of patched minus dropped.
-Measured at the last block, where nothing after it differs. ToMe's proportional attention in the blocks
-after its first merge is measured as the same difference one block earlier (the merge plus one block of
-proportional attention) less the cost at the last block.
+Measured at the last block, where nothing after it differs, on the model cut to its last two blocks
+(`pomt.models.shortened`: the same difference at a fraction of the forward's jitter). ToMe's proportional
+attention in the blocks after its first merge is measured as the same difference one block earlier (the
+merge plus one block of proportional attention) less the cost at the last block. The smallest removal (one
+token) is always among the points: a reducer's fixed cost (scores, sorting, matching) shows there, before
+the MLP's saving on the tokens removed offsets it.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ from torch import nn
 from pomt.choice.schedule_latency import ReducerCost
 from pomt.measurement.timing import fixed_threads, synchronize, time_calls
 from pomt.models.geometry import model_geometry
+from pomt.models.shortened import last_blocks
 from pomt.models.tokens import truncate_tokens
 from pomt.patching import patch, unpatch
 from pomt.patching.plan import removed_at
 
-SHARES = (0.25, 0.5)  # removals measured at each count, as shares of its patch tokens
+SHARES = (0.0, 0.25, 0.5)  # removals measured at each count, as shares of its patch tokens (0: one token)
+MEASURED_BLOCKS = 2  # the cut model's depth: the last block, and the one before it for ToMe's carry
 
 Variant = tuple[str, int, int, int]  # (method or "", block, tokens entering it, tokens removed there)
 
@@ -74,16 +79,25 @@ def measure_reducer_costs(
     *,
     device: str = "cpu",
     threads: int | None = None,
-    rounds: int = 5,
+    rounds: int = 7,
     reps: int = 1,
     seed: int = 0,
 ) -> dict[str, ReducerCost]:
     """{method: its ReducerCost} measured on input `x` (see the module docstring)."""
     geometry = model_geometry(model)
-    depth, num_tokens, prefix = geometry.depth, geometry.num_tokens, geometry.prefix_tokens
+    num_tokens, prefix = geometry.num_tokens, geometry.prefix_tokens
     counts = sorted(set(counts or default_counts(num_tokens, prefix)))
     for n in counts:
         geometry.check_tokens(n)
+    depth = min(MEASURED_BLOCKS, geometry.depth)
+    with last_blocks(model, depth):
+        return _measure(model, x, methods, counts, shares, depth, num_tokens, prefix,
+                        device, threads, rounds, reps, seed)
+
+
+def _measure(model: nn.Module, x: torch.Tensor, methods: Sequence[str], counts: Sequence[int],
+             shares: Sequence[float], depth: int, num_tokens: int, prefix: int, device: str,
+             threads: int | None, rounds: int, reps: int, seed: int) -> dict[str, ReducerCost]:
     pairs: list[tuple[Variant, Variant]] = []
     for method in methods:
         blocks = (depth - 1, depth - 2) if method == "tome" and depth > 1 else (depth - 1,)
