@@ -13,13 +13,13 @@ Goal (issue 10): |prediction error| <= 3% for the shipped schedule on deit_small
 deit_tiny at 112 px (batch 1); a removal that does not pay is not shipped.
 
 multi: for each workload, multi-block schedules of every reducer (pomt, topk, tome, l2norm: two and three
-pruning blocks, and ToMe's constant r at every block) priced by `pomt.choice.schedule_latency.LatencyModel`
-from a curve L(n) (`--curve-points` counts) and each reducer's own cost measured by
-`pomt.choice.reducer_costs`. The curve's counts and the patched schedules are measured in the same paired
-rounds (seeded random order per round, the one model truncated or patched for each visit, as the offline
-computation measures and verifies), so that what is compared is the latency model and not the machine's
-state minutes apart: on this VM the step between 49 and 50 tokens of deit_tiny at 112 px, batch 16, read
-12% in one minute and 29% in another. Printed per schedule: the predicted and measured speedup and the
+pruning blocks, ToMe's constant and decreasing r and a front-loaded ToMe schedule) priced by
+`pomt.choice.schedule_latency.LatencyModel` from a curve L(n) (`--curve-points` counts) and each reducer's own
+cost measured by `pomt.choice.reducer_costs`. The curve's counts and the patched schedules are measured in the
+same paired rounds (seeded random order per round, the one model truncated or patched for each visit, as the
+offline computation measures and verifies), so that what is compared is the latency model and not the
+machine's state minutes apart: on this VM the step between 49 and 50 tokens of deit_tiny at 112 px, batch 16,
+read 12% in one minute and 29% in another. Printed per schedule: the predicted and measured speedup and the
 error of the predicted latency, both at this run's unpruned median.
 Goal (issue 30): |error| <= 3% for multi-block schedules of every reducer.
 
@@ -58,9 +58,10 @@ def probe(model: str, batch: int, size: int) -> float:
 
 def multi_block_schedules(num_tokens: int, prefix: int, depth: int) -> list:
     """Two- and three-block schedules of every reducer (a share of the patch tokens entering each pruning
-    block), ToMe's constant r at every block, top-k's keep rate at its rate blocks."""
+    block), ToMe's constant and decreasing r, a front-loaded ToMe schedule, top-k's keep rate at its rate
+    blocks."""
     from pomt.choice.candidates import REDUCERS, Candidate
-    from pomt.choice.families import rate_blocks, tome_constant, tome_values, topk_rate
+    from pomt.choice.families import rate_blocks, tome_constant, tome_decreasing, tome_values, topk_rate
 
     layouts = {2: sorted({depth // 3, 2 * depth // 3}), 3: rate_blocks(depth)}
     schedules = []
@@ -72,7 +73,12 @@ def multi_block_schedules(num_tokens: int, prefix: int, depth: int) -> list:
                 patches -= removal[block]
             schedules.append(Candidate.of(method, removal))
     values = tome_values(num_tokens, prefix, depth, 5)
-    schedules += tome_constant(depth, values[1:2]) + topk_rate(num_tokens, prefix, depth, (0.7,))
+    schedules += tome_constant(depth, values[1:2]) + tome_decreasing(depth, values[2:3])
+    schedules += topk_rate(num_tokens, prefix, depth, (0.7,))
+    # a front-loaded ToMe schedule of the kind the frontier search ships: most merging early, a last merge late
+    patches = num_tokens - prefix
+    front = {0: patches // 5, 1: patches // 5, 2: patches // 12, 2 * depth // 3: patches // 4}
+    schedules.append(Candidate.of("tome", {b: r for b, r in front.items() if r > 0}))
     return list(dict.fromkeys(c for c in schedules if not c.unpruned))
 
 
@@ -194,6 +200,10 @@ def main() -> None:
     parser.add_argument("extra", nargs="*", help="further offline_computation.py options (after --)")
     args = parser.parse_args()
     if args.part in ("multi", "both"):
+        from pomt.device.cpu import allocator_settings
+
+        settings = allocator_settings()
+        print(f"allocator: {settings or 'glibc defaults (adaptive mmap threshold)'}")
         errors = [e for workload in args.workloads for e in multi_block(workload, args)]
         met = all(e <= GOAL for e in errors)
         print(f"multi-block: largest |error| {100 * max(errors):.2f}% over {len(errors)} schedules "

@@ -7,10 +7,14 @@ clamping included).
 
 Reducers. A pruning block costs more than the plain block at the count n entering it (explicit attention,
 scores, sorting, gathers, less what its MLP saves on the tokens it removed): `ReducerCost.prune(n, r)`,
-measured inside the model at a few (n, r) (`pomt.choice.reducer_costs`) and interpolated: linearly in the
-share r / (n - P) of the patch tokens removed at each measured n, then linearly in n; held beyond the
-measured range, 0 when nothing is removed. ToMe's blocks after its first merge also run proportional
-attention (token sizes as an attention bias), whether they merge or not: `ReducerCost.carry(n)` per block.
+measured inside the model at a few (n, r) (`pomt.choice.reducer_costs`): at each measured n, a straight
+line in the share r / (n - P) of the patch tokens removed, fitted by least squares (a fixed cost less the
+MLP's saving on what was removed; three or more shares, else interpolated), then linear interpolation in n;
+held beyond the measured range, 0 when nothing is removed. ToMe's blocks after its first merge also run
+proportional attention (token sizes as an attention bias), whether they merge or not: `ReducerCost.carry(n)`
+per block, a least-squares line over the measured counts (held beyond them). It is charged at up to D - 1
+blocks, so the fit spends its noise once instead of at every block, where interpolating between noisy
+points put a 12-block ToMe schedule's prediction several percent off.
 
 predicted = sum_b L(n_b) / D + sum over pruning blocks prune(n_b, r_b) + sum over blocks after the first
 pruning one carry(n_b).
@@ -18,7 +22,7 @@ pruning one carry(n_b).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +31,18 @@ from pomt.choice.candidates import Candidate
 from pomt.choice.policy import predict_from_counts
 from pomt.errors import CurveError
 from pomt.patching.plan import removed_at, token_counts
+
+
+def line_at(x: float, xs: Sequence[float], values: Sequence[float]) -> float:
+    """The least-squares line through (xs, values) at x, x held within the measured range; with fewer than
+    three distinct xs, linear interpolation between them."""
+    order = np.argsort(xs)
+    xs, values = np.asarray(xs, float)[order], np.asarray(values, float)[order]
+    x = float(np.clip(x, xs[0], xs[-1]))
+    if len(set(xs.tolist())) < 3:
+        return float(np.interp(x, xs, values))
+    slope, intercept = np.polyfit(xs, values, 1)
+    return float(intercept + slope * x)
 
 
 @dataclass(frozen=True)
@@ -48,18 +64,14 @@ class ReducerCost:
         for (n, r), ms in self.pruning.items():
             by_count.setdefault(n, []).append((r / max(1, n - self.prefix_tokens), ms))
         counts = sorted(by_count)
-        at_count = []
-        for n in counts:
-            shares, values = zip(*sorted(by_count[n]), strict=True)
-            at_count.append(float(np.interp(share, shares, values)))
+        at_count = [line_at(share, *zip(*by_count[n], strict=True)) for n in counts]
         return float(np.interp(tokens, counts, at_count))
 
     def carry(self, tokens: int) -> float:
         """Cost of a block after the first pruning one, at the `tokens` it receives (0 without a table)."""
         if not self.carrying:
             return 0.0
-        counts = sorted(self.carrying)
-        return float(np.interp(tokens, counts, [self.carrying[n] for n in counts]))
+        return line_at(tokens, list(self.carrying), list(self.carrying.values()))
 
     def to_dict(self) -> dict:
         return {"method": self.method, "prefix_tokens": self.prefix_tokens,

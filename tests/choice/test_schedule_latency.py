@@ -47,6 +47,24 @@ def test_reducer_costs_interpolate_in_share_then_count_and_hold_outside():
     assert ReducerCost.from_dict(cost.to_dict()) == cost
 
 
+def test_three_or_more_shares_are_fitted_by_a_line_that_averages_their_noise():
+    # a fixed 0.6 ms less 2 ms per share removed, read with +-0.1 ms of noise at the middle point
+    cost = ReducerCost("pomt", 0, {(48, 1): 0.6 - 2 / 48, (48, 12): 0.6 - 0.5 + 0.1, (48, 24): 0.6 - 1.0})
+    exact = [0.6 - 2 * share for share in (1 / 48, 0.25, 0.5)]
+    fitted = [cost.prune(48, r) for r in (1, 12, 24)]
+    assert fitted[1] == pytest.approx(exact[1] + 0.1 / 3, abs=1e-3)  # a third of the noise stays
+    assert fitted[0] > exact[0] and fitted[2] > exact[2]  # and the rest is shared by the others
+    assert cost.prune(48, 36) == pytest.approx(fitted[2])  # held beyond the largest share
+
+
+def test_the_carry_is_a_line_over_the_counts_so_one_noisy_count_does_not_price_every_block():
+    noisy = {13: 0.3, 19: 0.3, 26: -0.3, 38: 0.3, 49: 0.3}  # one count read 0.6 ms low
+    cost = ReducerCost("tome", 1, {(50, 4): 0.0}, noisy)
+    assert cost.carry(26) == pytest.approx(0.18, abs=0.02)  # interpolation would have charged -0.3
+    assert cost.carry(5) == pytest.approx(cost.carry(13)) and cost.carry(60) == pytest.approx(cost.carry(49))
+    assert ReducerCost("tome", 1, {}, {20: 0.1, 40: 0.3}).carry(30) == pytest.approx(0.2)  # two: interpolated
+
+
 def test_tomes_proportional_attention_is_charged_after_its_first_merge_only():
     carry = {50: 0.1, 20: 0.1}
     model = LatencyModel(CURVE, N, P, D, {"tome": ReducerCost("tome", P, {(N, 4): 0.05}, carry)})
