@@ -11,10 +11,12 @@ from pomt.choice.frontier import FrontierResult
 from pomt.choice.frontier_choice import Goal, preference
 from pomt.choice.pareto import Evaluated, pareto_front
 from pomt.choice.schedule_latency import LatencyModel
+from pomt.choice.verify import CandidateResult
+from pomt.device.fingerprint import Fingerprint
 from pomt.measurement.search import SearchSettings
 from pomt.pipelines.offline.config import OfflineConfig, Request
 from pomt.pipelines.offline.frontier_search import FrontierFound
-from pomt.pipelines.offline.frontier_verdict import decide_frontier
+from pomt.pipelines.offline.frontier_verdict import decide_frontier, prediction_note
 from pomt.workload.prepare import Workload
 
 from offline_data import N, make_run
@@ -48,3 +50,20 @@ def test_a_replay_ships_the_best_frontier_schedule_unverified():
     assert verdict.chosen == FAST and decision.code == "unverified" and decision.remove == 70
     assert decision.block == 3 and decision.kept_tokens == N - 70 and decision.accuracy == 0.885
     assert "unverified" in verdict.verdict.notes[0]
+
+
+def _measured(predicted_ms: float, pruned_ms: float) -> CandidateResult:
+    return CandidateResult(remove=1, pruned_ms=pruned_ms, speedup=10.0 / pruned_ms, speedup_ci=(1.0, 2.0),
+                           p_value=0.001, qualifies=True, predicted_ms=predicted_ms)
+
+
+def test_a_prediction_missed_by_more_than_the_tolerance_is_said_with_the_allocator_advice_where_it_applies():
+    close = [_measured(5.0, 5.1), _measured(6.0, 5.9)]
+    missed = [_measured(5.0, 5.1), _measured(6.0, 6.5)]
+    assert prediction_note(close, Fingerprint(kind="cpu", allocator={})) is None
+    note = prediction_note(missed, Fingerprint(kind="cpu", allocator={}))
+    assert "up to +8.3%" in note and "MALLOC_MMAP_THRESHOLD_" in note
+    fixed = prediction_note(missed, Fingerprint(kind="cpu", allocator={"MALLOC_MMAP_THRESHOLD_": "131072"}))
+    assert "up to +8.3%" in fixed and "MALLOC" not in fixed
+    assert "MALLOC" not in prediction_note(missed, Fingerprint(kind="cuda", allocator={}))
+    assert prediction_note([_measured(None, 5.0)], Fingerprint(kind="cpu")) is None  # nothing predicted

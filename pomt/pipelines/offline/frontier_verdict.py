@@ -7,6 +7,7 @@ schedule's `verified` record names each by the tokens it removes in all."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -16,12 +17,15 @@ from pomt.choice.frontier_choice import first_verified
 from pomt.choice.pareto import Evaluated
 from pomt.choice.verify import CandidateResult, Verification
 from pomt.choice.verify import verify as verify_candidates
+from pomt.device.fingerprint import Fingerprint
 from pomt.formats.schedule import Schedule
 from pomt.pipelines.offline.config import Request
 from pomt.pipelines.offline.frontier_schedule import candidate_schedule, effective_removal, frontier_decision
 from pomt.pipelines.offline.frontier_search import FrontierFound
 from pomt.pipelines.offline.prepare import Run
 from pomt.pipelines.offline.verdict import Verdict, verification_session
+
+PREDICTION_TOLERANCE = 0.03  # the latency model's goal for multi-block schedules (benchmarks/prediction_error.py)
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ def verify_shippable(request: Request, run: Run, found: FrontierFound) -> Fronti
         points.append(found.uniform)
     schedules = {n - i: candidate_schedule(run, config, latency, p) for i, p in enumerate(points, start=1)}
     here, journal, notes = verify_here(request, run, found, points, schedules)
+    notes += tuple(filter(None, [prediction_note(here.candidates, run.setup.fingerprint)]))
     by_index = {c.remove: c for c in here.candidates}
     measured = {p.candidate: by_index[i] for i, p in enumerate(points, start=1)}
     shippable = [i for i, p in enumerate(points, start=1) if p in found.shippable]
@@ -101,6 +106,23 @@ def verify_shippable(request: Request, run: Run, found: FrontierFound) -> Fronti
         fresh_record = replace(fresh_record, chosen=fresh_record.candidates[qualified.index(index)])
     return FrontierVerdict(Verdict(decision, replace(relabelled, chosen=chosen, reason=reason), fresh_record,
                                    journal=journal, notes=notes), point, measured)
+
+
+def prediction_note(measured: Sequence[CandidateResult], fingerprint: Fingerprint) -> str | None:
+    """A note where the latency model missed a verified schedule by more than PREDICTION_TOLERANCE (the
+    measured speedups decide what ships; the frontier's order among the others rests on the prediction),
+    with the allocator advice on a CPU under glibc's defaults, where this is most often why."""
+    errors = [c.pruned_ms / c.predicted_ms - 1 for c in measured if c.predicted_ms]
+    if not errors or max(map(abs, errors)) <= PREDICTION_TOLERANCE:
+        return None
+    worst = max(errors, key=abs)
+    note = (f"the latency model missed the verified schedules by up to {worst:+.1%} (measured over predicted "
+            "latency): their measured speedups decide, the order among the others is predicted")
+    if fingerprint.kind == "cpu" and not fingerprint.allocator:
+        note += ("; on CPU under glibc's adaptive mmap threshold schedules that mix token counts ran up to 8% "
+                 "slower than their blocks measured alone: measure and serve with MALLOC_MMAP_THRESHOLD_ set "
+                 "(docs/method.md, section 9)")
+    return note
 
 
 def relabel(verification: Verification, points: list[Evaluated], found: FrontierFound,
