@@ -3,13 +3,15 @@
 A schedule meets the goal when its search-split accuracy is at most `max_drop_points` below the unpruned
 model's (where a drop is asked), at least `min_accuracy` (where asked) and its predicted latency within
 `latency_budget_ms` (where asked). Among those, with a latency budget the most accurate comes first (on
-equal accuracy the faster), else the fastest (on equal latency the more accurate). The order is the order
-of fallback: verification ships the first that measures faster, else the next.
+equal accuracy the faster), else the fastest (on equal latency the more accurate). That order is predicted;
+what ships is decided on measurement (`verified_choice`): of the schedules verified (the best few in that
+order and the best uniform schedule, all meeting the goal) that qualified, the fastest measured, or with a
+latency budget the first in the order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pomt.choice.families import FAMILIES
@@ -84,3 +86,17 @@ def first_verified(order: Sequence[int], qualified_here: Iterable[int],
     here = set(qualified_here)
     fresh = None if held_fresh is None else set(held_fresh)
     return next((i for i in order if i in here and (fresh is None or i in fresh)), None)
+
+
+def verified_choice(order: Sequence[int], speedups: Mapping[int, float], qualified_here: Iterable[int],
+                    held_fresh: Iterable[int] | None, goal: Goal) -> int | None:
+    """What ships among the verified candidates (numbered in the order of preference): of those that qualified
+    here and, where a fresh process measured them, there too, the fastest measured (the prediction ordered
+    the search; the same rounds' measurement decides), or with only a latency budget the first in the order
+    (the most accurate within it). None when none qualified."""
+    if goal.latency_budget_ms is not None and goal.max_drop_points is None:
+        return first_verified(order, qualified_here, held_fresh)
+    here = set(qualified_here)
+    fresh = None if held_fresh is None else set(held_fresh)
+    eligible = [i for i in order if i in here and (fresh is None or i in fresh)]
+    return max(eligible, key=lambda i: (speedups[i], -order.index(i)), default=None)

@@ -11,7 +11,14 @@ import pomt
 from pomt.choice.binomial import Proportion
 from pomt.choice.candidates import Candidate
 from pomt.choice.frontier import FrontierResult
-from pomt.choice.frontier_choice import Goal, best_by_family, best_uniform, first_verified, preference
+from pomt.choice.frontier_choice import (
+    Goal,
+    best_by_family,
+    best_uniform,
+    first_verified,
+    preference,
+    verified_choice,
+)
 from pomt.choice.frontier_table import COLUMNS, document, rows
 from pomt.choice.pareto import Evaluated, pareto_front
 from pomt.choice.schedule_latency import LatencyModel
@@ -105,7 +112,19 @@ def test_a_schedule_that_does_not_verify_falls_back_to_the_next_or_to_nothing():
     assert first_verified([1, 2, 3], {2, 3}) == 2  # the fastest did not verify: the next ships
     assert first_verified([1, 2, 3], {1, 2}, held_fresh={2}) == 2  # the fastest did not hold in a fresh process
     assert first_verified([1, 2, 3], {1}, held_fresh=set()) is None
-    assert first_verified([1, 2], {3}) is None  # the uniform schedule (3) is measured, never shipped
+    assert first_verified([1, 2], {3}) is None  # only what is in the order can ship
+
+
+def test_the_fastest_measured_ships_the_uniform_one_included_unless_only_a_budget_was_asked():
+    speedups = {1: 1.40, 2: 1.30, 3: 1.48}  # 3: the best uniform schedule, predicted slower, measured faster
+    drop = Goal(max_drop_points=1.0)
+    assert verified_choice([1, 2, 3], speedups, {1, 2, 3}, None, drop) == 3
+    assert verified_choice([1, 2, 3], speedups, {1, 2, 3}, {1, 2}, drop) == 1  # 3 did not hold in a fresh process
+    assert verified_choice([1, 2, 3], speedups, {2}, None, drop) == 2
+    assert verified_choice([1, 2, 3], speedups, set(), None, drop) is None
+    assert verified_choice([1, 2], {1: 1.2, 2: 1.2}, {1, 2}, None, drop) == 1  # a tie: the order decides
+    budget = Goal(max_drop_points=None, latency_budget_ms=5.0)  # the most accurate within the budget first
+    assert verified_choice([1, 2, 3], speedups, {1, 2, 3}, None, budget) == 1
 
 
 def test_a_frontier_schedule_is_a_version_1_file_that_apply_schedule_loads(tmp_path):

@@ -1,7 +1,9 @@
 """What ships from the frontier: its best schedules (and the best uniform one, for comparison) measured
 against the unpruned model through `pomt.apply_schedule` in paired shuffled rounds (journal
-`<stem>.verify.csv`), the ones that qualified once more in a fresh process; the first in the order of
-preference that qualified in both ships, else nothing, with the reason. `pomt.choice.verify` names its
+`<stem>.verify.csv`), the ones that qualified once more in a fresh process; of those that qualified in
+both, the fastest measured ships (with only a latency budget, the first in the order of preference; see
+`pomt.choice.frontier_choice.verified_choice`), the best uniform schedule included, else nothing, with the
+reason. `pomt.choice.verify` names its
 candidates by kept tokens; here candidate i (1-based, in the order verified) is named N - i, and the
 schedule's `verified` record names each by the tokens it removes in all."""
 
@@ -13,7 +15,7 @@ from pathlib import Path
 
 from pomt.choice.candidates import Candidate
 from pomt.choice.fresh import FreshJob, verify_in_fresh_process
-from pomt.choice.frontier_choice import first_verified
+from pomt.choice.frontier_choice import verified_choice
 from pomt.choice.pareto import Evaluated
 from pomt.choice.verify import CandidateResult, Verification
 from pomt.choice.verify import verify as verify_candidates
@@ -22,6 +24,7 @@ from pomt.formats.schedule import Schedule
 from pomt.pipelines.offline.config import Request
 from pomt.pipelines.offline.frontier_schedule import candidate_schedule, effective_removal, frontier_decision
 from pomt.pipelines.offline.frontier_search import FrontierFound
+from pomt.pipelines.offline.frontier_setup import goal_of
 from pomt.pipelines.offline.prepare import Run
 from pomt.pipelines.offline.verdict import Verdict, verification_session
 
@@ -75,7 +78,7 @@ def verify_shippable(request: Request, run: Run, found: FrontierFound) -> Fronti
     notes += tuple(filter(None, [prediction_note(here.candidates, run.setup.fingerprint)]))
     by_index = {c.remove: c for c in here.candidates}
     measured = {p.candidate: by_index[i] for i, p in enumerate(points, start=1)}
-    shippable = [i for i, p in enumerate(points, start=1) if p in found.shippable]
+    shippable = list(range(1, len(points) + 1))  # the best uniform schedule meets the goal too
     qualified = [i for i in shippable if by_index[i].qualifies]
     fresh, held = None, None
     if qualified and config.verify_fresh:
@@ -83,7 +86,8 @@ def verify_shippable(request: Request, run: Run, found: FrontierFound) -> Fronti
                        config.min_gain, settings.min_step, settings.step_alpha)
         fresh = verify_in_fresh_process(job)
         held = {c.remove for c in fresh.candidates if c.qualifies}
-    index = first_verified(shippable, qualified, held)
+    index = verified_choice(shippable, {i: c.speedup for i, c in by_index.items()}, qualified, held,
+                            goal_of(config))
     relabelled = relabel(here, points, found)
     fresh_record = None if fresh is None else relabel(fresh, [points[i - 1] for i in qualified], found, qualified)
     if index is None:
@@ -96,7 +100,10 @@ def verify_shippable(request: Request, run: Run, found: FrontierFound) -> Fronti
         return FrontierVerdict(Verdict(decision, replace(relabelled, chosen=None, reason=reason), fresh_record,
                                        journal=journal, notes=notes), None, measured)
     point, result = points[index - 1], by_index[index]
-    fallback = "" if index == shippable[0] else f", after {shippable.index(index)} preferred schedule(s) did not verify"
+    fallback = "" if index == shippable[0] else (
+        f", measured faster than the predicted first, {points[0].candidate.key} ({by_index[1].speedup:.3f}x)"
+        if by_index[1].speedup < result.speedup else
+        f", after {shippable.index(index)} preferred schedule(s) did not verify")
     reason = (f"{point.candidate.key} ({point.family}): measured {result.speedup:.3f}x (95% CI "
               f"{result.speedup_ci[0]:.3f}-{result.speedup_ci[1]:.3f}){fallback}"
               + ("; held in a fresh process" if fresh is not None else ""))
