@@ -83,9 +83,15 @@ def first_verified(order: Sequence[int], qualified_here: Iterable[int],
     """The first candidate in the order of preference that qualified here and, where a fresh process measured
     them (`held_fresh` not None), there too: the one that ships, a faster one that did not verify falling
     back to the next; None when none did."""
+    return next(iter(qualified_in_both(order, qualified_here, held_fresh)), None)
+
+
+def qualified_in_both(order: Sequence[int], qualified_here: Iterable[int],
+                      held_fresh: Iterable[int] | None) -> list[int]:
+    """The candidates, in order, that qualified here and, where a fresh process measured them, there too."""
     here = set(qualified_here)
     fresh = None if held_fresh is None else set(held_fresh)
-    return next((i for i in order if i in here and (fresh is None or i in fresh)), None)
+    return [i for i in order if i in here and (fresh is None or i in fresh)]
 
 
 def verified_choice(order: Sequence[int], speedups: Mapping[int, float], qualified_here: Iterable[int],
@@ -96,7 +102,5 @@ def verified_choice(order: Sequence[int], speedups: Mapping[int, float], qualifi
     (the most accurate within it). None when none qualified."""
     if goal.latency_budget_ms is not None and goal.max_drop_points is None:
         return first_verified(order, qualified_here, held_fresh)
-    here = set(qualified_here)
-    fresh = None if held_fresh is None else set(held_fresh)
-    eligible = [i for i in order if i in here and (fresh is None or i in fresh)]
+    eligible = qualified_in_both(order, qualified_here, held_fresh)
     return max(eligible, key=lambda i: (speedups[i], -order.index(i)), default=None)

@@ -1,11 +1,10 @@
-"""What ships from the frontier: its best schedules (and the best uniform one, for comparison) measured
-against the unpruned model through `pomt.apply_schedule` in paired shuffled rounds (journal
-`<stem>.verify.csv`), the ones that qualified once more in a fresh process; of those that qualified in
-both, the fastest measured ships (with only a latency budget, the first in the order of preference; see
+"""What ships from the frontier: its best schedules and the best uniform one (the one to beat, and a candidate
+too) measured against the unpruned model through `pomt.apply_schedule` in paired shuffled rounds (journal
+`<stem>.verify.csv`), the ones that qualified once more in a fresh process; of those that qualified in both,
+the fastest measured ships (with only a latency budget, the first in the order of preference; see
 `pomt.choice.frontier_choice.verified_choice`), the best uniform schedule included, else nothing, with the
-reason. `pomt.choice.verify` names its
-candidates by kept tokens; here candidate i (1-based, in the order verified) is named N - i, and the
-schedule's `verified` record names each by the tokens it removes in all."""
+reason. `pomt.choice.verify` names its candidates by kept tokens; here candidate i (1-based, in the order
+verified) is named N - i, and the schedule's `verified` record names each by the tokens it removes in all."""
 
 from __future__ import annotations
 
