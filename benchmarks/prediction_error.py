@@ -117,7 +117,7 @@ def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
     from pomt.models.geometry import model_geometry
     from pomt.models.registry import create_model
     from pomt.models.tokens import truncate_tokens
-    from pomt.patching import patch, unpatch
+    from pomt.patching import patched
 
     model_name, batch, size = workload.split(":")
     net = create_model(model_name, int(size)).eval()
@@ -129,16 +129,9 @@ def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
     lowest = min(min(probe.counts(c)) for c in schedules)
     counts = sorted({*np.linspace(lowest, n, args.curve_points).round().astype(int).tolist(), n})
     start = time.perf_counter()
-    costs = measure_reducer_costs(net, x, REDUCERS, threads=args.threads, rounds=args.cost_rounds, seed=args.seed)
+    rounds = {} if args.cost_rounds is None else {"rounds": args.cost_rounds}
+    costs = measure_reducer_costs(net, x, REDUCERS, threads=args.threads, seed=args.seed, **rounds)
     cost_s = time.perf_counter() - start
-
-    @contextlib.contextmanager
-    def patched(candidate):
-        patch(net, candidate.method, candidate.as_dict())
-        try:
-            yield
-        finally:
-            unpatch(net)
 
     @contextlib.contextmanager
     def dropped(kept: tuple[int, ...]):
@@ -150,7 +143,7 @@ def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
 
     layouts = {c.key: tuple(probe.counts(c)[:depth]) for c in schedules}
     variants = {f"L({c})": (lambda c=c: truncate_tokens(net, c)) for c in counts}
-    variants.update({c.key: (lambda c=c: patched(c)) for c in schedules})
+    variants.update({c.key: (lambda c=c: patched(net, c.method, c.as_dict())) for c in schedules})
     variants.update({f"drop{kept}": (lambda kept=kept: dropped(kept)) for kept in set(layouts.values())})
     times = paired_rounds(net, x, variants, args.rounds, args.seed + 1, args.threads,
                           "curve and schedules, paired")
@@ -159,7 +152,7 @@ def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
     curve = {c: float(np.median(times[f"L({c})"])) for c in counts}
     latency = LatencyModel(curve, n, prefix, depth, costs)
     blocks_alone = LatencyModel(curve, n, prefix, depth)
-    print(f"{workload} (multi-block): reducer costs in {cost_s:.0f} s ({args.cost_rounds} rounds); curve at "
+    print(f"{workload} (multi-block): reducer costs in {cost_s:.0f} s; curve at "
           f"{len(counts)} counts in [{counts[0]}, {n}] and {len(schedules)} schedules in the same "
           f"{args.rounds} paired rounds, {time.perf_counter() - start - cost_s:.0f} s; unpruned {unpruned:.3f} ms")
     errors, inside = [], 0
@@ -193,7 +186,8 @@ def main() -> None:
                         help="single: the offline computation's shipped schedules; multi: multi-block schedules")
     parser.add_argument("--budget", type=float, default=0.9, help="latency budget as a fraction of unpruned")
     parser.add_argument("--rounds", type=int, default=20, help="multi: paired rounds (curve and schedules)")
-    parser.add_argument("--cost-rounds", type=int, default=7, help="multi: rounds of the reducer-cost measurement")
+    parser.add_argument("--cost-rounds", type=int, default=None,
+                        help="multi: rounds of the reducer-cost measurement (default: the offline computation's)")
     parser.add_argument("--curve-points", type=int, default=24, help="multi: counts at which L(n) is measured")
     parser.add_argument("--threads", type=int, default=None, help="multi: CPU threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)

@@ -27,7 +27,7 @@ from pomt.measurement.timing import fixed_threads, synchronize, time_calls
 from pomt.models.geometry import model_geometry
 from pomt.models.shortened import last_blocks
 from pomt.models.tokens import truncate_tokens
-from pomt.patching import patch, unpatch
+from pomt.patching import patched
 from pomt.patching.plan import removed_at
 
 SHARES = (0.0, 0.25, 0.5)  # removals measured at each count, as shares of its patch tokens (0: one token)
@@ -63,8 +63,7 @@ def _variant(model: nn.Module, variant: Variant, num_tokens: int, depth: int) ->
         if tokens < num_tokens:
             stack.enter_context(truncate_tokens(model, tokens, at_block=block))
         if method:
-            patch(model, method, {block: remove})
-            stack.callback(unpatch, model)
+            stack.enter_context(patched(model, method, {block: remove}))
         elif block + 1 < depth:
             stack.enter_context(truncate_tokens(model, tokens - remove, at_block=block + 1))
         yield

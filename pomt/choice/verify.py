@@ -36,7 +36,7 @@ from pomt.measurement.sources import ForwardAt, Session
 from pomt.measurement.timing import fixed_threads, synchronize, time_calls
 from pomt.models.geometry import model_geometry, transformer_blocks
 from pomt.models.tokens import truncate_tokens
-from pomt.patching import patch, unpatch
+from pomt.patching import patched, unpatch
 from pomt.runtimes import Forward, ProgramCache, build_forward
 
 
@@ -67,11 +67,8 @@ def method_cost(
     @contextlib.contextmanager
     def variant(kind: str, remove: int) -> Iterator[None]:
         if kind == "patched":
-            patch(model, method, {block: remove})
-            try:
+            with patched(model, method, {block: remove}):
                 yield
-            finally:
-                unpatch(model)
         elif block + 1 < depth:
             with truncate_tokens(model, num_tokens - remove, at_block=block + 1):
                 yield

@@ -9,7 +9,8 @@ Patching a model that is already patched first unpatches it (the new plan replac
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 
 from torch import nn
 
@@ -78,6 +79,16 @@ def _restore(model: nn.Module, model_blocks: list[nn.Module], state: blocks.Patc
     if state.model_class is not None:
         pooling.uninstall(model, state.model_class)
         state.model_class = None
+
+
+@contextlib.contextmanager
+def patched(model: nn.Module, method: str, prune: Mapping[int, int] | int, **options) -> Iterator[nn.Module]:
+    """`model` patched as `patch(model, method, prune, **options)` inside the context, unpatched on leaving."""
+    patch(model, method, prune, **options)
+    try:
+        yield model
+    finally:
+        unpatch(model)
 
 
 def unpatch(model: nn.Module) -> nn.Module:

@@ -18,7 +18,7 @@ from pomt.errors import PatchError, ScheduleError
 from pomt.formats.schedule import BlockRemoval, Schedule
 from pomt.formats.schedule_parts import Verified
 from pomt.models.geometry import model_geometry, transformer_blocks
-from pomt.patching import METHODS, attention, patch, patch_state, token_counts, unpatch
+from pomt.patching import METHODS, attention, patch, patch_state, patched, token_counts, unpatch
 from pomt.patching.attention import call_layer
 
 from conftest import verified_record
@@ -277,6 +277,20 @@ def test_patched_model_exports_to_onnx_with_static_shapes(method, tmp_path):
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
         torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_patched_holds_the_plan_inside_the_context_only_even_when_it_raises(models, image):
+    model = models["deit_small"]
+    classes = [type(block) for block in transformer_blocks(model)]
+    with torch.no_grad():
+        reference = model(image)
+        with patched(model, "topk", {3: 40}) as inside:
+            assert inside is model and patch_state(model).removal == {3: 40}
+            assert not torch.equal(model(image), reference)
+        assert patch_state(model) is None and torch.equal(model(image), reference)
+        with pytest.raises(RuntimeError, match="inside"), patched(model, "tome", 4):
+            raise RuntimeError("inside")
+    assert patch_state(model) is None and [type(block) for block in transformer_blocks(model)] == classes
 
 
 def test_unpatch_restores_classes_attributes_and_outputs(models, image):
