@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from pomt.errors import GridError
 from pomt.formats.trace import Visit
-from pomt.measurement.sources import Session, calibrate_reps
+from pomt.measurement.sources import Session, TraceExhausted, calibrate_reps
 
 CALIBRATION_REPS = 3
 
@@ -159,12 +159,16 @@ class Measurer:
     def measure_units(self, units: list[Unit], passes: int, reference_visits: int = 1) -> None:
         """`passes` passes over `units` plus the reference (`reference_visits` times in each): the units in
         a shuffled order, each unit's counts back to back, reversed every other pass (A B, then B A), so a
-        unit of two counts is a paired round in every pass. A replay whose trace holds no more visits of the
-        reference goes on without it: every visit is corrected by the drift profile of all of them."""
-        members = sorted(u for u in set(units) if u != (self.reference,)) + [(self.reference,)] * reference_visits
+        unit of two counts is a paired round in every pass. A replay whose trace holds no more visits of a
+        count goes on without its unit (without the reference too: every visit is corrected by the drift
+        profile of all of them); `TraceExhausted` when it can serve none of `units`."""
+        asked = sorted(u for u in set(units) if u != (self.reference,))
+        members = asked + [(self.reference,)] * reference_visits
         for p in range(passes):
-            if not self.session.can_visit(self.reference):
-                members = [u for u in members if u != (self.reference,)]
+            members = [u for u in members if all(self.session.can_visit(n) for n in u)]
+            if asked and not any(u != (self.reference,) for u in members):
+                counts = ", ".join(str(n) for n in sorted({n for u in asked for n in u}))
+                raise TraceExhausted(f"the trace holds no more visits of {counts} tokens")
             ordered = [members[i][:: 1 if p % 2 == 0 else -1] for i in self.rng.permutation(len(members))]
             pass_index = self.new_pass()
             self.session.begin_pass(pass_index, [n for unit in ordered for n in unit])

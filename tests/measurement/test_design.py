@@ -17,7 +17,7 @@ from pomt.measurement.design import (
     design_rounds,
     token_grid,
 )
-from pomt.measurement.sources import ReplaySource, Session
+from pomt.measurement.sources import ReplaySource, Session, TraceExhausted
 
 from trace_data import N, linear_levels, synthetic_trace
 
@@ -120,3 +120,14 @@ def test_a_replay_serves_its_own_reps_and_a_setting_wins():
     assert measurer.reps == 3 and measurer.visits() == []  # the trace's own, nothing visited
     measurer.calibrate(5, 0.1)
     assert measurer.reps == 5
+
+
+def test_a_pass_goes_on_without_the_counts_a_replay_has_used_up_and_stops_when_none_are_left():
+    source = ReplaySource(synthetic_trace(linear_levels(), passes=2))
+    measurer = Measurer(Session(source), N, seed=0, progress=False)
+    measurer.measure_passes([30, 31], 2)  # both recorded visits of 30 and 31 served
+    measurer.measure_passes([30, 31, 32], 1)
+    assert [v.tokens for v in measurer.design].count(32) == 1  # 32 visited, 30 and 31 left out, no error
+    assert [v.tokens for v in measurer.design].count(30) == 2
+    with pytest.raises(TraceExhausted, match="30, 31 tokens"):
+        measurer.measure_passes([30, 31], 1)
