@@ -11,7 +11,9 @@ then runs on a replay with its default settings and that reach, as the offline c
   trace itself confirms (`steps_in_trace` at 3%), among all confirmed within reach; the untouched traces count too;
 - honesty: of the injected steps at least as large as the limit the run stated (`measurement.detection_limit_pct`),
   the share found (issue 29's goal: at least 80%);
-- the visits each run spent (against the full grid's), untouched traces apart.
+- the visits each run spent (against the full grid's), untouched traces apart;
+- of the misses, those the windows showed but whose paired rounds the replay could not serve (a short trace
+  runs out of visits where a live run would measure them).
 
 No timing: everything replays recorded samples. Usage:
     python benchmarks/detection_limits.py [--seeds 2] [--reach 48] [--traces NAME ...]
@@ -50,15 +52,26 @@ def confirmed_within(result: SearchResult, reach: int) -> list[tuple[int, str]]:
     return [(s.tokens, s.kind) for s in result.steps if s.tokens >= reach]
 
 
+def unserved(result: SearchResult, injected: tuple[int, str, float]) -> bool:
+    """Whether the run's windows showed the injected step (same sign, within NEAR) and its paired look went
+    unexamined because the replay's trace held no more visits: a live run would have measured those rounds."""
+    where, kind, _ = injected
+    seen = result.detection is not None and any(
+        abs(s.high - where) <= NEAR and (s.saving_pct > 0) == (kind == "drop") for s in result.detection.shifts)
+    return seen and any(abs(c.high - where) <= NEAR and "trace holds no more" in c.reason for c in result.candidates)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--reach", type=int, default=48, help="counts below N a schedule may land on")
     parser.add_argument("--traces", nargs="*", default=None)
+    parser.add_argument("--show", action="store_true", help="print every missed injected step and every false step")
     args = parser.parse_args()
     names = args.traces or bank()
     recall: dict[tuple[str, str], list[bool]] = defaultdict(list)
     honest: list[bool] = []
+    short: dict[tuple[str, str], int] = defaultdict(int)
     true_pos = false_pos = 0
     spent: list[str] = []
     runs = [(name, seed, size) for name in names for seed in range(args.seeds) for size in [None, *SIZES]]
@@ -82,10 +95,12 @@ def main() -> None:
         result = search(trace, reach, seed)
         found = confirmed_within(result, reach)
         truth = [*own, *([injected[0]] if injected else [])]
-        for tokens, _ in found:
+        for tokens, kind in found:
             ok = any(abs(tokens - t) <= NEAR for t in truth)
             true_pos += ok
             false_pos += not ok
+            if args.show and not ok:
+                tqdm.write(f"false step: {name} seed {seed} injected {injected}: {kind} at {tokens}")
         detection = getattr(result, "detection", None)
         limit = detection.limit_pct if detection else None
         if injected is None:
@@ -94,6 +109,12 @@ def main() -> None:
             continue
         hit = any(abs(t - injected[0]) <= NEAR and kind == injected[1] for t, kind in found)
         recall[(size, noisy)].append(hit)
+        if not hit and unserved(result, injected):
+            short[(size, noisy)] += 1
+        if args.show and not hit:
+            limit_text = "-" if limit is None else f"{limit:.1f}%"
+            tqdm.write(f"missed: {name} seed {seed} {injected[1]} of {injected[2]:.1f}% at {injected[0]} "
+                       f"(stated limit {limit_text}; found {found})")
         if limit is not None and injected[2] >= limit:
             honest.append(hit)
     print("\nrecall of one injected step within reach (found / injected)")
@@ -101,6 +122,9 @@ def main() -> None:
         cells = [f"{noisy}: {sum(recall[(size, noisy)])}/{len(recall[(size, noisy)])}"
                  for noisy in ("noise <= 3%", "noise > 3%") if recall[(size, noisy)]]
         print(f"  {size:>6}  " + "   ".join(cells))
+    if any(short.values()):
+        print("  of the misses, the window test showed the step and the trace could not serve its paired rounds: "
+              + ", ".join(f"{size} {noisy}: {n}" for (size, noisy), n in short.items() if n))
     total = true_pos + false_pos
     print(f"precision within reach: {true_pos}/{total} = {true_pos / total:.3f}" if total else "precision: no steps")
     print(f"stated limits honest: {sum(honest)}/{len(honest)} injected steps at or above the stated limit found"

@@ -1,9 +1,11 @@
 """Which token counts to measure and which latency steps are real: the search over a token grid.
 
 A full search visits every grid count in shuffled passes. An adaptive one visits a coarse subset (the
-aligned edges, `pomt.measurement.design`), judges the edges on those rounds, then refines the candidate
-steps the detector sees (`pomt.measurement.candidates`) and confirms each by paired measurement
-(`pomt.measurement.confirmation`), within a budget of visits. Given its seed and what it measures the
+aligned edges, `pomt.measurement.design`), judges the edges on those rounds, spends power passes on the
+counts within reach whose level-shift windows could miss a step of `--detect` % (`pomt.measurement.windows`),
+then refines the candidate steps the detector and the windows see (`pomt.measurement.candidates`) and
+confirms each by paired measurement (`pomt.measurement.confirmation`), and gives what is left of its budget
+of visits to power passes again. Given its seed and what it measures the
 search is deterministic, so a run resumed from its journal (`pomt.measurement.sources.Session`) continues
 exactly.
 """
@@ -29,14 +31,19 @@ from pomt.measurement.drift import (
     reconcile_levels,
     relative_noise,
 )
+from pomt.measurement.power import cheap_pass, power_passes
 from pomt.measurement.sources import Session, TraceExhausted
 from pomt.measurement.steps import Step
-from pomt.measurement.windows import WindowScan, WindowShift, counts_to_strengthen, scan_visits, window_verdicts
+from pomt.measurement.windows import (
+    WindowScan,
+    WindowShift,
+    scan_visits,
+    window_verdicts,
+)
 from pomt.options import option
 
 LEAST_CANDIDATES = 3  # candidates the smallest adaptive budget can still examine
 FOCUS = 3  # candidates an adaptive round works on at once, most significant first
-LEAST_GAIN = 0.9  # a power pass that lowers the detection limit by less than 10% is the last
 
 
 @dataclass(frozen=True)
@@ -85,11 +92,16 @@ class SearchSettings:
                 raise GridError(message)
         return check_options(self)
 
+    @property
+    def verdict_cost(self) -> int:
+        """Visits one candidate's verdict may take: its paired rounds and a few counts to settle."""
+        return 2 * self.confirm_rounds + 6
+
     def least_budget(self, coarse: list[tuple[int, ...]]) -> int:
         """On a small grid the budget's fraction would not pay for the coarse scan: the budget never falls
         below the coarse scan plus room to carry LEAST_CANDIDATES candidates to a verdict."""
         scan = self.coarse_passes * (sum(len(unit) for unit in coarse) + 1)
-        return scan + LEAST_CANDIDATES * (2 * self.confirm_rounds + 6)
+        return scan + LEAST_CANDIDATES * self.verdict_cost
 
 
 @dataclass
@@ -239,7 +251,12 @@ class LatencySearch:
             batch = self._refinement(todo[:FOCUS])
             if not batch:
                 break
-            self.measurer.measure_passes(batch, 1)
+            try:
+                self.measurer.measure_passes(batch, 1)
+            except TraceExhausted as exc:  # a replay: the candidates that wanted these counts go unexamined
+                for c in todo[:FOCUS]:
+                    if set(cand.next_counts(self.grid, self.measurer.visits(), *c.span)) & set(batch):
+                        judged[c.span] = rejected(c.low, c.high, f"not examined: {exc}", c.z)
         unjudged = [c for c in self.candidates() if c.span not in judged]
         skipped = [rejected(c.low, c.high, "not examined: the visit budget is spent", c.z) for c in unjudged]
         return list(judged.values()) + skipped
@@ -293,24 +310,10 @@ class LatencySearch:
         return scan_visits(self.measurer.visits(), self.curve(), self._accepted_steps(), self.reach,
                            alpha=self.settings.step_alpha, min_step=self.settings.min_step)
 
-    def strengthen(self) -> WindowScan:
-        """Power passes: visit the counts within reach whose windows could miss a step of `detect` %, one
-        pass at a time, while the budget leaves room for the passes and a verdict after them; then the
-        windows' shifts become candidates."""
-        s, m = self.settings, self.measurer
-        reserve = 2 * s.confirm_rounds + 6
-        before, spans = math.inf, None
-        while True:
-            found = self.detection()
-            limit = found.limit_pct
-            same = [(lo, hi) for lo, hi, _ in found.regions] == spans  # a pass over new counts cuts new windows
-            if limit is not None and (limit <= s.detect or (same and limit > LEAST_GAIN * before)):
-                break  # reached, or the counts' own scatter, not the visits, sets the limit: visits cannot buy it
-            before, spans = limit or math.inf, [(lo, hi) for lo, hi, _ in found.regions]
-            counts = counts_to_strengthen(self.grid, found.above(s.detect), self.reach)
-            if m.left() < len(counts) + 1 + reserve:
-                break
-            m.measure_passes(counts, 1)
+    def strengthen(self, reserve: int) -> WindowScan:
+        """Power passes (`pomt.measurement.power`) leaving `reserve` visits; then the windows' shifts become
+        candidates."""
+        found = power_passes(self.measurer, self.grid, self.reach, self.settings.detect, reserve, self.detection)
         self.shifts = found.shifts
         return found
 
@@ -323,11 +326,13 @@ class LatencySearch:
             if self.adaptive:
                 m.measure_units(self.coarse, s.coarse_passes)
                 self.judge_anchors()
+                if cheap_pass(self.grid, self.reach, m.left()):
+                    self.strengthen(max(LEAST_CANDIDATES * s.verdict_cost, int(m.left()) // 2))
             else:
                 m.measure_passes(self.grid, s.passes)
             confirmations = self.examine()
             if self.adaptive:
-                self.strengthen()
+                self.strengthen(s.verdict_cost)
                 confirmations = self.examine()
                 upgraded = {(c.low, c.high): c for c in window_verdicts(self.shifts, self.judge.judged, s.min_step)}
                 self.judge.judged.update(upgraded)

@@ -6,8 +6,9 @@ shares half its counts with the next), each tested for a jump (`pomt.measurement
 corrected over the windows as well as over the positions within each. The values tested have the curve's
 robust trend divided out (`scan_visits`), so a window fits a level and a jump, no slope of its own: what the
 trend misses locally is count-level scatter, which the test estimates and pays for. A window's detection limit
-is the smallest step its worst position would show with 80% power; a region's limit is the largest of its
-windows', so that "steps of L% or more would have been found" holds wherever such a step lies.
+is the smallest step its worst position would show with 80% power, each position at the best of the windows
+that test it (the edges of one window lie in the middle of the next); the run's limit is the largest, so that
+"steps of L% or more would have been found" holds wherever such a step lies.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pomt.measurement.confirmation import Confirmation
 from pomt.measurement.drift import CurvePoint, corrected_values, relative_noise
 from pomt.measurement.level_shift import MIN_SIDE, LevelShift, WindowVisits, detection_limit_pct, level_shift
 
-WINDOW_COUNTS = 12  # measured counts a window spans (about six each side of a jump in its middle)
+WINDOW_COUNTS = 20  # measured counts a window spans (about ten each side of a jump in its middle)
 LEAST_COUNTS = 2 * MIN_SIDE + 1  # fewer measured counts leave no window to test
 SECOND_LOOK_P = 0.2  # the paired rounds' p-value under which they back a window's shift
 
@@ -57,8 +58,8 @@ class WindowScan:
         return max((limit for _, _, limit in self.regions), default=None)
 
     def above(self, target_pct: float) -> list[tuple[int, int]]:
-        """The (first, last) counts of the windows whose limit is above `target_pct`."""
-        return [(lo, hi) for lo, hi, limit in self.regions if limit > target_pct]
+        """The (first, last) counts of the windows whose limit is above `target_pct`, the widest limit first."""
+        return [(lo, hi) for lo, hi, limit in sorted(self.regions, key=lambda r: -r[2]) if limit > target_pct]
 
     def sentence(self, found: int, target_pct: float | None = None) -> str:
         """What the run could see, in one line: "within reach (150-197 tokens), steps of 6% or more would have
@@ -113,18 +114,28 @@ def scan(values_by_count: Mapping[int, Sequence[float]], reach: tuple[int, int],
               if lo <= n <= hi and values_by_count[n] and min(values_by_count[n]) > 0.0]
     spans = windows(counts, size)
     share = alpha / max(len(spans), 1)
-    regions, shifts = [], []
+    by_window, shifts = [], []
     for span in spans:
         window = window_visits(values_by_count, span, noise)
-        limits = detection_limit_pct(window, share, min_step, line=line)
-        if limits:
-            regions.append((span[0], span[-1], max(limits.values())))
+        by_window.append((span, detection_limit_pct(window, share, min_step, line=line)))
         shift = level_shift(window, line=line)
         if shift is not None and shift.p_value * len(spans) < alpha and _large_enough(shift, min_step):
             best = shift.best
             shifts.append(WindowShift(best.low, best.position, shift.saving_pct,
                                       min(1.0, shift.p_value * len(spans)), best.z))
-    return WindowScan(reach, tuple(regions), tuple(_distinct(shifts)))
+    return WindowScan(reach, tuple(_regions(by_window)), tuple(_distinct(shifts)))
+
+
+def _regions(by_window: list[tuple[list[int], dict[int, float]]]) -> list[tuple[int, int, float]]:
+    """(first count, last count, limit) per window: a step at a position is found by whichever window
+    tests it best, so a position's limit is the lowest of the windows that test it, and a window's the
+    largest of its positions' (the edges of one window are the middle of the next)."""
+    best: dict[int, float] = {}
+    for _, limits in by_window:
+        for position, limit in limits.items():
+            best[position] = min(limit, best.get(position, math.inf))
+    return [(span[0], span[-1], max(best[position] for position in limits))
+            for span, limits in by_window if limits]
 
 
 def _supports(pin: Confirmation, shift: WindowShift, min_step: float) -> bool:
@@ -163,12 +174,12 @@ def _distinct(shifts: list[WindowShift]) -> list[WindowShift]:
 
 def counts_to_strengthen(grid: Sequence[int], regions: Sequence[tuple[int, int]], reach: tuple[int, int]) -> list[int]:
     """The grid counts within reach a power pass visits: every count of the regions above the target (the
-    unmeasured ones among them too), or, while no window exists yet, every count within reach."""
+    unmeasured ones among them too), region by region in the order given (the widest limit first, so that a
+    pass the budget cuts short strengthens those), or, while no window exists yet, every count within reach."""
     lo, hi = reach
     inside = [n for n in grid if lo <= n <= hi]
-    if not regions:
-        return inside
-    return [n for n in inside if any(a <= n <= b for a, b in regions)] or inside
+    chosen = {n: None for a, b in regions for n in inside if a <= n <= b}
+    return list(chosen) or inside
 
 
 def window_verdicts(shifts: Sequence[WindowShift], judged: Mapping[tuple[int, int], Confirmation],

@@ -56,12 +56,15 @@ def test_the_stated_limit_falls_with_more_visits_and_never_goes_below_the_minimu
     assert quiet == pytest.approx(3.0)
 
 
-def test_a_window_on_trend_free_values_needs_no_slope_of_its_own_and_sees_about_twice_as_small_a_step():
+@pytest.mark.parametrize(("size", "share"), [(12, 0.7), (WINDOW_COUNTS, 0.9)])
+def test_a_window_on_trend_free_values_needs_no_slope_of_its_own_and_sees_a_smaller_step(size, share):
+    """In 12 counts a slope of the window's own doubled the jump's standard error; in the default 20 it costs
+    less, but still costs."""
     counts = list(range(150, 198))
     values = visits(counts, 3, 0.05)
-    own = scan(values, (150, 197), 0.05, alpha=0.01, min_step=0.03).limit_pct
-    sloped = scan(values, (150, 197), 0.05, alpha=0.01, min_step=0.03, line=True).limit_pct
-    assert own < 0.7 * sloped
+    own = scan(values, (150, 197), 0.05, alpha=0.01, min_step=0.03, size=size).limit_pct
+    sloped = scan(values, (150, 197), 0.05, alpha=0.01, min_step=0.03, line=True, size=size).limit_pct
+    assert own < share * sloped
 
 
 def test_a_count_with_a_value_at_or_below_zero_is_left_out_of_the_windows():
@@ -111,3 +114,35 @@ def test_a_shift_is_accepted_when_the_paired_rounds_back_it(pct, p, backed):
 def test_a_detection_target_outside_0_100_percent_is_refused(detect):
     with pytest.raises(GridError, match="--detect"):
         SearchSettings(detect=detect).check()
+
+
+def test_a_position_at_one_window_s_edge_is_stated_at_the_window_that_tests_it_best():
+    """The edge positions of a window (two counts on one side) lie in the middle of the next: each position's
+    limit is the best window's, and every window's stated limit the largest of its positions' best: the middle
+    windows state less than their own worst edge (the reach's own edges stay as they are)."""
+    from pomt.measurement.level_shift import detection_limit_pct
+    from pomt.measurement.windows import window_visits
+
+    counts = list(range(150, 198))
+    values = visits(counts, 3, 0.05)
+    found = scan(values, (150, 197), 0.05, alpha=0.01, min_step=0.03)
+    spans = windows(counts)
+    per_window = [detection_limit_pct(window_visits(values, s, 0.05), 0.01 / len(spans), 0.03, line=False)
+                  for s in spans]
+    best = {p: min(limits[p] for limits in per_window if p in limits) for limits in per_window for p in limits}
+    assert found.limit_pct == pytest.approx(max(best.values()))
+    stated = [limit for _, _, limit in found.regions]
+    assert stated == pytest.approx([max(best[p] for p in limits) for limits in per_window])
+    assert all(s < max(limits.values()) for s, limits in zip(stated[1:-1], per_window[1:-1], strict=True))
+
+
+def test_the_widest_windows_come_first_so_that_a_pass_cut_short_strengthens_them():
+    counts = list(range(150, 198))
+    values = visits(counts, 2, 0.05)
+    values.update(visits(range(150, 170), 8, 0.05, seed=3))  # the low counts well measured
+    found = scan(values, (150, 197), 0.05, alpha=0.01, min_step=0.03)
+    above = found.above(0.0)
+    limits = {(lo, hi): limit for lo, hi, limit in found.regions}
+    assert [limits[r] for r in above] == sorted(limits.values(), reverse=True)
+    order = counts_to_strengthen(counts, above, (150, 197))
+    assert order[0] == above[0][0] and sorted(order) == counts

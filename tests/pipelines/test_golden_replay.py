@@ -2,7 +2,9 @@
 refactoring must not change an answer, nor the order of its keys. Timestamps aside, and paths compared by file
 name. Written by 6e122db before the layout change; rewritten when the level-shift windows (issue 29) added the
 detection limit and spent visits on two traces, and when the windows stopped fitting a slope of their own
-(lower limits, one more step on two traces), every choice unchanged (tests/data/README.md)."""
+(lower limits, one more step on two traces), and when power passes came before the candidates within a
+narrow reach and the windows grew to 20 counts (2026-11-27: lower limits on 13 of 16 traces, steps outside the
+policy's reach found less often), every choice unchanged (tests/data/README.md)."""
 
 from __future__ import annotations
 

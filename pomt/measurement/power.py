@@ -1,0 +1,55 @@
+"""Power passes: visits spent where the level-shift windows within reach need them (`pomt.measurement.windows`).
+
+A pass visits the counts of the windows whose detection limit is above the target, the widest limits first, so
+that a pass the budget cuts short strengthens those. Passes go on while the budget leaves room for a window's
+worth of counts and the visits reserved for what comes after, and while each pass still lowers the limit by
+1 - LEAST_GAIN (when the counts' own scatter, not the visits, sets it, more visits cannot buy it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from pomt.measurement.design import Measurer
+from pomt.measurement.sources import TraceExhausted
+from pomt.measurement.windows import WINDOW_COUNTS, WindowScan, counts_to_strengthen
+
+LEAST_GAIN = 0.9  # a power pass that lowers the detection limit by less than 10% is the last
+
+
+def cheap_pass(grid: Sequence[int], reach: tuple[int, int], left: float) -> bool:
+    """Whether a pass over the counts within reach (and the reference) costs at most half the `left` budget:
+    a policy's narrow reach, where power passes may come before the candidates. On a noisy machine the paired
+    rounds of one candidate cost as much as such a pass and confirm far less; where one pass would take most of
+    the budget (a reach over the whole grid), the candidates come first."""
+    inside = sum(reach[0] <= n <= reach[1] for n in grid)
+    return inside + 1 <= left / 2
+
+
+def power_passes(measurer: Measurer, grid: Sequence[int], reach: tuple[int, int], target_pct: float,
+                 reserve: int, scan: Callable[[], WindowScan]) -> WindowScan:
+    """Visit the counts within reach whose windows could miss a step of `target_pct`, one pass at a time, while
+    the budget leaves `reserve` visits after the pass; `scan` states the windows on every visit so far. The
+    last scan."""
+    before, spans = math.inf, None
+    while True:
+        found = scan()
+        limit = found.limit_pct
+        same = [(lo, hi) for lo, hi, _ in found.regions] == spans  # a pass over new counts cuts new windows
+        if limit is not None and (limit <= target_pct or (same and limit > LEAST_GAIN * before)):
+            return found  # reached, or the counts' own scatter sets the limit: visits cannot buy it
+        before, spans = limit or math.inf, [(lo, hi) for lo, hi, _ in found.regions]
+        counts = counts_to_strengthen(grid, found.above(target_pct), reach)
+        room = measurer.left() - 1 - reserve  # the reference visits each pass too
+        if room < len(counts):
+            counts = counts[:max(0, int(room))]
+        if len(counts) < WINDOW_COUNTS:  # the budget left cannot strengthen a window
+            return found
+        try:
+            measurer.measure_passes(counts, 1)
+        except TraceExhausted:  # a replay holds no more of these counts
+            return found
+
+
+__all__ = ["LEAST_GAIN", "cheap_pass", "power_passes"]
