@@ -30,8 +30,8 @@ def cheap_pass(grid: Sequence[int], reach: tuple[int, int], left: float) -> bool
 def power_passes(measurer: Measurer, grid: Sequence[int], reach: tuple[int, int], target_pct: float,
                  reserve: int, scan: Callable[[], WindowScan]) -> WindowScan:
     """Visit the counts within reach whose windows could miss a step of `target_pct`, one pass at a time, while
-    the budget leaves `reserve` visits after the pass; `scan` states the windows on every visit so far. The
-    last scan."""
+    the budget leaves `reserve` visits after the pass; `scan` states the windows on every visit so far.
+    Returns the last scan."""
     before, spans = math.inf, None
     while True:
         found = scan()

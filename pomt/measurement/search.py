@@ -5,9 +5,8 @@ aligned edges, `pomt.measurement.design`), judges the edges on those rounds, spe
 counts within reach whose level-shift windows could miss a step of `--detect` % (`pomt.measurement.windows`),
 then refines the candidate steps the detector and the windows see (`pomt.measurement.candidates`) and
 confirms each by paired measurement (`pomt.measurement.confirmation`), and gives what is left of its budget
-of visits to power passes again. Given its seed and what it measures the
-search is deterministic, so a run resumed from its journal (`pomt.measurement.sources.Session`) continues
-exactly.
+of visits to power passes again. Given its seed and what it measures the search is deterministic, so a run
+resumed from its journal (`pomt.measurement.sources.Session`) continues exactly.
 """
 
 from __future__ import annotations
