@@ -10,9 +10,18 @@ import pytest
 
 from pomt.errors import GridError
 from pomt.measurement.confirmation import Confirmation, rejected
+from pomt.measurement.level_shift import detection_limit_pct
 from pomt.measurement.paired import PairedEffect
 from pomt.measurement.search import SearchSettings
-from pomt.measurement.windows import WINDOW_COUNTS, WindowShift, counts_to_strengthen, scan, window_verdicts, windows
+from pomt.measurement.windows import (
+    WINDOW_COUNTS,
+    WindowShift,
+    counts_to_strengthen,
+    scan,
+    window_verdicts,
+    window_visits,
+    windows,
+)
 
 
 def visits(counts, per_count: int, noise: float, jump_at: int | None = None, jump: float = 0.0, seed: int = 0):
@@ -120,9 +129,6 @@ def test_a_position_at_one_window_s_edge_is_stated_at_the_window_that_tests_it_b
     """The edge positions of a window (two counts on one side) lie in the middle of the next: each position's
     limit is the best window's, and every window's stated limit the largest of its positions' best: the middle
     windows state less than their own worst edge (the reach's own edges stay as they are)."""
-    from pomt.measurement.level_shift import detection_limit_pct
-    from pomt.measurement.windows import window_visits
-
     counts = list(range(150, 198))
     values = visits(counts, 3, 0.05)
     found = scan(values, (150, 197), 0.05, alpha=0.01, min_step=0.03)
