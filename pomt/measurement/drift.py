@@ -248,6 +248,12 @@ def relative_noise(values_by_count: dict[int, list[float]]) -> float:
     return float(MAD_TO_SD * np.median(np.abs(r - np.median(r))))
 
 
+def visit_noise(values_by_count: dict[int, list[float]]) -> float:
+    """Standard deviation of one visit's log value about its count's level (a fraction), unbiased at any number
+    of visits a count (`pomt.measurement.paired.pooled_pair_noise` over the counts' visits)."""
+    return pooled_pair_noise(np.log(values) for values in values_by_count.values())[0]
+
+
 def pool_visits(visits: Sequence[Visit], reference: int, window: int = DRIFT_WINDOW) -> list[CurvePoint]:
     """One drift-corrected `CurvePoint` per count, ascending (see the module docstring).
 
@@ -269,7 +275,7 @@ def pool_visits(visits: Sequence[Visit], reference: int, window: int = DRIFT_WIN
     noise = relative_noise(corrected)  # the scale the detector's candidate_k was set on
     # whether the neighbours miss by more than noise needs the noise unbiased, else a smooth fast drift
     # reads as doubt (relative_noise reads about 0.6 of it on counts of three visits)
-    honest_noise, _ = pooled_pair_noise(np.log(v) for v in corrected.values())
+    honest_noise = visit_noise(corrected)
     precision: dict[int, float] = defaultdict(float)  # sum over a count's visits of 1 / (log variance)
     for visit, doubt in zip(visits, _drift_uncertainty(fit, honest_noise, window), strict=True):
         precision[visit.tokens] += 1.0 / max(noise ** 2 + doubt ** 2, 1e-18)

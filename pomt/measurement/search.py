@@ -1,12 +1,13 @@
 """Which token counts to measure and which latency steps are real: the search over a token grid.
 
 A full search visits every grid count in shuffled passes. An adaptive one visits a coarse subset (the
-aligned edges, `pomt.measurement.design`), judges the edges on those rounds, spends power passes on the
-counts within reach whose level-shift windows could miss a step of `--detect` % (`pomt.measurement.windows`),
-then refines the candidate steps the detector and the windows see (`pomt.measurement.candidates`) and
-confirms each by paired measurement (`pomt.measurement.confirmation`), and gives what is left of its budget
-of visits to power passes again. Given its seed and what it measures the search is deterministic, so a run
-resumed from its journal (`pomt.measurement.sources.Session`) continues exactly.
+aligned edges, `pomt.measurement.design`), judges the edges on those rounds, on a noisy machine spends power
+passes on the counts within reach whose level-shift windows could miss a step of `--detect` %
+(`pomt.measurement.windows`, `pomt.measurement.power`), then refines the candidate steps the detector and
+the windows see (`pomt.measurement.candidates`) and confirms each by paired measurement
+(`pomt.measurement.confirmation`), and gives what is left of its budget of visits to power passes again.
+Given its seed and what it measures the search is deterministic, so a run resumed from its journal
+(`pomt.measurement.sources.Session`) continues exactly.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from pomt.measurement.drift import (
     pool_visits,
     reconcile_levels,
     relative_noise,
+    visit_noise,
 )
-from pomt.measurement.power import cheap_pass, power_passes
+from pomt.measurement.power import passes_first, power_passes
 from pomt.measurement.sources import Session, TraceExhausted
 from pomt.measurement.steps import Step
 from pomt.measurement.windows import (
@@ -325,7 +327,7 @@ class LatencySearch:
             if self.adaptive:
                 m.measure_units(self.coarse, s.coarse_passes)
                 self.judge_anchors()
-                if cheap_pass(self.grid, self.reach, m.left()):
+                if passes_first(self.grid, self.reach, m.left(), visit_noise(corrected_values(m.visits()))):
                     self.strengthen(max(LEAST_CANDIDATES * s.verdict_cost, int(m.left()) // 2))
             else:
                 m.measure_passes(self.grid, s.passes)

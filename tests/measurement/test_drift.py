@@ -15,6 +15,7 @@ from pomt.measurement.drift import (
     pool_visits,
     reconcile_levels,
     relative_noise,
+    visit_noise,
 )
 
 from trace_data import N, linear_levels, slow_drift, synthetic_trace
@@ -73,6 +74,14 @@ def test_a_smooth_drift_barely_widens_the_bands(amplitude, period_s):
 def test_relative_noise_matches_the_simulated_noise():
     trace = synthetic_trace(linear_levels(), passes=6, reps=1, drift=lambda t: 1.0, noise=0.02)
     assert relative_noise(corrected_values(trace.visits)) == pytest.approx(0.02, rel=0.25)
+
+
+def test_visit_noise_is_unbiased_at_three_visits_a_count_where_relative_noise_reads_low():
+    """Three visits a count, as the coarse scan takes: the gate of the power passes needs the noise itself."""
+    trace = synthetic_trace(linear_levels(), passes=3, reps=1, drift=lambda t: 1.0, noise=0.05)
+    values = corrected_values(trace.visits)
+    assert visit_noise(values) == pytest.approx(0.05, rel=0.15)
+    assert relative_noise(values) < 0.8 * visit_noise(values)
 
 
 def test_drift_reports_the_reference_per_pass_in_time_order():
