@@ -8,7 +8,12 @@ then runs on a replay with its default settings and that reach, as the offline c
 - recall per size class and per noise class (the trace's noise a visit, as `pomt record` states it: <= 3%,
   above): the injected step found when a confirmed step of the same sign lies within +-2 tokens;
 - precision: confirmed steps within reach that lie within +-2 tokens of the injected step or of a step the dense
-  trace itself confirms (`steps_in_trace` at 3%), among all confirmed within reach; the untouched traces count too;
+  trace itself confirms (`steps_in_trace` at 3%), among all confirmed within reach; the untouched traces count too.
+  Counted apart among the false ones: those within one token of a step of the same sign that the dense trace
+  confirms at 2-3% (a run reports a step whose paired estimate reaches the minimum step, 3%, and its interval is
+  a point or more wide: the device's step, not an invention). On the AMD batch-1 traces, whose curves step at
+  most counts, such a step lies next to 30-60% of the positions within reach, so the count says where the
+  false steps come from, not that they are right;
 - honesty: of the injected steps at least as large as the limit the run stated (`measurement.detection_limit_pct`),
   the share found (issue 29's goal: at least 80%);
 - the visits each run spent (against the full grid's), untouched traces apart;
@@ -72,7 +77,7 @@ def main() -> None:
     recall: dict[tuple[str, str], list[bool]] = defaultdict(list)
     honest: list[bool] = []
     short: dict[tuple[str, str], int] = defaultdict(int)
-    true_pos = false_pos = 0
+    true_pos = false_pos = small_steps = 0
     spent: list[str] = []
     runs = [(name, seed, size) for name in names for seed in range(args.seeds) for size in [None, *SIZES]]
     traces = {name: read_trace(DATA / f"{name}.csv") for name in names}
@@ -82,6 +87,7 @@ def main() -> None:
         noise = relative_noise(corrected_values(list(trace.visits)))
         noisy = "noise > 3%" if noise > 0.03 else "noise <= 3%"
         own = [s.tokens for s in steps_in_trace(list(trace.visits), min_step=0.03)]
+        small = [(s.tokens, s.kind) for s in steps_in_trace(list(trace.visits), min_step=0.02)]
         rng = np.random.default_rng([seed, len(name), 0 if size is None else list(SIZES).index(size) + 1])
         injected = None
         if size is not None:
@@ -97,10 +103,13 @@ def main() -> None:
         truth = [*own, *([injected[0]] if injected else [])]
         for tokens, kind in found:
             ok = any(abs(tokens - t) <= NEAR for t in truth)
+            device = not ok and any(abs(tokens - t) <= 1 and kind == k for t, k in small)
             true_pos += ok
             false_pos += not ok
+            small_steps += device
             if args.show and not ok:
-                tqdm.write(f"false step: {name} seed {seed} injected {injected}: {kind} at {tokens}")
+                tqdm.write(f"false step: {name} seed {seed} injected {injected}: {kind} at {tokens}"
+                           + (" (next to a step of 2-3% in the dense trace)" if device else ""))
         detection = getattr(result, "detection", None)
         limit = detection.limit_pct if detection else None
         if injected is None:
@@ -126,7 +135,11 @@ def main() -> None:
         print("  of the misses, the window test showed the step and the trace could not serve its paired rounds: "
               + ", ".join(f"{size} {noisy}: {n}" for (size, noisy), n in short.items() if n))
     total = true_pos + false_pos
-    print(f"precision within reach: {true_pos}/{total} = {true_pos / total:.3f}" if total else "precision: no steps")
+    if total:
+        print(f"precision within reach: {true_pos}/{total} = {true_pos / total:.3f}; of the {false_pos} false, "
+              f"{small_steps} lie within a token of a step of the same sign the dense trace confirms at 2-3%")
+    else:
+        print("precision: no steps")
     print(f"stated limits honest: {sum(honest)}/{len(honest)} injected steps at or above the stated limit found"
           if honest else "stated limits: no injected step reached a stated limit")
     print("untouched traces:")
