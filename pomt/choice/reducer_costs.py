@@ -1,11 +1,11 @@
 """Each reducer's own cost at a pruning block, measured inside the model at a few (tokens entering, removed).
 
-The paired-rounds idea of `pomt.choice.verify.method_cost`, generalised from the N tokens a block receives
-to any count n: the model with n tokens entering block j and the reducer removing r there, against the same
-model with n tokens entering block j and r of them simply dropped after it (its block runs plain at n).
-Every round visits each variant once in a seeded random order (one untimed forward, then `reps` timed,
-through `pomt.measurement.timing`); a cost is the median over rounds of patched minus dropped.
-Measured at the last block, where nothing after it differs, on the model cut to its last two blocks
+What both choices charge a reducer for: the frontier search at every pruning block, the step policy at its
+one block (`pomt.choice.verify.method_cost`). The model with n tokens entering block j and the reducer
+removing r there, against the same model with n tokens entering block j and r of them simply dropped after
+it (its block runs plain at n). Every round visits each variant once in a seeded random order (one untimed
+forward, then `reps` timed, through `pomt.measurement.timing`); a cost is the median over rounds of patched
+minus dropped. Measured at the last block, where nothing after it differs, on the model cut to its last two blocks
 (`pomt.models.shortened`: the same difference at a fraction of the forward's jitter). ToMe's proportional
 attention in the blocks after its first merge is measured as the same difference one block earlier (the
 merge plus one block of proportional attention) less the cost at the last block. The smallest removal (one
@@ -81,26 +81,30 @@ def measure_reducer_costs(
     rounds: int = 7,
     reps: int = 1,
     seed: int = 0,
+    points: Sequence[tuple[int, int]] | None = None,
 ) -> dict[str, ReducerCost]:
-    """{method: its ReducerCost} measured on input `x` (see the module docstring)."""
+    """{method: its ReducerCost} measured on input `x` (see the module docstring), at each share of each count
+    (`cost_points`), or at the (tokens entering, removed) `points` given."""
     geometry = model_geometry(model)
     num_tokens, prefix = geometry.num_tokens, geometry.prefix_tokens
     counts = sorted(set(counts or default_counts(num_tokens, prefix)))
-    for n in counts:
+    for n in [*counts, *(n for n, _ in points or ())]:
         geometry.check_tokens(n)
+    where = {m: sorted(set(points)) if points is not None else cost_points(num_tokens, prefix, m, counts, shares)
+             for m in methods}
     depth = min(MEASURED_BLOCKS, geometry.depth)
     with last_blocks(model, depth):
-        return _measure(model, x, methods, counts, shares, depth, num_tokens, prefix,
-                        device, threads, rounds, reps, seed)
+        return _measure(model, x, where, depth, num_tokens, prefix, device, threads, rounds, reps, seed)
 
 
-def _measure(model: nn.Module, x: torch.Tensor, methods: Sequence[str], counts: Sequence[int],
-             shares: Sequence[float], depth: int, num_tokens: int, prefix: int, device: str,
-             threads: int | None, rounds: int, reps: int, seed: int) -> dict[str, ReducerCost]:
+def _measure(model: nn.Module, x: torch.Tensor, where: dict[str, list[tuple[int, int]]], depth: int,
+             num_tokens: int, prefix: int, device: str, threads: int | None, rounds: int, reps: int,
+             seed: int) -> dict[str, ReducerCost]:
+    methods = list(where)
     pairs: list[tuple[Variant, Variant]] = []
     for method in methods:
         blocks = (depth - 1, depth - 2) if method == "tome" and depth > 1 else (depth - 1,)
-        for n, remove in cost_points(num_tokens, prefix, method, counts, shares):
+        for n, remove in where[method]:
             pairs += [((method, block, n, remove), ("", block, n, remove)) for block in blocks]
     variants = list(dict.fromkeys(v for pair in pairs for v in pair))  # plain references are shared
     times = _paired_rounds(model, x, variants, num_tokens, depth, device, threads,

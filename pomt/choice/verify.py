@@ -1,9 +1,9 @@
 """Checks of a schedule on this machine before it ships: a schedule is a promise, so it is measured.
 
 - `method_cost`: what a pruning method adds at its block over the plain block at the N tokens it receives
-  (explicit attention, scores, sorting, gathers, less the MLP's saving), measured inside the model against
-  the same model with those tokens dropped right after the block, in paired shuffled rounds in the same
-  warm state. Predictions add it.
+  (explicit attention, scores, sorting, gathers, less the MLP's saving), against the same model with those
+  tokens dropped right after the block, measured as the frontier search measures every reducer
+  (`pomt.choice.reducer_costs`: paired shuffled rounds on the model cut to its last blocks). Predictions add it.
 - `verify`: the patched model, through `pomt.apply_schedule`, against the unpruned model. Every round
   visits each variant once in a seeded random order; each visit is corrected for the drift at its time
   (`pomt.measurement.drift.drift_profile`), and each candidate's speedup is judged on its paired log-ratios with the
@@ -14,10 +14,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from pomt.choice.reducer_costs import measure_reducer_costs
+from pomt.choice.schedule_latency import ReducerCost
 from pomt.deploy.apply import apply_schedule
 from pomt.formats.schedule import Schedule
 from pomt.formats.schedule_parts import VerificationRecord
@@ -33,10 +34,8 @@ from pomt.formats.trace import Visit
 from pomt.measurement.drift import Drift, drift, drift_profile
 from pomt.measurement.paired import paired_effect
 from pomt.measurement.sources import ForwardAt, Session
-from pomt.measurement.timing import fixed_threads, synchronize, time_calls
-from pomt.models.geometry import model_geometry, transformer_blocks
-from pomt.models.tokens import truncate_tokens
-from pomt.patching import patched, unpatch
+from pomt.models.geometry import model_geometry
+from pomt.patching import unpatch
 from pomt.runtimes import Forward, ProgramCache, build_forward
 
 
@@ -48,44 +47,31 @@ def method_cost(
     removals: Sequence[int],
     device: str = "cpu",
     threads: int | None = None,
-    rounds: int = 6,
+    rounds: int = 7,
     reps: int = 1,
     seed: int = 0,
 ) -> dict[int, float]:
-    """{remove: ms} that `method` removing `remove` tokens at `block` costs inside the model over the same
-    model with those tokens simply dropped after that block (its block runs plain at the N tokens it gets).
+    """{remove: ms} that `method` removing `remove` tokens at `block` costs over the same model with those
+    tokens simply dropped after that block: its own cost at the N tokens the block receives, plus, for ToMe,
+    its proportional attention in every block after. Measured and priced as the frontier search prices a
+    schedule (`pomt.choice.reducer_costs`, `ReducerCost`): on the model cut to its last blocks, where the
+    difference is not buried in the other blocks' jitter (through the whole model two runs disagreed by up to
+    1.2 ms a point on deit_tiny at batch 16)."""
+    geometry = model_geometry(model)
+    n, wanted = geometry.num_tokens, sorted({r for r in removals if r > 0})
+    if not wanted:
+        return {}
+    cost = measure_reducer_costs(model, x, [method], points=[(n, r) for r in wanted], device=device,
+                                 threads=threads, rounds=rounds, reps=reps, seed=seed)[method]
+    return one_block_cost(cost, n, geometry.depth, block, wanted)
 
-    Measured in the model, not on the block alone: a method's small operations cost several times more
-    after the earlier blocks' large matrix products have gone through the caches. Each round visits every
-    variant once in a seeded random order (one untimed forward, then `reps` timed), and the cost is the
-    median over rounds of patched minus dropped.
-    """
-    depth = len(transformer_blocks(model))
-    num_tokens = model_geometry(model).num_tokens
-    variants = [(kind, r) for r in sorted(set(removals)) for kind in ("patched", "dropped")]
 
-    @contextlib.contextmanager
-    def variant(kind: str, remove: int) -> Iterator[None]:
-        if kind == "patched":
-            with patched(model, method, {block: remove}):
-                yield
-        elif block + 1 < depth:
-            with truncate_tokens(model, num_tokens - remove, at_block=block + 1):
-                yield
-        else:
-            yield  # dropped after the last block: the model as it is
-
-    rng = np.random.default_rng(seed)
-    times: dict[tuple[str, int], list[float]] = {v: [] for v in variants}
-    with fixed_threads(threads) as used, torch.inference_mode():
-        for _ in range(rounds):
-            for i in rng.permutation(len(variants)):
-                with variant(*variants[i]):
-                    model(x)  # untimed: the first forward of a new shape sets it up
-                    synchronize(device)
-                    times[variants[i]].append(float(np.median(time_calls(lambda: model(x), device, reps, used))))
-    return {r: float(np.median(np.subtract(times[("patched", r)], times[("dropped", r)])))
-            for r in sorted(set(removals))}
+def one_block_cost(cost: ReducerCost, num_tokens: int, depth: int, block: int,
+                   removals: Sequence[int]) -> dict[int, float]:
+    """{remove: ms} of a schedule that removes `remove` of the `num_tokens` at `block` alone: the reducer's cost
+    there plus (ToMe) its proportional attention in each of the blocks after it."""
+    after = depth - block - 1
+    return {r: cost.prune(num_tokens, r) + after * cost.carry(num_tokens - r) for r in removals}
 
 
 def cost_function(costs: Mapping[int, float]) -> Callable[[int], float]:

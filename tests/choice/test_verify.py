@@ -10,7 +10,16 @@ import pytest
 import torch
 
 import pomt
-from pomt.choice.verify import CandidateResult, choose, cost_function, method_cost, schedule_forward_at, verify
+from pomt.choice.schedule_latency import ReducerCost
+from pomt.choice.verify import (
+    CandidateResult,
+    choose,
+    cost_function,
+    method_cost,
+    one_block_cost,
+    schedule_forward_at,
+    verify,
+)
 from pomt.formats.schedule import BlockRemoval, Schedule
 from pomt.measurement.sources import LiveSource, ReplaySource, Session
 from pomt.models.geometry import model_geometry
@@ -94,15 +103,27 @@ def test_live_verification_patches_through_apply_schedule_and_leaves_the_model_c
         assert torch.equal(model(x), before)
 
 
-def test_method_cost_is_measured_in_the_model_and_leaves_it_clean():
-    model = create_model("test_vit", input_size=96)
+def test_method_cost_is_measured_on_the_cut_model_and_leaves_it_clean():
+    """The step policy's charge is measured as the frontier search measures every reducer: at the N tokens the
+    pruning block receives, on the model cut to its last blocks, the reducer removing what the schedule removes."""
+    model = create_model("test_vit", input_size=96)  # 37 tokens
     x = torch.randn(2, 3, 96, 96)
     seen: list[int] = []
-    model.blocks[3].register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[1]))
+    model.blocks[-1].register_forward_hook(lambda _m, _args, out: seen.append(out.shape[1]))
     with torch.inference_mode():
         before = model(x)
-        costs = method_cost(model, x, 2, "pomt", [5, 12], threads=1, rounds=2, reps=1)
+        costs = method_cost(model, x, 2, "pomt", [5, 12, 0], threads=1, rounds=2, reps=1)
         assert torch.equal(model(x), before)
     assert sorted(costs) == [5, 12] and all(math.isfinite(c) for c in costs.values())
-    assert set(seen) == {37, 32, 25}  # unpruned, then both variants of both removals reach block 3 pruned
-    assert pomt.patching.patch_state(model) is None
+    assert set(seen) == {37, 32, 25}  # unpruned, then each removal at the last block of the cut model
+    assert pomt.patching.patch_state(model) is None and len(model.blocks) == len(create_model("test_vit").blocks)
+
+
+def test_tomes_cost_at_one_block_carries_its_proportional_attention_into_every_later_block():
+    """ToMe merged at block 2 of 12 pays proportional attention in the 9 blocks after; merged at the last, in
+    none; a reducer without proportional attention pays at its block only."""
+    tome = ReducerCost("tome", 1, {(50, 4): 0.2, (50, 12): 0.3}, {46: 0.05, 38: 0.03})
+    assert one_block_cost(tome, 50, 12, 2, [4]) == {4: pytest.approx(0.2 + 9 * 0.05)}
+    assert one_block_cost(tome, 50, 12, 11, [4, 12]) == {4: pytest.approx(0.2), 12: pytest.approx(0.3)}
+    pomt_cost = ReducerCost("pomt", 1, {(50, 4): 0.2, (50, 12): -0.1})
+    assert one_block_cost(pomt_cost, 50, 12, 2, [12]) == {12: pytest.approx(-0.1)}
