@@ -26,19 +26,17 @@ from pomt.choice.accuracy import eval_transform, open_image_folder, seeded_subse
 from pomt.choice.accuracy_journal import AccuracyJournal, model_identity
 from pomt.choice.calibration import HELD_OUT, Calibration
 from pomt.choice.frontier import UNPRUNED
-from pomt.choice.frontier_choice import Goal, best_by_family
+from pomt.choice.frontier_choice import best_by_family
 from pomt.choice.pareto import Evaluated
 from pomt.choice.verify import Verification, schedule_forward_at, verify
-from pomt.digits.folder import DigitsSpec
-from pomt.digits.model import SMALL, DigitsCase, Recipe, digits_case
+from pomt.digits.model import FRONTIER, SMALL, DigitsCase, digits_case
 from pomt.measurement.search import SearchSettings
 from pomt.measurement.sources import LiveSource, Session
 from pomt.pipelines.offline import OfflineConfig, OfflineResult, run_offline
 from pomt.pipelines.offline.frontier_schedule import as_schedule
-from pomt.pipelines.offline.frontier_setup import journal_path
+from pomt.pipelines.offline.frontier_setup import goal_of, journal_path
 from pomt.workload.prepare import Prepared, Workload, prepare
 
-RECIPE = Recipe(data=DigitsSpec(calibration=0.45))
 SMOKE_SEARCH = SearchSettings(passes=3, visit_s=0.01, confirm_rounds=3)
 CHOSEN = "chosen"
 
@@ -62,15 +60,17 @@ def offline(case: DigitsCase, batch: int, args: argparse.Namespace) -> tuple[Wor
                         threads=args.threads, output_dir=Path(args.output_dir) / f"bs{batch}", progress=args.progress)
     config = OfflineConfig(dataset_root=case.calibration_root, checkpoint=case.checkpoint, policy="frontier",
                            max_accuracy_drop=args.drop, max_evals=args.max_evals, accuracy_samples=100_000,
+                           accuracy_confidence=args.confidence,
                            verify_rounds=args.rounds)
     return workload, config, run_offline(workload, config, SMOKE_SEARCH if args.smoke else SearchSettings())
 
 
-def compared_schedules(result: OfflineResult, drop: float) -> dict[str, Evaluated]:
-    """The chosen schedule (where one shipped) and each uniform family's best within the drop."""
+def compared_schedules(result: OfflineResult, config: OfflineConfig) -> dict[str, Evaluated]:
+    """The chosen schedule (where one shipped) and each uniform family's best within the drop, judged as the
+    offline run judged its own (`goal_of`: the same drop, at the same confidence)."""
     found = result.frontier.found
     chosen = result.frontier.verdict.chosen
-    bests = best_by_family(found.result.evaluated, found.result.baseline.accuracy, Goal(drop))
+    bests = best_by_family(found.result.evaluated, found.result.baseline.accuracy, goal_of(config))
     return ({CHOSEN: chosen} if chosen is not None else {}) | bests
 
 
@@ -107,7 +107,7 @@ def run_case(case: DigitsCase, batch: int, args: argparse.Namespace) -> Case:
     started = time.perf_counter()
     workload, config, result = offline(case, batch, args)
     offline_s = time.perf_counter() - started
-    compared = compared_schedules(result, args.drop)
+    compared = compared_schedules(result, config)
     prepared = prepare(workload, checkpoint=case.checkpoint)
     started = time.perf_counter()
     accuracy = held_out(prepared, workload, config, case, compared)
@@ -161,6 +161,8 @@ def main() -> None:
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16])
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
     parser.add_argument("--drop", type=float, default=1.0, help="most accuracy lost, points (held-out reported)")
+    parser.add_argument("--confidence", type=float, default=OfflineConfig.accuracy_confidence,
+                        help="confidence the drop is met at, on the search split (the offline default)")
     parser.add_argument("--max-evals", type=int, default=80)
     parser.add_argument("--rounds", type=int, default=10, help="paired rounds of the verification")
     parser.add_argument("--output-dir", default="bin/frontier-bench")
@@ -170,10 +172,10 @@ def main() -> None:
     if args.smoke:
         args.drop, args.max_evals, args.rounds = max(args.drop, 20.0), min(args.max_evals, 26), min(args.rounds, 3)
     started = time.perf_counter()
-    case = digits_case(SMALL if args.smoke else RECIPE, progress=args.progress)
+    case = digits_case(SMALL if args.smoke else FRONTIER, progress=args.progress)
     print(f"digits case: {case.recipe.model} at {case.recipe.data.size} px, {case.calibration_images} calibration "
           f"images, top-1 {case.accuracy:.3f}, trained in {case.train_s:.0f} s"
-          f"{' (cached)' if case.reused else ''}; drop <= {args.drop:g} points")
+          f"{' (cached)' if case.reused else ''}; drop <= {args.drop:g} points at {args.confidence:.0%} confidence")
     for batch in args.batch_sizes:
         report(run_case(case, batch, args), args.drop)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")

@@ -84,7 +84,8 @@ class AccuracyJournal:
         for number, line in enumerate(lines[1:], start=2):
             try:
                 entry = json.loads(line)
-                self.entries[entry["key"]] = Proportion(int(entry["correct"]), int(entry["images"]))
+                paired = [None if entry.get(k) is None else int(entry[k]) for k in ("lost", "gained")]
+                self.entries[entry["key"]] = Proportion(int(entry["correct"]), int(entry["images"]), *paired)
             except (json.JSONDecodeError, KeyError, TypeError, ValueError):
                 raise AccuracyCacheError(f"accuracy cache {self.path} is corrupt at line {number}; "
                                          "delete it to measure again") from None
@@ -101,7 +102,7 @@ class AccuracyJournal:
         self.entries[key] = result
         if self.path is not None:
             line = {"key": key, "split": split, **candidate.to_dict(), "correct": result.successes,
-                    "images": result.trials}
+                    "images": result.trials, "lost": result.lost, "gained": result.gained}
             with self.path.open("ab") as handle:
                 handle.write((json.dumps(line, sort_keys=True) + "\n").encode("utf-8"))
                 handle.flush()

@@ -2,6 +2,13 @@
 
 Wilson's interval stays inside [0, 1] and keeps its coverage near 0 and 1, where accuracies of good models
 and agreements with an unpruned model live; the normal (Wald) interval collapses there.
+
+A schedule's accuracy drop is measured paired, on the same images as the unpruned model: the two accuracies are
+correlated (a schedule that changed few images has a drop known far better than either accuracy), so the
+bound on the drop combines the two Wilson intervals with the correlation of the paired outcomes, Newcombe's
+method 10 (Statistics in Medicine 17, 1998; "Improved confidence intervals for the difference between binomial
+proportions based on paired data"). With agreement there is nothing to correlate: the bound is one minus the
+agreement's lower bound.
 """
 
 from __future__ import annotations
@@ -35,6 +42,36 @@ def wilson_interval(successes: int, trials: int, confidence: float = CONFIDENCE)
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def one_sided_interval(successes: int, trials: int, confidence: float) -> tuple[float, float]:
+    """The lower and the upper one-sided Wilson bounds at `confidence` (each alone holds with it); at 0.5 both
+    are the measured share."""
+    if not 0.5 <= confidence < 1.0:
+        raise ValueError(f"a one-sided confidence must lie in [0.5, 1), got {confidence}")
+    if confidence == 0.5 and trials:
+        return successes / trials, successes / trials
+    return wilson_interval(successes, trials, 2 * confidence - 1)
+
+
+def paired_drop_bound(correct: int, lost: int, gained: int, images: int, confidence: float) -> float:
+    """Upper one-sided bound at `confidence` of the drop (lost - gained) / images of a schedule measured on the
+    same images as the unpruned model: it got `correct` of them right, `lost` that the unpruned model got
+    right and it did not, `gained` the other way (Newcombe's method 10, module docstring)."""
+    base = correct + lost - gained  # what the unpruned model got right
+    both_wrong = images - correct - lost
+    if min(lost, gained, both_wrong, correct - gained) < 0:
+        raise ValueError(f"not a paired table: {correct} right, {lost} lost, {gained} gained of {images}")
+    if not images:
+        return 1.0
+    both_right = correct - gained
+    p_base, p_schedule = base / images, correct / images
+    _, base_high = one_sided_interval(base, images, confidence)
+    schedule_low, _ = one_sided_interval(correct, images, confidence)
+    margins = base * (images - base) * correct * (images - correct)
+    phi = (both_right * both_wrong - lost * gained) / math.sqrt(margins) if margins else 0.0
+    over, under = base_high - p_base, p_schedule - schedule_low
+    return p_base - p_schedule + math.sqrt(max(0.0, over * over - 2 * phi * over * under + under * under))
+
+
 def half_width(accuracy: float, trials: int, confidence: float = CONFIDENCE) -> float:
     """Half the width of the Wilson interval of `accuracy` measured on `trials` items (decreasing in trials)."""
     return _centre_and_half(accuracy, trials, _z(confidence))[1]
@@ -55,10 +92,24 @@ def trials_for_half_width(accuracy: float, width: float, confidence: float = CON
 
 @dataclass(frozen=True)
 class Proportion:
-    """`successes` of `trials` (top-1 hits or agreements), its value and Wilson interval."""
+    """`successes` of `trials` (top-1 hits or agreements), its value and Wilson interval; where measured, the
+    images it `lost` and `gained` against the unpruned model on the same images (its drop, paired)."""
 
     successes: int
     trials: int
+    lost: int | None = None
+    gained: int | None = None
+
+    @property
+    def paired(self) -> bool:
+        return self.lost is not None and self.gained is not None
+
+    def drop_bound(self, confidence: float) -> float | None:
+        """The upper one-sided bound of its drop against the unpruned model (`paired_drop_bound`), as a
+        fraction; None when it was not measured paired."""
+        if not self.paired:
+            return None
+        return paired_drop_bound(self.successes, self.lost, self.gained, self.trials, confidence)
 
     @property
     def value(self) -> float:
@@ -69,8 +120,9 @@ class Proportion:
 
     def to_dict(self, confidence: float = CONFIDENCE) -> dict:
         low, high = self.interval(confidence)
+        paired = {"lost": self.lost, "gained": self.gained} if self.paired else {}
         return {"accuracy": round(self.value, 6), "ci": [round(low, 6), round(high, 6)],
-                "correct": self.successes, "images": self.trials}
+                "correct": self.successes, "images": self.trials, **paired}
 
 
 def difference_interval(a: Proportion, b: Proportion, confidence: float = CONFIDENCE) -> tuple[float, float]:

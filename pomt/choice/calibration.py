@@ -85,7 +85,10 @@ class Calibration:
         return len(self.indices[split])
 
     def cached(self, candidate: Candidate, split: str = SEARCH) -> Proportion | None:
-        return self.journal.get(candidate, self.split_ids[split])
+        """Its journalled accuracy on `split`; None when not measured, or measured before drops were paired
+        (such a line is measured again)."""
+        found = self.journal.get(candidate, self.split_ids[split])
+        return found if found is not None and found.paired else None
 
     def measure(self, candidates: Sequence[Candidate], split: str = SEARCH) -> dict[Candidate, Proportion]:
         """{candidate: its accuracy on `split`}: journalled results read back, the others measured together
@@ -95,10 +98,9 @@ class Calibration:
         if missing:
             start = time.perf_counter()
             batches = _batches(image_loader(self.datasets[split], self.batch_size), self.progress)
-            correct, total = count_correct(self.model, missing, batches, self.kind == AGREEMENT, self.device,
-                                           self.dtype)
+            counted = count_correct(self.model, missing, batches, self.kind == AGREEMENT, self.device, self.dtype)
             for candidate in missing:
-                self.journal.add(candidate, self.split_ids[split], Proportion(correct[candidate], total))
+                self.journal.add(candidate, self.split_ids[split], counted[candidate])
             self.evaluated += len(missing)
             self.seconds += time.perf_counter() - start
         return {c: self.cached(c, split) for c in unique}

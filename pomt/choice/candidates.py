@@ -56,3 +56,6 @@ class Candidate:
     @classmethod
     def from_dict(cls, data: Mapping) -> Candidate:
         return cls.of(data["method"], {int(b): int(r) for b, r in data["removal"].items()})
+
+
+NONE = Candidate(UNPRUNED)  # the unpruned model

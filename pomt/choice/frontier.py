@@ -31,16 +31,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from pomt.checks import check_method
-from pomt.choice.binomial import Proportion
-from pomt.choice.candidates import REDUCERS, Candidate
+from pomt.choice.binomial import CONFIDENCE, Proportion
+from pomt.choice.candidates import NONE, REDUCERS, Candidate
 from pomt.choice.drop_surrogate import fit_surrogate, probe_candidates
 from pomt.choice.families import uniform_families
-from pomt.choice.pareto import EPSILON, Evaluated, pareto_front
+from pomt.choice.pareto import Evaluated, drop_within, pareto_front
 from pomt.choice.schedule_dp import BlockProgramme, landing_counts
 from pomt.choice.schedule_latency import LatencyModel
 
 Oracle = Callable[[Sequence[Candidate]], Mapping[Candidate, Proportion]]
-UNPRUNED = Candidate.of("pomt", {})
+UNPRUNED = NONE
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ class SearchSettings:
     reducers: tuple[str, ...] = REDUCERS
     max_evals: int = 80
     max_accuracy_drop: float = 1.0  # points
+    confidence: float = CONFIDENCE  # of the drop (`pomt.choice.pareto.drop_within`)
     latency_budget_ms: float | None = None
     steps: tuple[int, ...] = ()
     family_points: int = 5
@@ -147,7 +148,7 @@ class FrontierSearch:
         """Measure proposals (slowest first) to find the fastest within the accuracy drop; see the module doc."""
         s = self.settings
         stop = self.asked + budget
-        floor = self.records[UNPRUNED].accuracy - s.max_accuracy_drop / 100
+        baseline = self.records[UNPRUNED].accuracy
 
         def measured(i: int) -> Evaluated | None:
             if proposals[i] not in self.records and self.asked < stop:
@@ -165,7 +166,8 @@ class FrontierSearch:
             point = measured(middle)
             if point is None:
                 break
-            low, high = (middle, high) if point.accuracy >= floor - EPSILON else (low, middle)
+            within = drop_within(point, baseline, s.max_accuracy_drop, s.confidence)
+            low, high = (middle, high) if within else (low, middle)
         for i in sorted(range(len(proposals)), key=lambda i: (abs(i - high + 0.5), i)):
             if self.asked >= stop:
                 break

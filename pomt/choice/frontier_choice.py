@@ -1,9 +1,11 @@
 """Which frontier schedules may ship, best first, and the best uniform schedule they must beat (pure).
 
 A schedule meets the goal when its search-split accuracy is at most `max_drop_points` below the unpruned
-model's (where a drop is asked), at least `min_accuracy` (where asked) and its predicted latency within
-`latency_budget_ms` (where asked). Among those, with a latency budget the most accurate comes first (on
-equal accuracy the faster), else the fastest (on equal latency the more accurate). That order is predicted;
+model's (where a drop is asked), at least `min_accuracy` (where asked), both at `confidence` (on the one-sided
+bound of the paired drop, `pomt.choice.pareto.drop_within`, and of the accuracy), and its predicted latency
+within `latency_budget_ms` (where asked). What may ship is the frontier of the schedules that meet it: with a
+latency budget the most accurate first (on equal accuracy the faster), else the fastest (on equal latency the
+more accurate). That order is predicted;
 what ships is decided on measurement (`verified_choice`): of the schedules verified (the best few in that
 order and the best uniform schedule, all meeting the goal) that qualified, the fastest measured, or with a
 latency budget the first in the order.
@@ -14,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from pomt.choice.binomial import CONFIDENCE
 from pomt.choice.families import FAMILIES
 from pomt.choice.frontier import FrontierResult
-from pomt.choice.pareto import EPSILON, Evaluated
+from pomt.choice.pareto import Evaluated, accuracy_at_least, drop_within, pareto_front
 
 
 @dataclass(frozen=True)
@@ -26,12 +29,13 @@ class Goal:
     max_drop_points: float | None = 1.0
     latency_budget_ms: float | None = None
     min_accuracy: float | None = None
+    confidence: float = CONFIDENCE
 
     def meets(self, point: Evaluated, baseline_accuracy: float) -> bool:
         if self.max_drop_points is not None and \
-                point.accuracy < baseline_accuracy - self.max_drop_points / 100 - EPSILON:
+                not drop_within(point, baseline_accuracy, self.max_drop_points, self.confidence):
             return False
-        if self.min_accuracy is not None and point.accuracy < self.min_accuracy - EPSILON:
+        if self.min_accuracy is not None and not accuracy_at_least(point, self.min_accuracy, self.confidence):
             return False
         return self.latency_budget_ms is None or point.predicted_ms <= self.latency_budget_ms
 
@@ -41,9 +45,10 @@ class Goal:
             if self.max_drop_points is not None else []
         if self.min_accuracy is not None:
             parts.append(f"accuracy at least {self.min_accuracy:g}")
+        sure = f" at {self.confidence:.0%} confidence" if parts and self.confidence > 0.5 else ""
         if self.latency_budget_ms is not None:
             parts.append(f"predicted within {self.latency_budget_ms:g} ms")
-        return ", ".join(parts) or "any accuracy"
+        return (", ".join(parts) + sure) if parts else "any accuracy"
 
 
 def ordered(points: Iterable[Evaluated], baseline_accuracy: float, goal: Goal) -> list[Evaluated]:
@@ -55,10 +60,11 @@ def ordered(points: Iterable[Evaluated], baseline_accuracy: float, goal: Goal) -
 
 
 def preference(result: FrontierResult, goal: Goal) -> list[Evaluated]:
-    """The frontier schedules predicted faster than the unpruned model that meet the goal, best first: what
-    may ship, in the order of fallback."""
-    faster = [p for p in result.frontier if p.predicted_ms < result.baseline.predicted_ms]
-    return ordered(faster, result.baseline.accuracy, goal)
+    """The frontier of the schedules predicted faster than the unpruned model that meet the goal, best first:
+    what may ship, in the order of fallback. (Above a confidence of 0.5 a schedule off the frontier of all can
+    meet the goal where a more accurate one that changed more images does not.)"""
+    faster = [p for p in result.evaluated if p.predicted_ms < result.baseline.predicted_ms]
+    return ordered(pareto_front(ordered(faster, result.baseline.accuracy, goal)), result.baseline.accuracy, goal)
 
 
 def best_by_family(points: Sequence[Evaluated], baseline_accuracy: float, goal: Goal,

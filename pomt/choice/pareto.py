@@ -1,4 +1,5 @@
-"""Evaluated schedules, their (predicted latency, accuracy) frontier, and the choices made on it (pure).
+"""Evaluated schedules, their (predicted latency, accuracy) frontier, and whether one meets an accuracy goal
+(pure).
 
 Accuracies here are the search split's; drops are in points (percentage points) from the unpruned model.
 """
@@ -8,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from pomt.choice.binomial import Proportion
+from pomt.choice.binomial import Proportion, one_sided_interval
 from pomt.choice.candidates import Candidate
-from pomt.errors import PolicyError
 
 EPSILON = 1e-12
 
@@ -47,35 +47,18 @@ def pareto_front(points: Sequence[Evaluated]) -> list[Evaluated]:
     return front
 
 
-def _accurate_enough(points: Sequence[Evaluated], min_accuracy: float | None) -> list[Evaluated]:
-    if min_accuracy is None:
-        return list(points)
-    kept = [p for p in points if p.accuracy >= min_accuracy - EPSILON]
-    if not kept:
-        best = max((p.accuracy for p in points), default=float("nan"))
-        raise PolicyError(f"no evaluated schedule reaches accuracy {min_accuracy:g}; the best reaches {best:.4g}")
-    return kept
+def drop_within(point: Evaluated, baseline_accuracy: float, max_drop_points: float, confidence: float) -> bool:
+    """Whether the point's search-split drop from the unpruned model is within `max_drop_points`: its upper
+    one-sided bound at `confidence` where it was measured paired (`Proportion.drop_bound`), else the
+    measured drop. At 0.5 both are the measured drop; above, a schedule that changed many images needs a
+    smaller measured drop, which is what keeps the fastest of many from being the one its split flattered."""
+    bound = point.search.drop_bound(confidence)
+    drop = baseline_accuracy - point.accuracy if bound is None else bound
+    return drop <= max_drop_points / 100 + EPSILON
 
 
-def fastest_within_drop(points: Sequence[Evaluated], baseline_accuracy: float, max_drop_points: float,
-                        min_accuracy: float | None = None) -> Evaluated:
-    """The fastest schedule whose accuracy is at most `max_drop_points` below the unpruned model's (and at
-    least `min_accuracy`); on equal latency the more accurate."""
-    floor = baseline_accuracy - max_drop_points / 100
-    within = [p for p in _accurate_enough(points, min_accuracy) if p.accuracy >= floor - EPSILON]
-    if not within:
-        raise PolicyError(f"no evaluated schedule is within {max_drop_points:g} points of the unpruned model's "
-                          f"accuracy {baseline_accuracy:.4g}")
-    return min(within, key=lambda p: (p.predicted_ms, -p.accuracy))
-
-
-def most_accurate_within(points: Sequence[Evaluated], latency_budget_ms: float,
-                         min_accuracy: float | None = None) -> Evaluated:
-    """The most accurate schedule whose predicted latency meets the budget (and accuracy the minimum);
-    on equal accuracy the faster."""
-    within = [p for p in _accurate_enough(points, min_accuracy) if p.predicted_ms <= latency_budget_ms]
-    if not within:
-        fastest = min((p.predicted_ms for p in points), default=float("nan"))
-        raise PolicyError(f"no evaluated schedule meets the latency budget {latency_budget_ms:g} ms; the fastest "
-                          f"is predicted at {fastest:.4g} ms")
-    return max(within, key=lambda p: (p.accuracy, -p.predicted_ms))
+def accuracy_at_least(point: Evaluated, min_accuracy: float, confidence: float) -> bool:
+    """Whether the point's search-split accuracy is at least `min_accuracy`, on its lower one-sided Wilson
+    bound at `confidence`."""
+    low = one_sided_interval(point.search.successes, point.search.trials, confidence)[0]
+    return low >= min_accuracy - EPSILON

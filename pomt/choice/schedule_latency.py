@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pomt.choice.candidates import Candidate
+from pomt.choice.candidates import NONE, Candidate
 from pomt.choice.policy import predict_from_counts
 from pomt.errors import CurveError
 from pomt.patching.plan import removed_at, token_counts
@@ -128,4 +128,4 @@ class LatencyModel:
 
     @property
     def baseline(self) -> float:
-        return self.predict(Candidate.of("pomt", {}))
+        return self.predict(NONE)

@@ -16,7 +16,8 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from pomt.choice.candidates import Candidate
+from pomt.choice.binomial import Proportion
+from pomt.choice.candidates import NONE, Candidate
 from pomt.errors import DatasetError
 from pomt.models.geometry import transformer_blocks
 from pomt.patching import patch, unpatch
@@ -77,13 +78,13 @@ def candidate_logits(model: nn.Module, candidates: Sequence[Candidate], images: 
     return {c: predictions[c] for c in unique}
 
 
-def count_correct(model: nn.Module, candidates: Sequence[Candidate], batches: Iterable, agreement: bool,
-                  device: str = "cpu", dtype: torch.dtype | None = None) -> tuple[dict[Candidate, int], int]:
-    """({candidate: images whose top-1 equals the label, or with `agreement` the unpruned model's top-1},
-    images seen) over (images, labels) batches, one batch in memory at a time."""
-    unique = list(dict.fromkeys(candidates))
-    wanted = unique + ([Candidate.of("pomt", {})] if agreement else [])
-    correct, total = dict.fromkeys(unique, 0), 0
+def image_outcomes(model: nn.Module, candidates: Sequence[Candidate], batches: Iterable, agreement: bool,
+                   device: str = "cpu", dtype: torch.dtype | None = None) -> dict[Candidate, torch.Tensor]:
+    """{candidate: for each image in order, whether its top-1 equals the label, or with `agreement` the
+    unpruned model's top-1} over (images, labels) batches, one batch in memory at a time; the unpruned
+    model (`NONE`) always among them."""
+    wanted = list(dict.fromkeys([*candidates, NONE]))
+    right: dict[Candidate, list[torch.Tensor]] = {c: [] for c in wanted}
     classes = getattr(model, "num_classes", None)
     with torch.inference_mode():
         for images, labels in batches:
@@ -92,8 +93,22 @@ def count_correct(model: nn.Module, candidates: Sequence[Candidate], batches: It
                                    "matching checkpoint or unlabelled images (agreement)")
             logits = candidate_logits(model, wanted, images.to(device, dtype))
             top1 = {c: out.argmax(dim=-1) for c, out in logits.items()}
-            target = top1[Candidate.of("pomt", {})] if agreement else labels.to(device)
-            for candidate in unique:
-                correct[candidate] += int((top1[candidate] == target).sum())
-            total += len(images)
-    return correct, total
+            target = top1[NONE] if agreement else labels.to(device)
+            for candidate in wanted:
+                right[candidate].append((top1[candidate] == target).cpu())
+    return {c: torch.cat(r) if r else torch.zeros(0, dtype=torch.bool) for c, r in right.items()}
+
+
+def paired_counts(outcomes: torch.Tensor, reference: torch.Tensor) -> Proportion:
+    """Images right of those seen, with those lost and gained against the `reference` outcomes (the
+    unpruned model's on the same images)."""
+    return Proportion(int(outcomes.sum()), len(outcomes), int((reference & ~outcomes).sum()),
+                      int((outcomes & ~reference).sum()))
+
+
+def count_correct(model: nn.Module, candidates: Sequence[Candidate], batches: Iterable, agreement: bool,
+                  device: str = "cpu", dtype: torch.dtype | None = None) -> dict[Candidate, Proportion]:
+    """{candidate: its `paired_counts` against the unpruned model} over (images, labels) batches
+    (`image_outcomes`)."""
+    right = image_outcomes(model, candidates, batches, agreement, device, dtype)
+    return {c: paired_counts(right[c], right[NONE]) for c in dict.fromkeys(candidates)}

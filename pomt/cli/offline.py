@@ -119,8 +119,10 @@ def frontier_lines(frontier: FrontierRun) -> None:
     chosen = record.get("chosen")
     if chosen:
         speed = chosen.get("verified_speedup")
-        echo(f"  chosen     {chosen['key']} ({chosen['family']}): search {_proportion(chosen['search'])}; held-out "
-             f"{_proportion(chosen['held_out'])}" + (f"; verified {speed:.3f}x" if speed else ""))
+        bound, sure = chosen.get("search_drop_bound_points"), record.get("accuracy_confidence")
+        echo(f"  chosen     {chosen['key']} ({chosen['family']}): search {_proportion(chosen['search'])}"
+             + (f" (drop at most {bound:.2f} points at {sure:.0%} confidence)" if bound is not None and sure else "")
+             + f"; held-out {_proportion(chosen['held_out'])}" + (f"; verified {speed:.3f}x" if speed else ""))
     uniform = record.get("best_uniform")
     if uniform:
         speed, over = uniform.get("verified_speedup"), uniform.get("speedup_over")

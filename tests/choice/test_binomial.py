@@ -2,7 +2,15 @@
 
 import pytest
 
-from pomt.choice.binomial import Proportion, half_width, trials_for_half_width, wilson_interval
+from pomt.choice.binomial import (
+    Proportion,
+    difference_interval,
+    half_width,
+    one_sided_interval,
+    paired_drop_bound,
+    trials_for_half_width,
+    wilson_interval,
+)
 
 
 def test_wilson_matches_the_textbook_values():
@@ -33,3 +41,42 @@ def test_a_proportion_reports_its_interval():
     assert record["accuracy"] == 0.9 and record["images"] == 50 and record["correct"] == 45
     low, high = record["ci"]
     assert low < 0.9 < high
+
+
+def test_a_one_sided_bound_is_the_two_sided_interval_at_twice_the_tail():
+    assert one_sided_interval(90, 100, 0.975) == pytest.approx(wilson_interval(90, 100, 0.95))
+    assert one_sided_interval(90, 100, 0.5) == (0.9, 0.9)
+    low, high = one_sided_interval(90, 100, 0.8)
+    assert wilson_interval(90, 100)[0] < low < 0.9 < high < wilson_interval(90, 100)[1]
+    with pytest.raises(ValueError):
+        one_sided_interval(9, 10, 0.4)
+
+
+def test_the_paired_drop_bound_grows_with_the_images_changed():
+    # 282 of 404 right, 0.5 points below the unpruned model (2 images net), at 0.5: the measured drop
+    assert paired_drop_bound(282, 2, 0, 404, 0.5) == pytest.approx(2 / 404)
+    assert paired_drop_bound(282, 21, 19, 404, 0.5) == pytest.approx(2 / 404)
+    # the same net loss is known far better when those 2 were all it changed than when it changed 40
+    few, many = paired_drop_bound(282, 2, 0, 404, 0.95), paired_drop_bound(282, 21, 19, 404, 0.95)
+    assert 2 / 404 < few < many
+    assert 0 <= paired_drop_bound(282, 0, 0, 404, 0.95) < 0.5 / 100  # changed nothing: within half a point
+    assert paired_drop_bound(282, 0, 10, 404, 0.95) < 0  # only gained
+    with pytest.raises(ValueError):
+        paired_drop_bound(282, 200, 0, 404, 0.95)
+
+
+def test_with_agreement_the_drop_bound_is_one_minus_the_agreement_bound():
+    # agreement: the unpruned model agrees with itself on every image, so nothing is correlated
+    assert paired_drop_bound(396, 8, 0, 404, 0.95) == pytest.approx(1 - one_sided_interval(396, 404, 0.95)[0])
+
+
+def test_uncorrelated_outcomes_give_the_unpaired_interval():
+    # a table whose two outcomes are independent (phi = 0): 100 right/right, 100 lost, 100 gained, 100 wrong/wrong
+    bound = paired_drop_bound(200, 100, 100, 400, 0.975)
+    assert bound == pytest.approx(difference_interval(Proportion(200, 400), Proportion(200, 400))[1])
+
+
+def test_a_paired_proportion_reports_what_it_changed():
+    record = Proportion(318, 400, lost=21, gained=19).to_dict()
+    assert record["lost"] == 21 and record["gained"] == 19
+    assert "lost" not in Proportion(318, 400).to_dict() and Proportion(318, 400).drop_bound(0.95) is None

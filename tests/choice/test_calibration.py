@@ -48,9 +48,9 @@ def test_measured_accuracies_are_the_counts_on_the_splits_images(model, images, 
     found = cal.measure(CANDIDATES, SEARCH)
     search = [images[i] for i in cal.indices[SEARCH]]
     batch = (torch.stack([x for x, _ in search]), torch.stack([y for _, y in search]))
-    correct, total = count_correct(model, CANDIDATES, [batch], agreement=False)
-    assert {c: (p.successes, p.trials) for c, p in found.items()} == {c: (correct[c], total) for c in CANDIDATES}
-    assert cal.evaluated == 3 and total == cal.size(SEARCH) == 15
+    assert found == count_correct(model, CANDIDATES, [batch], agreement=False)
+    assert all(p.paired for p in found.values())
+    assert cal.evaluated == 3 and found[CANDIDATES[0]].trials == cal.size(SEARCH) == 15
 
 
 def test_a_journal_is_read_back_and_a_killed_line_measured_again(model, images, tmp_path):
@@ -65,6 +65,19 @@ def test_a_journal_is_read_back_and_a_killed_line_measured_again(model, images, 
     assert again.evaluated == 1 and held[CANDIDATES[0]].trials == 15
     lines = path.read_text().splitlines()
     assert json.loads(lines[0])["identity"]["weights"] == model_identity(model)["weights"] and len(lines) == 5
+
+
+def test_a_line_journalled_before_drops_were_paired_is_measured_again(model, images, tmp_path):
+    path = tmp_path / "acc.jsonl"
+    first = calibration(model, images, path).measure(CANDIDATES[:1])[CANDIDATES[0]]
+    header, line = path.read_text().splitlines()
+    entry = json.loads(line)
+    del entry["lost"], entry["gained"]  # as such a journal wrote it
+    path.write_text(header + "\n" + json.dumps(entry) + "\n")
+    again = calibration(model, images, path)
+    assert again.cached(CANDIDATES[0]) is None
+    assert again.measure(CANDIDATES[:1])[CANDIDATES[0]] == first and again.evaluated == 1
+    assert calibration(model, images, path).cached(CANDIDATES[0]) == first  # the later line wins
 
 
 def test_a_journal_of_another_model_is_refused(model, images, tmp_path):

@@ -14,7 +14,8 @@ from pomt.choice.calibration import HELD_OUT, SEARCH, Calibration
 from pomt.choice.candidates import REDUCERS, Candidate
 from pomt.choice.families import uniform_families
 from pomt.choice.frontier import SearchSettings, search_frontier, with_held_out
-from pomt.choice.pareto import fastest_within_drop, pareto_front
+from pomt.choice.frontier_choice import Goal, ordered
+from pomt.choice.pareto import pareto_front
 from pomt.choice.schedule_latency import LatencyModel, ReducerCost
 from pomt.errors import PatchError
 from pomt.models.registry import create_model
@@ -63,7 +64,7 @@ def test_the_search_finds_the_known_optimum_within_its_budget(drop):
     result = search_frontier(LATENCY, oracle, SearchSettings(max_evals=60, max_accuracy_drop=drop, grid=N,
                                                              max_share=1.0))
     assert result.evals <= 60
-    found = fastest_within_drop(result.evaluated, result.baseline.accuracy, drop)
+    found = ordered(result.evaluated, result.baseline.accuracy, Goal(drop))[0]  # unpaired: the measured drop
     assert found.predicted_ms == pytest.approx(optimum)
 
 
@@ -142,5 +143,5 @@ def test_a_search_on_a_trained_tiny_vit_end_to_end(trained, tmp_path):
     result = with_held_out(result, lambda cs: calibration.measure(cs, HELD_OUT))
     assert result.evals <= 40 and calibration.evaluated == result.evals + len(result.frontier) + 1
     assert result.baseline.search.trials == calibration.size(SEARCH) == 80
-    chosen = fastest_within_drop(result.evaluated, result.baseline.accuracy, 5.0)
+    chosen = ordered(result.evaluated, result.baseline.accuracy, Goal(5.0, confidence=0.5))[0]
     assert chosen in result.frontier and chosen.held_out is not None

@@ -4,6 +4,7 @@ frontier schedule as the schedule file it ships as (on hand-made evaluations; th
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import torch
 
@@ -61,9 +62,23 @@ def test_the_fastest_within_the_drop_ships_first_then_the_next():
 def test_a_latency_budget_ships_the_most_accurate_within_it():
     order = preference(result(), Goal(max_drop_points=None, latency_budget_ms=7.6))
     assert [p.candidate.key for p in order] == ["pomt:5=20", "pomt:2=30,6=10"]
-    assert preference(result(), Goal(max_drop_points=None, latency_budget_ms=7.6, min_accuracy=0.9))[0] \
-        .candidate.key == "pomt:5=20"
+    floor = Goal(max_drop_points=None, latency_budget_ms=7.6, min_accuracy=0.9, confidence=0.5)
+    assert preference(result(), floor)[0].candidate.key == "pomt:5=20"
+    assert preference(result(), replace(floor, confidence=0.95)) == []  # 90 of 100: its lower bound is 0.840
+    assert preference(result(), replace(floor, min_accuracy=0.83, confidence=0.95))[0].candidate.key == "pomt:5=20"
     assert preference(result(), Goal(max_drop_points=None, latency_budget_ms=5.0)) == []
+
+
+def test_above_half_confidence_a_schedule_that_changed_fewer_images_can_ship_first():
+    baseline = Evaluated(Candidate.of("pomt", {}), "unpruned", 10.0, Proportion(900, 1000, 0, 0))
+    churn = Evaluated(Candidate.of("tome", {0: 9}), "search-tome", 6.0, Proportion(895, 1000, 40, 35))
+    steady = Evaluated(Candidate.of("pomt", {3: 20}), "search-pomt", 6.5, Proportion(894, 1000, 6, 0))
+    found = FrontierResult(baseline, (baseline, churn, steady), tuple(pareto_front([baseline, churn, steady])), 3)
+    assert steady not in found.frontier  # slower and less accurate than `churn`
+    assert [p.candidate for p in preference(found, Goal(1.5, confidence=0.5))] == [churn.candidate]
+    # churn's drop is bounded at 1.94 points (it changed 75 images), steady's at 1.07 (it changed 6)
+    assert [p.candidate for p in preference(found, Goal(1.5))] == [steady.candidate]
+    assert "at 95% confidence" in Goal(1.5).describe() and "confidence" not in Goal(1.5, confidence=0.5).describe()
 
 
 def test_the_uniform_schedule_to_beat_is_the_best_uniform_one_within_the_goal():

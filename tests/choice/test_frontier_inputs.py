@@ -84,6 +84,8 @@ def test_a_grid_that_stops_above_the_lowest_count_is_refused_before_measuring(tm
     (("--max-accuracy-drop", "0"), ("--max-accuracy-drop must be positive",)),
     (("--max-evals", "0"), ("--max-evals", "greater than or equal to 1")),
     (("--held-out", "1"), ("--held-out", "less than or equal to 0.95")),
+    (("--accuracy-confidence", "0.4"), ("--accuracy-confidence", "greater than or equal to 0.5")),
+    (("--accuracy-confidence", "1"), ("--accuracy-confidence", "less than or equal to 0.999")),
 ])
 def test_frontier_settings_out_of_range_are_refused(tmp_path, args, fragments):
     assert_one_line_error(run_in_process("offline", *TINY, *args, "--output-dir", str(tmp_path)), *fragments)

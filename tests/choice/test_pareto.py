@@ -1,11 +1,8 @@
-"""The frontier of (predicted latency, accuracy) and the choices made on it."""
-
-import pytest
+"""The frontier of (predicted latency, accuracy), and whether a schedule meets an accuracy goal."""
 
 from pomt.choice.binomial import Proportion
 from pomt.choice.candidates import Candidate
-from pomt.choice.pareto import Evaluated, fastest_within_drop, most_accurate_within, pareto_front
-from pomt.errors import PolicyError
+from pomt.choice.pareto import Evaluated, accuracy_at_least, drop_within, pareto_front
 
 
 def point(ms: float, correct: int, remove: int = 1) -> Evaluated:
@@ -20,21 +17,27 @@ def test_the_frontier_keeps_what_nothing_beats_fastest_first():
     assert [p.candidate.as_dict() for p in pareto_front(POINTS)] == [{0: 5}, {0: 2}, {0: 1}, {}]
 
 
-def test_fastest_within_a_drop_of_the_unpruned_model():
-    assert fastest_within_drop(POINTS, 0.9, 1.0).predicted_ms == 9.0
-    assert fastest_within_drop(POINTS, 0.9, 2.0).predicted_ms == 8.0
-    assert fastest_within_drop(POINTS, 0.9, 5.0).candidate.as_dict() == {0: 5}  # equal latency: more accurate
-    with pytest.raises(PolicyError, match="reaches accuracy 0.95"):
-        fastest_within_drop(POINTS, 0.9, 5.0, min_accuracy=0.95)
-    with pytest.raises(PolicyError, match="within 1 points"):
-        fastest_within_drop(POINTS[2:], 0.9, 1.0)
+def paired(correct: int, lost: int, gained: int, images: int = 400) -> Evaluated:
+    return Evaluated(Candidate.of("tome", {0: 2}), "test", 5.0, Proportion(correct, images, lost, gained))
 
 
-def test_most_accurate_within_a_latency_budget():
-    assert most_accurate_within(POINTS, 8.6).predicted_ms == 8.0
-    assert most_accurate_within(POINTS, 7.5, min_accuracy=0.86).candidate.as_dict() == {0: 5}
-    with pytest.raises(PolicyError, match="fastest is predicted at 7 ms"):
-        most_accurate_within(POINTS, 6.0)
+def test_a_drop_is_judged_on_its_bound_where_measured_paired():
+    # both measured 0.5 points below an unpruned 0.8 on 400 images: 2 net images lost
+    few = paired(318, lost=2, gained=0)  # changed 2 images
+    many = paired(318, lost=21, gained=19)  # changed 40: the same net loss is far less certain
+    assert drop_within(few, 0.8, 1.0, 0.5) and drop_within(many, 0.8, 1.0, 0.5)  # 0.5: the measured drop
+    assert drop_within(few, 0.8, 1.25, 0.95) and not drop_within(few, 0.8, 1.2, 0.95)  # bound 1.22 points
+    assert not drop_within(many, 0.8, 3.1, 0.95) and drop_within(many, 0.8, 3.15, 0.95)  # bound 3.12 points
+
+
+def test_without_pairing_the_measured_drop_decides():
+    assert drop_within(POINTS[2], 0.9, 2.0, 0.95) and not drop_within(POINTS[2], 0.9, 1.9, 0.95)
+
+
+def test_a_floor_on_accuracy_is_judged_on_the_lower_bound():
+    assert accuracy_at_least(POINTS[1], 0.895, 0.5)
+    assert not accuracy_at_least(POINTS[1], 0.895, 0.95)
+    assert accuracy_at_least(POINTS[1], 0.87, 0.95)  # the one-sided 95% bound of 895 of 1000 is 0.878
 
 
 def test_an_evaluated_schedule_reports_both_splits():

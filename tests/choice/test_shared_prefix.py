@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from pomt.choice.candidates import Candidate
+from pomt.choice.binomial import Proportion
+from pomt.choice.candidates import NONE, Candidate
 from pomt.choice.shared_prefix import candidate_logits, count_correct, shares_prefix
 from pomt.errors import DatasetError
 from pomt.models.registry import create_model
@@ -54,10 +55,26 @@ def test_counts_against_labels_or_against_the_unpruned_model(model):
     with torch.inference_mode():
         unpruned = model(images).argmax(-1)
     batches = [(images[:5], unpruned[:5]), (images[5:], unpruned[5:])]
-    labelled, total = count_correct(model, CANDIDATES, batches, agreement=False)
-    agreeing, _ = count_correct(model, CANDIDATES, batches, agreement=True)
-    assert total == 8 and labelled == agreeing  # labels that are the unpruned top-1: the same counts
-    assert agreeing[Candidate.of("pomt", {})] == 8
+    labelled = count_correct(model, CANDIDATES, batches, agreement=False)
+    agreeing = count_correct(model, CANDIDATES, batches, agreement=True)
+    assert labelled == agreeing  # labels that are the unpruned top-1: the same counts
+    assert agreeing[NONE] == Proportion(8, 8, lost=0, gained=0)
+    for candidate in CANDIDATES:  # against the unpruned model: only lost, and what it lost is what it missed
+        assert agreeing[candidate].trials == 8 and agreeing[candidate].gained == 0
+        assert agreeing[candidate].lost == 8 - agreeing[candidate].successes
+
+
+def test_what_a_candidate_lost_and_gained_is_counted_image_by_image(model):
+    images = torch.randn(12, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+    labels = torch.arange(12) % 10
+    counted = count_correct(model, CANDIDATES, [(images, labels)], agreement=False)
+    with torch.inference_mode():
+        logits = candidate_logits(model, [NONE, *CANDIDATES], images)
+    reference = logits[NONE].argmax(-1) == labels
+    for candidate in CANDIDATES:
+        right = logits[candidate].argmax(-1) == labels
+        assert counted[candidate] == Proportion(int(right.sum()), 12, int((reference & ~right).sum()),
+                                                int((right & ~reference).sum()))
 
 
 def test_labels_beyond_the_models_classes_are_a_dataset_error(model):

@@ -58,11 +58,12 @@ def test_the_frontier_run_writes_its_files_a_schedule_that_applies_and_resumes(t
     assert data["policy"]["name"] == "frontier" and data["predicted"]["accuracy_kind"] == "top1"
     frontier = data["frontier"]
     assert frontier["file"] == f"{STEM}.frontier.json"
-    assert frontier["unpruned"]["held_out"]["images"] == 20
+    assert frontier["unpruned"]["held_out"]["images"] == 20 and frontier["accuracy_confidence"] == 0.95
     # what ships depends on this machine's timings: every outcome must be reported as such
     code = data["policy"]["reason_code"]
     if data["prune"]:  # shipped: verified, and its held-out accuracy is reported
         assert code == "verified" and frontier["chosen"]["held_out"]["images"] == 20
+        assert frontier["chosen"]["search_drop_bound_points"] <= 20  # the goal, met at 95% confidence
         assert data["verified"]["speedup"] > 1.0
     else:
         assert code in {"not_faster", "not_in_fresh_process", "no_candidate"} and frontier["chosen"] is None

@@ -53,6 +53,10 @@ class OfflineConfig:
     max_accuracy_drop: float | None = option(
         None, "Frontier: most accuracy the schedule may lose against the unpruned model, in points (default 1.0).",
         min=0)
+    accuracy_confidence: float = option(
+        0.95, "Frontier: confidence that a schedule meets --max-accuracy-drop and --min-accuracy, judged on the "
+              "one-sided bound of its search-split accuracy (the drop paired with the unpruned model's on the same "
+              "images); 0.5 judges on the measured value.", min=0.5, max=0.999)
     max_evals: int = option(80, "Frontier: schedules whose accuracy the search may measure on the search split.",
                             min=1)
     held_out: float = option(0.5, "Frontier: share of the calibration images held out to report the chosen "

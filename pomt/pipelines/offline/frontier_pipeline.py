@@ -49,7 +49,8 @@ def choose_on_frontier(request: Request, run: Run, setup: FrontierSetup, latency
              "accuracy_kind": kind, "search_images": setup.calibration.size("search"),
              "held_out_images": setup.calibration.size("held_out"), "max_accuracy_drop": goal.max_drop_points,
              "latency_budget_ms": goal.latency_budget_ms, "min_accuracy": goal.min_accuracy,
-             "chosen": None if chosen is None else chosen.key, "best_uniform": record["best_uniform"],
+             "accuracy_confidence": goal.confidence, "chosen": None if chosen is None else chosen.key,
+             "best_uniform": record["best_uniform"],
              "seconds": found.seconds, "journal": setup.journal.name,
              "reducer_costs": {m: c.to_dict() for m, c in found.latency.costs.items()}}
     floor = None if goal.max_drop_points is None else result.baseline.accuracy - goal.max_drop_points / 100

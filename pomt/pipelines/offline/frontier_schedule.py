@@ -68,6 +68,10 @@ def frontier_record(file: str, kind: str, goal: Goal, baseline: Evaluated, chose
         return {"search": point.search.to_dict(),
                 "held_out": None if point.held_out is None else point.held_out.to_dict()}
 
+    def drop_bound(point: Evaluated) -> float | None:
+        bound = point.search.drop_bound(goal.confidence)
+        return None if bound is None else round(100 * bound, 3)
+
     def speedup(point: Evaluated | None) -> float | None:
         result = measured.get(point.candidate) if point is not None else None
         return None if result is None else round(result.speedup, 4)
@@ -82,8 +86,9 @@ def frontier_record(file: str, kind: str, goal: Goal, baseline: Evaluated, chose
                 "predicted_speedup_over": None if chosen is None else
                 round(uniform.predicted_ms / chosen.predicted_ms, 4)}
     return {"file": file, "accuracy_kind": kind, "max_accuracy_drop": goal.max_drop_points,
-            "latency_budget_ms": goal.latency_budget_ms, "min_accuracy": goal.min_accuracy, "evals": evals,
+            "latency_budget_ms": goal.latency_budget_ms, "min_accuracy": goal.min_accuracy,
+            "accuracy_confidence": goal.confidence, "evals": evals,
             "unpruned": accuracies(baseline), "chosen": None if chosen is None else
             {"family": chosen.family, "key": chosen.candidate.key, **accuracies(chosen),
-             "verified_speedup": speedup(chosen)},
+             "search_drop_bound_points": drop_bound(chosen), "verified_speedup": speedup(chosen)},
             "best_uniform": beat}

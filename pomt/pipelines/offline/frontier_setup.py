@@ -36,9 +36,11 @@ def journal_path(output_dir: str | Path, stem: str) -> Path:
 
 
 def goal_of(config: OfflineConfig) -> Goal:
-    """The goal the options ask: a drop (default 1 point, none with only a latency budget), a budget, a floor."""
+    """The goal the options ask: a drop (default 1 point, none with only a latency budget), a budget, a floor,
+    and the confidence the accuracy goals are met at."""
     only_budget = config.latency_budget_ms is not None and config.max_accuracy_drop is None
-    return Goal(None if only_budget else max_accuracy_drop(config), config.latency_budget_ms, config.min_accuracy)
+    return Goal(None if only_budget else max_accuracy_drop(config), config.latency_budget_ms, config.min_accuracy,
+                config.accuracy_confidence)
 
 
 def prepare_frontier(workload: Workload, config: OfflineConfig, run: Run, sample: Sample) -> FrontierSetup:

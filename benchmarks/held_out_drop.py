@@ -1,0 +1,108 @@
+"""Does the shipped schedule keep its accuracy promise on images it was not chosen on? (issue 30)
+
+The frontier search ships the fastest of many schedules whose search-split drop meets the goal, so the one it
+ships tends to be the one its split flattered (known weaknesses 18). `--accuracy-confidence` judges the drop on
+the upper one-sided bound of its paired interval instead. This replays that choice many times:
+
+1. reads a frontier run's `<stem>.frontier.json` (from `benchmarks/frontier.py`: every schedule its search
+   measured, with its predicted latency);
+2. measures every one of those schedules on every calibration image of the digits case once
+   (`pomt.choice.shared_prefix.image_outcomes`);
+3. splits the images afresh `--splits` times (seeded) into a search and a held-out half, and on each split and
+   at each confidence makes pomt's own choice on the search half (`pomt.choice.frontier_choice`: the fastest
+   schedule predicted faster than the unpruned model that meets the goal, and the best uniform one), then
+   reads its drop on the held-out half.
+
+Printed per confidence: the share of splits whose chosen schedule's held-out drop is within the goal, its mean
+held-out drop, its mean predicted speedup, and the same for the best uniform schedule (none within the goal:
+the unpruned model, 1.00x). The schedules are those one search measured on its own split: this replays the
+choice, not the search, which at a higher confidence would measure other schedules near its boundary; speedups
+are predicted, not verified.
+Usage: python benchmarks/held_out_drop.py bin/frontier-bench/bs16/<stem>.frontier.json [--splits 200]
+       [--drop 1.0] [--confidences 0.5 0.8 0.9 0.95 0.975]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from pomt.choice.accuracy import eval_transform, image_loader, open_image_folder, seeded_subset
+from pomt.choice.candidates import NONE, Candidate
+from pomt.choice.families import FAMILIES
+from pomt.choice.frontier_choice import Goal, ordered
+from pomt.choice.pareto import Evaluated
+from pomt.choice.shared_prefix import image_outcomes, paired_counts
+from pomt.digits.model import FRONTIER, digits_case
+from pomt.models.geometry import model_geometry
+
+
+def measured_schedules(path: Path) -> list[tuple[Candidate, str, float]]:
+    """(candidate, family, predicted ms) of every schedule a frontier run measured."""
+    found = []
+    for row in json.loads(path.read_text(encoding="utf-8"))["schedules"]:
+        removal = dict(map(int, item.split("=")) for item in row["removal"].split(";") if item)
+        found.append((Candidate.of(row["method"], removal) if removal else NONE, row["family"], row["predicted_ms"]))
+    return found
+
+
+def choice(points: list[Evaluated], baseline: Evaluated, goal: Goal, uniform: bool) -> Evaluated | None:
+    """pomt's choice among the points on one search split: the fastest predicted faster than the unpruned model
+    that meets the goal (of the uniform families only, with `uniform`)."""
+    pool = [p for p in points if p.predicted_ms < baseline.predicted_ms and (not uniform or p.family in FAMILIES)]
+    found = ordered(pool, baseline.accuracy, goal)
+    return found[0] if found else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("frontier", type=Path, help="<stem>.frontier.json of a benchmarks/frontier.py run")
+    parser.add_argument("--splits", type=int, default=200)
+    parser.add_argument("--drop", type=float, default=1.0, help="the goal, points")
+    parser.add_argument("--confidences", type=float, nargs="+", default=[0.5, 0.8, 0.9, 0.95, 0.975])
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    schedules = measured_schedules(args.frontier)
+    case = digits_case(FRONTIER)
+    model = case.load()
+    dataset, kind = open_image_folder(case.calibration_root, eval_transform(model, model_geometry(model).input_size))
+    dataset = seeded_subset(dataset, len(dataset), 0)
+    outcomes = image_outcomes(model, [c for c, _, _ in schedules], tqdm(image_loader(dataset, 64), "images"),
+                              agreement=kind != "top1")
+    images = len(outcomes[NONE])
+    print(f"{len(schedules)} schedules of {args.frontier.name} on {images} calibration images ({kind}); "
+          f"{args.splits} random halves; goal: drop <= {args.drop:g} points")
+    rng = np.random.default_rng(0)
+    found: dict[float, list[tuple[float, float, float, float]]] = {q: [] for q in args.confidences}
+    for _ in tqdm(range(args.splits), "splits"):
+        order = torch.from_numpy(rng.permutation(images))
+        search, held = order[: images // 2], order[images // 2:]
+        baseline = Evaluated(NONE, "unpruned", schedules[0][2], paired_counts(outcomes[NONE][search],
+                                                                             outcomes[NONE][search]))
+        points = [Evaluated(c, family, ms, paired_counts(outcomes[c][search], outcomes[NONE][search]))
+                  for c, family, ms in schedules if not c.unpruned]
+        held_base = outcomes[NONE][held].float().mean().item()
+        for q in args.confidences:
+            goal = Goal(args.drop, confidence=q)
+            picked = [choice(points, baseline, goal, uniform) for uniform in (False, True)]
+            drops = [0.0 if p is None else 100 * (held_base - outcomes[p.candidate][held].float().mean().item())
+                     for p in picked]
+            speeds = [1.0 if p is None else baseline.predicted_ms / p.predicted_ms for p in picked]
+            found[q].append((drops[0], speeds[0], drops[1], speeds[1]))
+    print(f"{'confidence':>10s} | {'chosen: held-out drop <= goal':>29s} {'mean drop':>9s} {'speedup':>8s} | "
+          f"{'uniform: <= goal':>16s} {'mean drop':>9s} {'speedup':>8s} | chosen / uniform")
+    for q, rows in found.items():
+        a = np.array(rows)
+        within = np.mean(a[:, 0] <= args.drop + 1e-9), np.mean(a[:, 2] <= args.drop + 1e-9)
+        print(f"{q:10.3f} | {within[0]:29.2f} {a[:, 0].mean():9.2f} {a[:, 1].mean():7.3f}x | {within[1]:16.2f} "
+              f"{a[:, 2].mean():9.2f} {a[:, 3].mean():7.3f}x | {np.mean(a[:, 1] / a[:, 3]):.3f}x")
+
+
+if __name__ == "__main__":
+    main()
