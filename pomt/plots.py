@@ -206,7 +206,7 @@ def plot_sweep(
 def plot_frontier(path: str | Path, title: str, rows: Sequence[Mapping], floor: float | None = None) -> Path:
     """Accuracy (search split, Wilson interval) against speedup over the unpruned model, one series per
     family (a reducer's per-block search is one): hollow at the predicted speedup, filled with its interval
-    where verified; the frontier as a line, the chosen schedule as a star, the accuracy the goal allows
+    where verified; the frontier as a line, the chosen schedule as a star, the unpruned accuracy less the drop asked
     (`floor`) as a dashed line. Rows as `pomt.choice.frontier_table.rows` gives them."""
     figure, ax = plt.subplots(figsize=(9, 5.4))
     def series(r: Mapping) -> str:  # probes and proposals of one reducer's per-block search are one series
@@ -236,7 +236,7 @@ def plot_frontier(path: str | Path, title: str, rows: Sequence[Mapping], floor: 
             x = r["verified_speedup"] if r["verified_speedup"] is not None else r["predicted_speedup"]
             ax.plot([x], [r["search_accuracy"]], "*", color="gold", mec="black", ms=16, label="chosen", zorder=5)
     if floor is not None:
-        ax.axhline(floor, color="tab:red", ls="--", lw=0.8, label="accuracy the goal allows")
+        ax.axhline(floor, color="tab:red", ls="--", lw=0.8, label="the drop asked (met on each drop's paired bound)")
     ax.axvline(1.0, color="0.5", lw=0.6)
     ax.set_xlabel("speedup over the unpruned model (predicted; verified where measured, 95% CI)")
     ax.set_ylabel("accuracy on the search split (95% Wilson interval)")

@@ -16,7 +16,7 @@ FRONTIER_SET = {"frontier_csv": "frontier.csv", "frontier_json": "frontier.json"
 
 @dataclass(frozen=True)
 class FrontierReport:
-    """What the frontier's files hold: the rows, the JSON document, the accuracy the goal allows (None: no
+    """What the frontier's files hold: the rows, the JSON document, the unpruned accuracy less the drop asked (None: no
     drop asked) and the plot's title."""
 
     rows: list[dict]
