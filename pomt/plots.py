@@ -36,11 +36,13 @@ def plot_offline(
     verified=None,
     here_only: Sequence[tuple[int, int]] = (),
     detection: str | None = None,
+    reach: tuple[int, int] | None = None,
 ) -> Path:
     """Latency vs kept tokens: every visit (drift-corrected) as a dot, the pooled curve with its 95% band,
     confirmed steps with their paired effect and interval, candidates the paired test rejected, steps
-    confirmed here that a fresh process did not show (`here_only`, (low, high) each), the choice and what
-    verification measured; accuracy and utility below when known."""
+    confirmed here that a fresh process did not show (`here_only`, (low, high) each), the counts within the
+    policy's reach shaded (what `detection` states a limit over), the choice and what verification measured;
+    accuracy and utility below when known."""
     points = sorted(points, key=lambda p: p.tokens)
     tokens = np.array([p.tokens for p in points])
     latency = np.array([p.latency_ms for p in points])
@@ -56,6 +58,9 @@ def plot_offline(
     # jumped: it is drawn apart, with its band, so that its level does not read as part of the curve
     doubtful = spread > DOUBTFUL_BANDS * float(np.median(spread)) if spread.size else spread.astype(bool)
     sound = ~doubtful
+    if reach is not None:
+        ax.axvspan(reach[0] - 0.5, reach[1] + 0.5, color="tab:green", alpha=0.07, lw=0,
+                   label=f"within the policy's reach ({reach[0]}-{reach[1]})")
     ax.fill_between(tokens[sound], lower[sound], upper[sound], alpha=0.25, color="tab:blue", label="95% band")
     ax.plot(tokens[sound], latency[sound], "-", color="tab:blue", lw=1.2, label="pooled latency")
     if doubtful.any():

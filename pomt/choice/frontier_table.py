@@ -1,12 +1,13 @@
 """Every schedule a frontier search evaluated, as table rows and as one JSON document (pure): reducer,
 removals, predicted latency, measured latency and speedup with their interval where verified, accuracy with
-its Wilson interval on each split measured."""
+its Wilson interval on each split measured, the images it lost and gained against the unpruned model there,
+and the bound its search-split drop was judged on (`pomt.choice.pareto.drop_within`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from pomt.choice.binomial import Proportion
+from pomt.choice.binomial import CONFIDENCE, Proportion
 from pomt.choice.candidates import Candidate
 from pomt.choice.frontier import FrontierResult
 from pomt.choice.pareto import Evaluated
@@ -17,22 +18,25 @@ VERSION = 1
 COLUMNS = (
     "key", "family", "method", "removal", "on_frontier", "chosen", "predicted_ms", "predicted_speedup",
     "verified_ms", "verified_speedup", "verified_speedup_low", "verified_speedup_high",
-    "search_accuracy", "search_low", "search_high", "search_images",
-    "held_out_accuracy", "held_out_low", "held_out_high", "held_out_images",
+    "search_accuracy", "search_low", "search_high", "search_images", "search_lost", "search_gained",
+    "search_drop_bound_points",
+    "held_out_accuracy", "held_out_low", "held_out_high", "held_out_images", "held_out_lost", "held_out_gained",
 )
 
 
 def _split(prefix: str, proportion: Proportion | None) -> dict:
     if proportion is None:
-        return {f"{prefix}_accuracy": None, f"{prefix}_low": None, f"{prefix}_high": None, f"{prefix}_images": None}
+        return dict.fromkeys(f"{prefix}_{name}" for name in ("accuracy", "low", "high", "images", "lost", "gained"))
     low, high = proportion.interval()
     return {f"{prefix}_accuracy": round(proportion.value, 6), f"{prefix}_low": round(low, 6),
-            f"{prefix}_high": round(high, 6), f"{prefix}_images": proportion.trials}
+            f"{prefix}_high": round(high, 6), f"{prefix}_images": proportion.trials,
+            f"{prefix}_lost": proportion.lost, f"{prefix}_gained": proportion.gained}
 
 
 def row(point: Evaluated, baseline_ms: float, on_frontier: bool, chosen: bool,
-        measured: CandidateResult | None) -> dict:
-    """One evaluated schedule as a table row (COLUMNS)."""
+        measured: CandidateResult | None, confidence: float = CONFIDENCE) -> dict:
+    """One evaluated schedule as a table row (COLUMNS); its drop bound at `confidence`."""
+    bound = point.search.drop_bound(confidence)
     return {
         "key": point.candidate.key, "family": point.family, "method": point.candidate.method,
         "removal": ";".join(f"{b}={r}" for b, r in point.candidate.removal),
@@ -43,16 +47,18 @@ def row(point: Evaluated, baseline_ms: float, on_frontier: bool, chosen: bool,
         "verified_speedup_low": None if measured is None else round(measured.speedup_ci[0], 5),
         "verified_speedup_high": None if measured is None else round(measured.speedup_ci[1], 5),
         **_split("search", point.search), **_split("held_out", point.held_out),
+        "search_drop_bound_points": None if bound is None else round(100 * bound, 4),
     }
 
 
 def rows(result: FrontierResult, baseline_ms: float, chosen: Candidate | None,
-         measured: Mapping[Candidate, CandidateResult]) -> list[dict]:
-    """Every evaluated schedule (the unpruned one first), fastest predicted first after it."""
+         measured: Mapping[Candidate, CandidateResult], confidence: float = CONFIDENCE) -> list[dict]:
+    """Every evaluated schedule (the unpruned one first), fastest predicted first after it; drop bounds at
+    `confidence`."""
     front = {e.candidate for e in result.frontier}
     others = sorted((e for e in result.evaluated if not e.candidate.unpruned),
                     key=lambda e: (e.predicted_ms, e.candidate))
-    return [row(e, baseline_ms, e.candidate in front, e.candidate == chosen, measured.get(e.candidate))
+    return [row(e, baseline_ms, e.candidate in front, e.candidate == chosen, measured.get(e.candidate), confidence)
             for e in [result.baseline, *others]]
 
 

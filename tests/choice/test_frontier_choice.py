@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import replace
 
+import pytest
 import torch
 
 import pomt
@@ -20,7 +21,7 @@ from pomt.choice.frontier_choice import (
     preference,
     verified_choice,
 )
-from pomt.choice.frontier_table import COLUMNS, document, rows
+from pomt.choice.frontier_table import COLUMNS, document, row, rows
 from pomt.choice.pareto import Evaluated, pareto_front
 from pomt.choice.schedule_latency import LatencyModel
 from pomt.choice.verify import CandidateResult
@@ -102,6 +103,12 @@ def test_the_table_has_every_schedule_its_intervals_and_what_was_verified():
     assert first["verified_speedup"] == 1.6 and first["verified_speedup_low"] == 1.5
     assert first["search_low"] < 0.89 < first["search_high"] and first["held_out_accuracy"] is None
     assert first["predicted_speedup"] == round(10.0 / 6.0, 5)
+    assert first["search_lost"] is None and first["search_drop_bound_points"] is None  # not measured paired
+    paired = Evaluated(Candidate.of("tome", {0: 2}), "search-tome", 6.0, Proportion(318, 400, 21, 19))
+    record = row(paired, 10.0, False, False, None)
+    assert record["search_lost"] == 21 and record["search_gained"] == 19 and record["held_out_lost"] is None
+    assert record["search_drop_bound_points"] == pytest.approx(3.125, abs=1e-3)  # at 95%; 0.5 reads the drop
+    assert row(paired, 10.0, False, False, None, confidence=0.5)["search_drop_bound_points"] == pytest.approx(0.5)
     doc = document(found, table, {"model": "m"})
     assert doc["format"] == "pomt.frontier" and doc["model"] == "m" and len(doc["schedules"]) == len(POINTS) + 1
 

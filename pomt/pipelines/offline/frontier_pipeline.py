@@ -44,7 +44,7 @@ def choose_on_frontier(request: Request, run: Run, setup: FrontierSetup, latency
     schedule = final_schedule(run, config, settings, findings)
     schedule = as_schedule(replace(schedule, predicted=replace(schedule.predicted, accuracy_kind=kind)),
                            found.latency, chosen, record)
-    table = rows(result, found.latency.baseline, chosen, verdict.measured)
+    table = rows(result, found.latency.baseline, chosen, verdict.measured, goal.confidence)
     facts = {"model": run.geometry.model, "stem": stem, "batch_size": run.setup.batch_size,
              "accuracy_kind": kind, "search_images": setup.calibration.size("search"),
              "held_out_images": setup.calibration.size("held_out"), "max_accuracy_drop": goal.max_drop_points,
