@@ -45,10 +45,11 @@ class Goal:
             if self.max_drop_points is not None else []
         if self.min_accuracy is not None:
             parts.append(f"accuracy at least {self.min_accuracy:g}")
-        sure = f" at {self.confidence:.0%} confidence" if parts and self.confidence > 0.5 else ""
+        if parts and self.confidence > 0.5:
+            parts[-1] += f" at {self.confidence:.0%} confidence"
         if self.latency_budget_ms is not None:
             parts.append(f"predicted within {self.latency_budget_ms:g} ms")
-        return (", ".join(parts) + sure) if parts else "any accuracy"
+        return ", ".join(parts) or "any accuracy"
 
 
 def ordered(points: Iterable[Evaluated], baseline_accuracy: float, goal: Goal) -> list[Evaluated]:

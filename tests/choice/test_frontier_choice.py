@@ -79,7 +79,9 @@ def test_above_half_confidence_a_schedule_that_changed_fewer_images_can_ship_fir
     assert [p.candidate for p in preference(found, Goal(1.5, confidence=0.5))] == [churn.candidate]
     # churn's drop is bounded at 1.94 points (it changed 75 images), steady's at 1.07 (it changed 6)
     assert [p.candidate for p in preference(found, Goal(1.5))] == [steady.candidate]
-    assert "at 95% confidence" in Goal(1.5).describe() and "confidence" not in Goal(1.5, confidence=0.5).describe()
+    assert Goal(1.5, latency_budget_ms=5.0).describe() == \
+        "within 1.5 points of the unpruned accuracy at 95% confidence, predicted within 5 ms"
+    assert "confidence" not in Goal(1.5, confidence=0.5).describe()
 
 
 def test_the_uniform_schedule_to_beat_is_the_best_uniform_one_within_the_goal():
