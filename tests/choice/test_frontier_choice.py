@@ -19,6 +19,7 @@ from pomt.choice.frontier_choice import (
     best_uniform,
     first_verified,
     preference,
+    to_verify,
     verified_choice,
 )
 from pomt.choice.frontier_table import COLUMNS, document, row, rows
@@ -82,6 +83,18 @@ def test_above_half_confidence_a_schedule_that_changed_fewer_images_can_ship_fir
     assert Goal(1.5, latency_budget_ms=5.0).describe() == \
         "within 1.5 points of the unpruned accuracy at 95% confidence, predicted within 5 ms"
     assert "confidence" not in Goal(1.5, confidence=0.5).describe()
+
+
+def test_each_reducers_best_is_verified_not_only_the_predicted_first():
+    # tome:0=2,1=2 meets the goal but is off its frontier (pomt:5=20 is predicted faster and more accurate)
+    goal = Goal(1.0)
+    assert [p.candidate.key for p in preference(result(), goal)] == ["pomt:2=30,6=10", "pomt:5=20"]
+    assert [p.candidate.key for p in to_verify(result(), goal, first=1)] == ["pomt:2=30,6=10", "tome:0=2,1=2"]
+    assert [p.candidate.key for p in to_verify(result(), goal, first=2)] == \
+        ["pomt:2=30,6=10", "pomt:5=20", "tome:0=2,1=2"]  # no top-k or l2norm schedule meets the goal
+    loose = Goal(10.0)  # now top-k's does too; the uniform one to beat is last unless already in
+    assert [p.candidate.key for p in to_verify(result(), loose, first=1)] == \
+        ["pomt:2=30,6=10", "topk:3=30", "tome:0=4,1=4"]
 
 
 def test_the_uniform_schedule_to_beat_is_the_best_uniform_one_within_the_goal():

@@ -73,8 +73,9 @@ class OfflineConfig:
     verify: bool = option(True, "Measure the patched model against the unpruned one before shipping.",
                           negatable=True)
     verify_rounds: int = option(10, "Rounds of the verification (every candidate once per round).", min=3)
-    verify_candidates: int = option(2, "Best-ranked removals verified (plus the other side of a targeted step).",
-                                    min=1)
+    verify_candidates: int = option(2, "Best-ranked removals verified (plus the other side of a targeted step; "
+                                       "with the frontier, plus each reducer's best and the best uniform "
+                                       "schedule).", min=1)
     verify_fresh: bool = option(True, "Measure the confirmed steps within reach, and the removals that qualified, "
                                       "once more in a fresh process (a step near N can sit elsewhere there); "
                                       "keep only what holds in both.",

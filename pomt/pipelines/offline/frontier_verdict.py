@@ -1,8 +1,8 @@
-"""What ships from the frontier: its best schedules and the best uniform one (the one to beat, and a candidate
-too) measured against the unpruned model through `pomt.apply_schedule` in paired shuffled rounds (journal
-`<stem>.verify.csv`), the ones that qualified once more in a fresh process; of those that qualified in both,
-the fastest measured ships (with only a latency budget, the first in the order of preference; see
-`pomt.choice.frontier_choice.verified_choice`), the best uniform schedule included, else nothing, with the
+"""What ships from the frontier: its best schedules, each reducer's best and the best uniform one (the one to
+beat, and a candidate too) measured against the unpruned model through `pomt.apply_schedule` in paired
+shuffled rounds (journal `<stem>.verify.csv`), the ones that qualified once more in a fresh process; of those
+that qualified in both, the fastest measured ships (with only a latency budget, the first in the order of preference;
+see `pomt.choice.frontier_choice.verified_choice`), the best uniform schedule included, else nothing, with the
 reason. `pomt.choice.verify` names its candidates by kept tokens; here candidate i (1-based, in the order
 verified) is named N - i, and the schedule's `verified` record names each by the tokens it removes in all."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pomt.choice.candidates import Candidate
 from pomt.choice.fresh import FreshJob, verify_in_fresh_process
-from pomt.choice.frontier_choice import verified_choice
+from pomt.choice.frontier_choice import to_verify, verified_choice
 from pomt.choice.pareto import Evaluated
 from pomt.choice.verify import CandidateResult, Verification
 from pomt.choice.verify import verify as verify_candidates
@@ -66,12 +66,11 @@ def decide_frontier(request: Request, run: Run, found: FrontierFound, goal: str)
 
 
 def verify_shippable(request: Request, run: Run, found: FrontierFound) -> FrontierVerdict:
-    """Verify the best `--verify-candidates` shippable schedules and the best uniform one (module docstring)."""
+    """Verify the best `--verify-candidates` shippable schedules, each reducer's best and the best uniform one
+    (`pomt.choice.frontier_choice.to_verify`; module docstring)."""
     workload, config, settings = request.workload, request.config, request.settings
     n, latency = run.geometry.num_tokens, found.latency
-    points = list(found.shippable[: config.verify_candidates])
-    if found.uniform is not None and found.uniform not in points:
-        points.append(found.uniform)
+    points = to_verify(found.result, goal_of(config), config.verify_candidates)
     schedules = {n - i: candidate_schedule(run, config, latency, p) for i, p in enumerate(points, start=1)}
     here, journal, notes = verify_here(request, run, found, points, schedules)
     notes += tuple(filter(None, [prediction_note(here.candidates, run.setup.fingerprint)]))
