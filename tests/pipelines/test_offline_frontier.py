@@ -69,6 +69,8 @@ def test_the_frontier_run_writes_its_files_a_schedule_that_applies_and_resumes(t
         assert code in {"not_faster", "not_in_fresh_process", "no_candidate"} and frontier["chosen"] is None
     if code != "no_candidate":  # a frontier schedule was verified: its row carries the measured speedup
         assert any(r["verified_speedup"] for r in rows) and data["verified"]["candidates"]
+        # every schedule that could ship (verified) has its held-out accuracy, frontier or not
+        assert all(r["held_out_accuracy"] for r in rows if r["verified_speedup"]), rows
         assert (tmp_path / f"{STEM}.verify.csv").stat().st_size > 0
     _applies(tmp_path / f"{STEM}.schedule.json")
 

@@ -1,7 +1,8 @@
 """The frontier search on the measured curve: each reducer's own cost measured inside the model, the latency
 model of any schedule (`pomt.choice.schedule_latency`), the search on the search split's measured accuracy
-(`pomt.choice.frontier`), then the held-out accuracy of the frontier, the unpruned model and the best uniform
-schedule; the schedules that may ship, best first (`pomt.choice.frontier_choice`)."""
+(`pomt.choice.frontier`), then the held-out accuracy of the frontier, the unpruned model and every schedule
+that may be verified (`to_verify`, the best uniform one among them); the schedules that may ship, best first
+(`pomt.choice.frontier_choice`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pomt.choice.calibration import HELD_OUT, SEARCH
 from pomt.choice.candidates import REDUCERS
 from pomt.choice.frontier import UNPRUNED, FrontierResult, search_frontier, with_held_out
 from pomt.choice.frontier import SearchSettings as FrontierSettings
-from pomt.choice.frontier_choice import best_uniform, preference
+from pomt.choice.frontier_choice import best_uniform, preference, to_verify
 from pomt.choice.pareto import Evaluated
 from pomt.choice.reducer_costs import measure_reducer_costs
 from pomt.choice.schedule_latency import LatencyModel, ReducerCost
@@ -86,8 +87,8 @@ def search(request: Request, run: Run, setup: FrontierSetup, latency: Latency) -
     )
     started = time.perf_counter()
     result = search_frontier(model, lambda cs: calibration.measure(cs, SEARCH), settings)
-    uniform = best_uniform(result, goal)
-    wanted = [UNPRUNED, *(e.candidate for e in result.frontier), *([uniform.candidate] if uniform else [])]
+    verified = to_verify(result, goal, config.verify_candidates)  # what may ship, the best uniform one included
+    wanted = [UNPRUNED, *(e.candidate for e in result.frontier), *(e.candidate for e in verified)]
     result = with_held_out(result, lambda cs: calibration.measure(cs, HELD_OUT), wanted)
     accuracy_s = time.perf_counter() - started
     seconds = {"reducer_costs": round(cost_s, 2), "accuracy": round(accuracy_s, 2),
