@@ -25,7 +25,7 @@ from pathlib import Path
 from pomt.choice.accuracy import eval_transform, open_image_folder, seeded_subset
 from pomt.choice.accuracy_journal import AccuracyJournal, model_identity
 from pomt.choice.calibration import HELD_OUT, Calibration
-from pomt.choice.frontier import UNPRUNED
+from pomt.choice.candidates import NONE
 from pomt.choice.frontier_choice import best_by_family
 from pomt.choice.pareto import Evaluated
 from pomt.choice.verify import Verification, schedule_forward_at, verify
@@ -83,8 +83,8 @@ def held_out(prepared: Prepared, workload: Workload, config: OfflineConfig, case
     journal = AccuracyJournal(journal_path(workload.output_dir, prepared.setup.stem), model_identity(model))
     calibration = Calibration(model, dataset, kind, journal, held_out=config.held_out, seed=workload.seed,
                               batch_size=config.accuracy_batch_size)
-    measured = calibration.measure([UNPRUNED, *(p.candidate for p in compared.values())], HELD_OUT)
-    return {"unpruned": measured[UNPRUNED]} | {name: measured[p.candidate] for name, p in compared.items()}
+    measured = calibration.measure([NONE, *(p.candidate for p in compared.values())], HELD_OUT)
+    return {"unpruned": measured[NONE]} | {name: measured[p.candidate] for name, p in compared.items()}
 
 
 def paired(prepared: Prepared, workload: Workload, result: OfflineResult, compared: dict[str, Evaluated],

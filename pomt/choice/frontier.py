@@ -40,7 +40,6 @@ from pomt.choice.schedule_dp import BlockProgramme, landing_counts
 from pomt.choice.schedule_latency import LatencyModel
 
 Oracle = Callable[[Sequence[Candidate]], Mapping[Candidate, Proportion]]
-UNPRUNED = NONE
 
 
 @dataclass(frozen=True)
@@ -108,7 +107,7 @@ class FrontierSearch:
     def run(self) -> FrontierResult:
         """The whole search (see the module docstring)."""
         s, lat = self.settings, self.latency
-        self.measure({UNPRUNED: "unpruned"}, force=True)
+        self.measure({NONE: "unpruned"}, force=True)
         families = uniform_families(lat.num_tokens, lat.prefix_tokens, lat.depth, s.steps, s.family_points)
         labelled: dict[Candidate, str] = {}
         for name, candidates in families.items():
@@ -120,7 +119,7 @@ class FrontierSearch:
         for i, method in enumerate(s.reducers):
             self.search_reducer(method, self.left // (len(s.reducers) - i))
         evaluated = tuple(self.records.values())
-        return FrontierResult(self.records[UNPRUNED], evaluated, tuple(pareto_front(evaluated)), self.asked,
+        return FrontierResult(self.records[NONE], evaluated, tuple(pareto_front(evaluated)), self.asked,
                               tuple(self.notes))
 
     def search_reducer(self, method: str, budget: int) -> None:
@@ -136,7 +135,7 @@ class FrontierSearch:
         probes = probe_candidates(method, lat.num_tokens, lat.prefix_tokens, lat.depth, blocks, shares)
         self.measure(dict.fromkeys(probes, f"probe-{method}"))
         measured = {probes[c]: self.records[c].accuracy for c in probes if c in self.records}
-        baseline = self.records[UNPRUNED].accuracy
+        baseline = self.records[NONE].accuracy
         programme = BlockProgramme(lat, method, fit_surrogate(measured, baseline),
                                    landing_counts(lat.num_tokens, lat.prefix_tokens, s.steps, s.grid), s.max_share)
         step = s.max_accuracy_drop / 100 / s.buckets_per_drop
@@ -148,7 +147,7 @@ class FrontierSearch:
         """Measure proposals (slowest first) to find the fastest within the accuracy drop; see the module doc."""
         s = self.settings
         stop = self.asked + budget
-        baseline = self.records[UNPRUNED].accuracy
+        baseline = self.records[NONE].accuracy
 
         def measured(i: int) -> Evaluated | None:
             if proposals[i] not in self.records and self.asked < stop:
@@ -184,7 +183,7 @@ def with_held_out(result: FrontierResult, oracle: Oracle,
                   candidates: Sequence[Candidate] | None = None) -> FrontierResult:
     """The result with held-out accuracies for `candidates` (default: the frontier and the unpruned model),
     measured by `oracle` (the held-out split's); not counted against `max_evals`."""
-    wanted = list(dict.fromkeys([UNPRUNED, *(e.candidate for e in result.frontier)] if candidates is None
+    wanted = list(dict.fromkeys([NONE, *(e.candidate for e in result.frontier)] if candidates is None
                                 else candidates))
     held = oracle(wanted)
 

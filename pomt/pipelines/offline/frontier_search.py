@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pomt.choice.calibration import HELD_OUT, SEARCH
-from pomt.choice.candidates import REDUCERS
-from pomt.choice.frontier import UNPRUNED, FrontierResult, search_frontier, with_held_out
+from pomt.choice.candidates import NONE, REDUCERS
+from pomt.choice.frontier import FrontierResult, search_frontier, with_held_out
 from pomt.choice.frontier import SearchSettings as FrontierSettings
 from pomt.choice.frontier_choice import best_uniform, preference, to_verify
 from pomt.choice.pareto import Evaluated
@@ -32,7 +32,8 @@ COSTS = "reducer-costs.json"
 @dataclass(frozen=True)
 class FrontierFound:
     """The search's result (held-out accuracies added), the latency model it priced schedules with, the
-    schedules that may ship (best first), the best uniform one, and where the time went (s)."""
+    schedules that may ship (best first), the best uniform one, those to measure on the patched model
+    (`to_verify`, in the order of fallback), and where the time went (s)."""
 
     result: FrontierResult
     latency: LatencyModel
@@ -42,6 +43,7 @@ class FrontierFound:
     measured: int = 0  # accuracies measured by this run (the others were read from the journal)
     seconds: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    to_verify: tuple[Evaluated, ...] = ()
 
 
 def costs_path(output_dir: str | Path, stem: str) -> Path:
@@ -88,10 +90,12 @@ def search(request: Request, run: Run, setup: FrontierSetup, latency: Latency) -
     started = time.perf_counter()
     result = search_frontier(model, lambda cs: calibration.measure(cs, SEARCH), settings)
     verified = to_verify(result, goal, config.verify_candidates)  # what may ship, the best uniform one included
-    wanted = [UNPRUNED, *(e.candidate for e in result.frontier), *(e.candidate for e in verified)]
+    wanted = [NONE, *(e.candidate for e in result.frontier), *(e.candidate for e in verified)]
     result = with_held_out(result, lambda cs: calibration.measure(cs, HELD_OUT), wanted)
     accuracy_s = time.perf_counter() - started
     seconds = {"reducer_costs": round(cost_s, 2), "accuracy": round(accuracy_s, 2),
                "latency": round(latency.seconds, 2)}
+    by_candidate = {e.candidate: e for e in result.evaluated}  # the same schedules, held-out accuracy added
     return FrontierFound(result, model, tuple(preference(result, goal)), best_uniform(result, goal),
-                         latency.search.reps, calibration.evaluated, seconds, notes + result.notes)
+                         latency.search.reps, calibration.evaluated, seconds, notes + result.notes,
+                         tuple(by_candidate[e.candidate] for e in verified))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pomt.choice.candidates import Candidate
 from pomt.choice.fresh import FreshJob, verify_in_fresh_process
-from pomt.choice.frontier_choice import to_verify, verified_choice
+from pomt.choice.frontier_choice import verified_choice
 from pomt.choice.pareto import Evaluated
 from pomt.choice.verify import CandidateResult, Verification
 from pomt.choice.verify import verify as verify_candidates
@@ -67,10 +67,10 @@ def decide_frontier(request: Request, run: Run, found: FrontierFound, goal: str)
 
 def verify_shippable(request: Request, run: Run, found: FrontierFound) -> FrontierVerdict:
     """Verify the best `--verify-candidates` shippable schedules, each reducer's best and the best uniform one
-    (`pomt.choice.frontier_choice.to_verify`; module docstring)."""
+    (`found.to_verify`, chosen by `pomt.choice.frontier_choice.to_verify`; module docstring)."""
     workload, config, settings = request.workload, request.config, request.settings
     n, latency = run.geometry.num_tokens, found.latency
-    points = to_verify(found.result, goal_of(config), config.verify_candidates)
+    points = list(found.to_verify)
     schedules = {n - i: candidate_schedule(run, config, latency, p) for i, p in enumerate(points, start=1)}
     here, journal, notes = verify_here(request, run, found, points, schedules)
     notes += tuple(filter(None, [prediction_note(here.candidates, run.setup.fingerprint)]))
