@@ -12,14 +12,18 @@ The digits recipe holds 45% of the images out for calibration (808 of 1797): 404
 fewest that resolve a 1-point drop (`pomt.checks.check_drop_resolution`).
 Goal (issue 30): at a held-out drop of at most 1 point, the chosen schedule at least 1.10x the speed of the
 fastest uniform schedule within the drop at batch 16, never slower at batch 1; the whole search <= 10 min.
+On a GPU (issue 30, item 10) the same search runs with `--device cuda --dtype float16`, and `--model`,
+`--input-size` and `--lr` make another digits recipe (trained on that device, cached by its recipe), e.g.
+`--model deit_base --input-size 224 --lr 1e-4 --batch-sizes 64`.
 Usage: python benchmarks/frontier.py [--batch-sizes 1 16] [--threads 2] [--drop 1.0] [--smoke]
+       [--device cuda --dtype float16 --model deit_base --input-size 224 --lr 1e-4]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pomt.choice.accuracy import eval_transform, open_image_folder, seeded_subset
@@ -29,12 +33,14 @@ from pomt.choice.candidates import NONE
 from pomt.choice.frontier_choice import best_by_family
 from pomt.choice.pareto import Evaluated
 from pomt.choice.verify import Verification, schedule_forward_at, verify
-from pomt.digits.model import FRONTIER, SMALL, DigitsCase, digits_case
+from pomt.digits.model import FRONTIER, SMALL, DigitsCase, Recipe, digits_case
 from pomt.measurement.search import SearchSettings
 from pomt.measurement.sources import LiveSource, Session
+from pomt.models.registry import resolve_model_name
 from pomt.pipelines.offline import OfflineConfig, OfflineResult, run_offline
 from pomt.pipelines.offline.frontier_schedule import as_schedule
 from pomt.pipelines.offline.frontier_setup import goal_of, journal_path
+from pomt.runtimes import parameter_dtype
 from pomt.workload.prepare import Prepared, Workload, prepare
 
 SMOKE_SEARCH = SearchSettings(passes=3, visit_s=0.01, confirm_rounds=3)
@@ -56,8 +62,9 @@ class Case:
 
 def offline(case: DigitsCase, batch: int, args: argparse.Namespace) -> tuple[Workload, OfflineConfig, OfflineResult]:
     """The offline computation with the frontier policy on the digits calibration folder."""
-    workload = Workload(model=case.recipe.model, batch_size=batch, input_size=case.recipe.data.size, device="cpu",
-                        threads=args.threads, output_dir=Path(args.output_dir) / f"bs{batch}", progress=args.progress)
+    workload = Workload(model=case.recipe.model, batch_size=batch, input_size=case.recipe.data.size,
+                        device=args.device, dtype=args.dtype, threads=args.threads,
+                        output_dir=Path(args.output_dir) / f"bs{batch}", progress=args.progress)
     config = OfflineConfig(dataset_root=case.calibration_root, checkpoint=case.checkpoint, policy="frontier",
                            max_accuracy_drop=args.drop, max_evals=args.max_evals, accuracy_samples=100_000,
                            accuracy_confidence=args.confidence,
@@ -82,7 +89,8 @@ def held_out(prepared: Prepared, workload: Workload, config: OfflineConfig, case
     dataset = seeded_subset(dataset, config.accuracy_samples, workload.seed)
     journal = AccuracyJournal(journal_path(workload.output_dir, prepared.setup.stem), model_identity(model))
     calibration = Calibration(model, dataset, kind, journal, held_out=config.held_out, seed=workload.seed,
-                              batch_size=config.accuracy_batch_size)
+                              batch_size=config.accuracy_batch_size, device=prepared.setup.device,
+                              dtype=parameter_dtype(model))
     measured = calibration.measure([NONE, *(p.candidate for p in compared.values())], HELD_OUT)
     return {"unpruned": measured[NONE]} | {name: measured[p.candidate] for name, p in compared.items()}
 
@@ -95,8 +103,9 @@ def paired(prepared: Prepared, workload: Workload, result: OfflineResult, compar
     found, n = result.frontier.found, prepared.geometry.num_tokens
     schedules = {n - i: as_schedule(result.schedule, found.latency, p.candidate)
                  for i, p in enumerate(compared.values(), start=1)}
-    forward_at = schedule_forward_at(prepared.model, prepared.x, schedules, device="cpu", threads=workload.threads)
-    session = Session(LiveSource(forward_at, "cpu", workload.threads))
+    device = prepared.setup.device
+    forward_at = schedule_forward_at(prepared.model, prepared.x, schedules, device=device, threads=workload.threads)
+    session = Session(LiveSource(forward_at, device, workload.threads))
     ratio = {i: p.predicted_ms / found.latency.baseline for i, p in enumerate(compared.values(), start=1)}
     return verify(session, n, list(ratio), reps=found.reps, rounds=rounds, predicted_ratio=ratio,
                   seed=workload.seed, progress=workload.progress)
@@ -156,6 +165,16 @@ def report(item: Case, drop: float) -> None:
         print("  no schedule shipped: the uniform families' best are listed for reference")
 
 
+def recipe_of(args: argparse.Namespace) -> Recipe:
+    """The digits recipe: FRONTIER (SMALL with --smoke), with the model, image size and learning rate asked."""
+    recipe = SMALL if args.smoke else FRONTIER
+    if args.model is not None:
+        recipe = replace(recipe, model=resolve_model_name(args.model))
+    if args.input_size is not None:
+        recipe = replace(recipe, data=replace(recipe.data, size=args.input_size))
+    return recipe if args.lr is None else replace(recipe, lr=args.lr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16])
@@ -168,14 +187,20 @@ def main() -> None:
     parser.add_argument("--output-dir", default="bin/frontier-bench")
     parser.add_argument("--progress", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="a tiny case in seconds: proves the script runs")
+    parser.add_argument("--device", default="cpu", help="where the model trains, is timed and evaluated")
+    parser.add_argument("--dtype", default="float32", help="the offline computation's dtype (float16 on CUDA)")
+    parser.add_argument("--model", default=None, help="the digits recipe's model (default: the recipe's)")
+    parser.add_argument("--input-size", type=int, default=None, help="the digits images' size in pixels")
+    parser.add_argument("--lr", type=float, default=None, help="the recipe's peak learning rate")
     args = parser.parse_args()
     if args.smoke:
         args.drop, args.max_evals, args.rounds = max(args.drop, 20.0), min(args.max_evals, 26), min(args.rounds, 3)
     started = time.perf_counter()
-    case = digits_case(SMALL if args.smoke else FRONTIER, progress=args.progress)
+    case = digits_case(recipe_of(args), progress=args.progress, device=args.device)
     print(f"digits case: {case.recipe.model} at {case.recipe.data.size} px, {case.calibration_images} calibration "
-          f"images, top-1 {case.accuracy:.3f}, trained in {case.train_s:.0f} s"
-          f"{' (cached)' if case.reused else ''}; drop <= {args.drop:g} points at {args.confidence:.0%} confidence")
+          f"images, top-1 {case.accuracy:.3f}, trained in {case.train_s:.0f} s on {args.device}"
+          f"{' (cached)' if case.reused else ''}; {args.dtype}; drop <= {args.drop:g} points at "
+          f"{args.confidence:.0%} confidence")
     for batch in args.batch_sizes:
         report(run_case(case, batch, args), args.drop)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")

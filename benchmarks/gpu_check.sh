@@ -8,8 +8,11 @@
 #            against its chunk budget, and the float32 schedule against FLOP-matched top-k and ToMe (needs the
 #            offline part's schedule in OUT/bin);
 #   repro:   the float32 offline computation three times in a row (benchmarks/reproducibility.py): same answer?
+#   frontier: the frontier search on the digits case with deit_base at 224 px, batch 64, float16 (issue 30,
+#            item 10; the model trains on the GPU first), then its schedule against top-k and ToMe tuned to its
+#            measured latency (benchmark.py --schedule, the default latency match);
 # Everything it prints also goes to OUT/gpu_log_PART.txt; results land in OUT/bin.
-# Usage: bash benchmarks/gpu_check.sh [OUT] [setup|offline|bench|repro|all]
+# Usage: bash benchmarks/gpu_check.sh [OUT] [setup|offline|bench|repro|frontier|all]
 #        (default OUT: bin/gpu_check, part: all; PYTHON overrides the interpreter; TESTS=0 leaves out setup's
 #        tests, which hide the GPU and so check the suite, not the CUDA paths)
 set -u
@@ -82,12 +85,30 @@ repro() {
     -- --device cuda
 }
 
+frontier() {
+  step "frontier: digits case, deit_base 224 px, batch 64, float16 (trained here first)"
+  timeout "${FRONTIER_S:-330}" "$PYTHON" benchmarks/frontier.py --device cuda --dtype float16 --model deit_base \
+    --input-size 224 --lr "${FRONTIER_LR:-1e-4}" --batch-sizes 64 --output-dir "$OUT/bin/frontier"
+  schedule=$(find "$OUT/bin/frontier/bs64" -maxdepth 1 -name "*.schedule.json" | head -1)
+  checkpoint=$(find bin/cache -maxdepth 1 -name "digits_deit_base_patch16_224_*.pth" | head -1)
+  data=$(find bin/cache -maxdepth 2 -type d -name calibration -path "*digits_224px_*" | head -1)
+  if [ -z "$schedule" ] || ! "$PYTHON" -c "import json, sys; sys.exit(not json.load(open(sys.argv[1]))['prune'])" \
+    "$schedule"; then
+    echo "the frontier shipped no schedule: nothing to benchmark"; return
+  fi
+  step "benchmark: the frontier's schedule against top-k and ToMe tuned to its measured latency, with accuracy"
+  timeout "${BENCH_S:-150}" "$PYTHON" benchmark.py --schedule "$schedule" --device cuda --methods none,topk,tome \
+    --checkpoint "$checkpoint" --dataset-root "$data" --accuracy-samples 808 --rounds 10 --power-seconds 1 \
+    --output-dir "$OUT/bin/frontier"
+}
+
 case "$PART" in
   setup) setup ;;
   offline) offline ;;
   bench) bench ;;
   repro) repro ;;
-  all) setup; offline; bench; repro ;;
-  *) echo "gpu_check.sh: unknown part '$PART' (setup, offline, bench, repro or all)"; exit 2 ;;
+  frontier) frontier ;;
+  all) setup; offline; bench; repro; frontier ;;
+  *) echo "gpu_check.sh: unknown part '$PART' (setup, offline, bench, repro, frontier or all)"; exit 2 ;;
 esac
 ls -la "$OUT/bin"

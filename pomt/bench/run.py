@@ -71,7 +71,8 @@ class BenchConfig:
                                                       min=1, max=MAX_INPUT_SIZE)
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps.")
     threads: int | None = option(None, "CPU threads (default: torch's).", min=1)
-    dtype: str = option("float32", "Model and input dtype (bfloat16 on CPU, float16 on CUDA).", choices=DTYPES)
+    dtype: str | None = option(None, "Model and input dtype (default: the schedule's, else float32; bfloat16 on "
+                                     "CPU, float16 on CUDA).", choices=DTYPES)
     backend: str = option("eager", "Runtime every variant is timed on (a static program per variant).",
                           choices=BACKENDS)
     rounds: int = option(30, "Interleaved timing rounds (one sample per variant each).", min=1)
@@ -144,6 +145,8 @@ def resolve(config: BenchConfig) -> _Setup:
     if config.model is None and schedule is None:
         raise ScheduleError("give --model or a --schedule (whose model is used)")
     match = resolve_match(config, schedule is not None)
+    if config.dtype is None:  # a schedule is measured in the dtype it was made for unless told otherwise
+        config = replace(config, dtype=schedule.dtype if schedule is not None else "float32")
     batch = config.batch_size if config.batch_size is not None else (schedule.batch_size if schedule else 1)
     size = config.input_size if config.input_size is not None else (schedule.input_size if schedule else None)
     run = prepare_run(config.model or schedule.model, config.device, config.threads, batch, size,

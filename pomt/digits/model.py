@@ -78,8 +78,10 @@ class DigitsCase:
         return create_model(self.recipe.model, self.recipe.data.size, checkpoint=self.checkpoint)
 
 
-def digits_case(recipe: Recipe = Recipe(), cache_dir: str | Path = CACHE_DIR, progress: bool = False) -> DigitsCase:
-    """The digits model of `recipe`: read from the cache when its files are there, else trained and saved."""
+def digits_case(recipe: Recipe = Recipe(), cache_dir: str | Path = CACHE_DIR, progress: bool = False,
+                device: str = "cpu") -> DigitsCase:
+    """The digits model of `recipe`: read from the cache when its files are there, else trained (on `device`)
+    and saved. The checkpoint holds CPU tensors whichever device trained it; the sidecar names the device."""
     cache_dir = Path(cache_dir)
     root = write_digits(cache_dir, recipe.data)
     stem = cache_dir / f"digits_{timm_name(recipe.model)}_{recipe.key()}"
@@ -88,14 +90,15 @@ def digits_case(recipe: Recipe = Recipe(), cache_dir: str | Path = CACHE_DIR, pr
         facts = json.loads(sidecar.read_text(encoding="utf-8"))
         return DigitsCase(recipe, checkpoint, root, facts["accuracy"], facts["calibration_images"],
                           facts["train_s"], facts["threads"], reused=True)
-    model, train_s = train(recipe, root / "train", progress)
-    accuracy, images = calibration_accuracy(model, root / "calibration", recipe.data.size)
+    model, train_s = train(recipe, root / "train", progress, device)
+    accuracy, images = calibration_accuracy(model, root / "calibration", recipe.data.size, device=device)
     buffer = io.BytesIO()
-    torch.save({"state_dict": model.state_dict()}, buffer)
+    torch.save({"state_dict": {k: v.cpu() for k, v in model.state_dict().items()}}, buffer)
     atomic_write_bytes(checkpoint, buffer.getvalue())
     threads = torch.get_num_threads()
     atomic_write_json(sidecar, {"recipe": asdict(recipe), "timm": timm.__version__, "accuracy": accuracy,
-                                "calibration_images": images, "train_s": round(train_s, 2), "threads": threads})
+                                "calibration_images": images, "train_s": round(train_s, 2), "threads": threads,
+                                "device": device})
     return DigitsCase(recipe, checkpoint, root, accuracy, images, round(train_s, 2), threads, reused=False)
 
 
@@ -118,12 +121,14 @@ def learning_rate(step: int, steps: int, recipe: Recipe) -> float:
     return recipe.lr * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
 
 
-def train(recipe: Recipe, train_root: Path, progress: bool = False) -> tuple[nn.Module, float]:
-    """Train the recipe's model from its seeded random init on the train folder; returns it (eval mode)
-    and the seconds training took (images loaded beforehand, not counted). The caller's RNG is untouched."""
+def train(recipe: Recipe, train_root: Path, progress: bool = False, device: str = "cpu") -> tuple[nn.Module, float]:
+    """Train the recipe's model from its seeded random init on the train folder, on `device` (float32);
+    returns it (eval mode, on `device`) and the seconds training took (images loaded beforehand, not counted).
+    The caller's CPU RNG is untouched."""
     size = recipe.data.size
     model = create_model(recipe.model, size, num_classes=10)
     images, labels = _images(model, train_root, size)
+    model = model.to(device)
     optimiser = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     per_epoch = math.ceil(len(images) / recipe.batch_size)
     steps = recipe.epochs * per_epoch
@@ -139,20 +144,24 @@ def train(recipe: Recipe, train_root: Path, progress: bool = False) -> tuple[nn.
                 batch = order[i * recipe.batch_size : (i + 1) * recipe.batch_size]
                 for group in optimiser.param_groups:
                     group["lr"] = learning_rate(epoch * per_epoch + i, steps, recipe)
-                loss = nn.functional.cross_entropy(model(images[batch]), labels[batch])
+                logits = model(images[batch].to(device))
+                loss = nn.functional.cross_entropy(logits, labels[batch].to(device))
                 optimiser.zero_grad(set_to_none=True)
                 loss.backward()
                 optimiser.step()
                 bar.update(1)
         bar.close()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
     return model.eval(), time.perf_counter() - start
 
 
-def calibration_accuracy(model: nn.Module, root: Path, size: int, batch_size: int = 64) -> tuple[float, int]:
-    """Top-1 of `model` on an ImageFolder, and how many images it holds."""
+def calibration_accuracy(model: nn.Module, root: Path, size: int, batch_size: int = 64,
+                         device: str = "cpu") -> tuple[float, int]:
+    """Top-1 of `model` (on `device`) on an ImageFolder, and how many images it holds."""
     dataset, _ = open_image_folder(root, eval_transform(model, (size, size)))
     correct = 0
     with torch.inference_mode():
         for images, labels in image_loader(dataset, batch_size):
-            correct += int((model(images).argmax(-1) == labels).sum())
+            correct += int((model(images.to(device)).argmax(-1).cpu() == labels).sum())
     return correct / len(dataset), len(dataset)

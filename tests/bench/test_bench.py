@@ -13,13 +13,13 @@ import torch
 
 from pomt.bench.flops import count_flops, match_amount
 from pomt.bench.report import COLUMNS, slower_than_unpruned
-from pomt.bench.run import BenchConfig
+from pomt.bench.run import BenchConfig, resolve
 from pomt.bench.variants import flops_function, plan_reductions, tome_removal
 from pomt.checks import METHODS
 from pomt.cli import main
 from pomt.device import Fingerprint
 from pomt.errors import PatchError
-from pomt.formats.schedule import BlockRemoval, Schedule, save_schedule
+from pomt.formats.schedule import BlockRemoval, Schedule, load_schedule, save_schedule
 from pomt.formats.schedule_parts import Prediction
 from pomt.models.geometry import model_geometry
 from pomt.models.registry import create_model
@@ -175,6 +175,17 @@ def test_half_precision_benchmark_measures_accuracy(tmp_path):
     _, rows = read_csv(tmp_path / "test_vit_cpu_bs1_is96.benchmark.csv")
     by = {r["method"]: r for r in rows}
     assert float(by["none"]["accuracy"]) == 1.0 and 0 <= float(by["topk"]["accuracy"]) <= 1
+
+
+def test_a_schedule_is_benchmarked_in_its_own_dtype_unless_told(tmp_path):
+    """A float16 schedule measured at float32 would benchmark another workload: --dtype defaults to the
+    schedule's, an explicit --dtype wins, and without a schedule it is float32."""
+    path = write_schedule(tmp_path / "s.schedule.json", {3: 10})
+    half = save_schedule(dataclasses.replace(load_schedule(path), dtype="bfloat16"), tmp_path / "h.schedule.json")
+    assert resolve(BenchConfig(schedule=half, device="cpu")).config.dtype == "bfloat16"
+    assert resolve(BenchConfig(schedule=path, device="cpu")).config.dtype == "float32"
+    assert resolve(BenchConfig(schedule=half, device="cpu", dtype="float32")).config.dtype == "float32"
+    assert resolve(BenchConfig(model="deit_tiny", device="cpu")).config.dtype == "float32"
 
 
 @pytest.mark.slow
