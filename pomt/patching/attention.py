@@ -98,7 +98,7 @@ def fused(
     attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Attention output per head via `F.scaled_dot_product_attention`; `bias` is added to the logits."""
-    if bias is not None:
+    if bias is not None and bias.dtype != q.dtype:
         bias = bias.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=attn.scale)
 

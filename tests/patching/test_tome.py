@@ -247,6 +247,18 @@ def test_unmerged_order_follows_the_authors():
     assert _merged(metric, 1, 1) == ([0, 2, 1, 3, 4.5], [1, 1, 1, 1, 2])
 
 
+@pytest.mark.parametrize("prefix", [0, 1, 2])
+def test_protection_builds_no_mask(prefix):
+    """Every op of a merge block is a kernel launch on a GPU: prefix tokens are protected by filling slices of
+    the similarities in place, not by a mask built (arange, compare, or, masked_fill) in every block."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiled:
+        bipartite_matching(torch.randn(2, 17, 8), 3, prefix)
+    names = {event.name for event in profiled.events() if event.cpu_parent is None}  # what the code calls
+    assert "aten::max" in names and not names & {"aten::arange", "aten::lt", "aten::__or__", "aten::masked_fill"}
+
+
 def test_matching_refuses_more_than_the_cap():
     with pytest.raises(ValueError):
         bipartite_matching(torch.randn(1, 7, 3), 3, prefix=2)
