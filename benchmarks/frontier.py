@@ -33,7 +33,10 @@ from pomt.choice.candidates import NONE
 from pomt.choice.frontier_choice import best_by_family
 from pomt.choice.pareto import Evaluated
 from pomt.choice.verify import Verification, schedule_forward_at, verify
+from pomt.cli.app import fail
+from pomt.device.fingerprint import resolve_device
 from pomt.digits.model import FRONTIER, SMALL, DigitsCase, Recipe, digits_case
+from pomt.errors import PomtError
 from pomt.measurement.search import SearchSettings
 from pomt.measurement.sources import LiveSource, Session
 from pomt.models.registry import resolve_model_name
@@ -195,8 +198,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.drop, args.max_evals, args.rounds = max(args.drop, 20.0), min(args.max_evals, 26), min(args.rounds, 3)
+    try:  # an unknown model or an absent device: one line before anything trains
+        args.device, recipe = resolve_device(args.device), recipe_of(args)
+    except PomtError as exc:
+        fail(str(exc))
     started = time.perf_counter()
-    case = digits_case(recipe_of(args), progress=args.progress, device=args.device)
+    case = digits_case(recipe, progress=args.progress, device=args.device)
     print(f"digits case: {case.recipe.model} at {case.recipe.data.size} px, {case.calibration_images} calibration "
           f"images, top-1 {case.accuracy:.3f}, trained in {case.train_s:.0f} s on {args.device}"
           f"{' (cached)' if case.reused else ''}; {args.dtype}; drop <= {args.drop:g} points at "

@@ -218,6 +218,10 @@ SCRIPT_CASES = [
     ("offline-script-resnet18", "offline_computation.py", ["--model", "resnet18", "--no-progress"],
      ["resnet18", "pomt supports"]),
     ("offline-script-threads-0", "offline_computation.py", ["--threads", "0", "--no-progress"], ["--threads"]),
+    ("frontier-benchmark-unknown-model", "benchmarks/frontier.py", ["--model", "nonesuch", "--smoke"],
+     ["unknown model 'nonesuch'"]),
+    ("frontier-benchmark-absent-device", "benchmarks/frontier.py", ["--device", "cuda:99", "--smoke"],
+     ["cuda:99"]),
 ]
 
 
