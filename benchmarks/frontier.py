@@ -43,7 +43,7 @@ from pomt.models.registry import resolve_model_name
 from pomt.pipelines.offline import OfflineConfig, OfflineResult, run_offline
 from pomt.pipelines.offline.frontier_schedule import as_schedule
 from pomt.pipelines.offline.frontier_setup import goal_of, journal_path
-from pomt.runtimes import parameter_dtype
+from pomt.runtimes import DTYPES, parameter_dtype
 from pomt.workload.prepare import Prepared, Workload, prepare
 
 SMOKE_SEARCH = SearchSettings(passes=3, visit_s=0.01, confirm_rounds=3)
@@ -191,7 +191,8 @@ def main() -> None:
     parser.add_argument("--progress", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="a tiny case in seconds: proves the script runs")
     parser.add_argument("--device", default="cpu", help="where the model trains, is timed and evaluated")
-    parser.add_argument("--dtype", default="float32", help="the offline computation's dtype (float16 on CUDA)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES,
+                        help="the offline computation's dtype (float16 on CUDA)")
     parser.add_argument("--model", default=None, help="the digits recipe's model (default: the recipe's)")
     parser.add_argument("--input-size", type=int, default=None, help="the digits images' size in pixels")
     parser.add_argument("--lr", type=float, default=None, help="the recipe's peak learning rate")
