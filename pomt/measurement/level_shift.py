@@ -231,8 +231,18 @@ def detection_limit_pct(window: WindowVisits, alpha: float, min_step: float, pow
     """{position: the smallest step in % (a drop, fewer tokens faster) the window would have confirmed there
     with `power`}: never below `min_step`, the smallest step pomt reports."""
     shift = level_shift(window, min_side=min_side, line=line)
-    if shift is None:
-        return {}
+    return {} if shift is None else limits_of(shift, alpha, min_step, power)
+
+
+def limits_of(shift: LevelShift, alpha: float, min_step: float, power: float = POWER) -> dict[int, float]:
+    """`detection_limit_pct` of a window whose jump profile is already fitted."""
     return {f.position: max(100.0 * (1.0 - math.exp(-detectable_jump(f, alpha, shift.positions, power))),
                             100.0 * min_step)
             for f in shift.profile}
+
+
+def scatter_pct(shift: LevelShift) -> float:
+    """How far the window's counts scatter from one to the next beyond what a visit's noise explains, in %: its
+    count-level spread tau, the least over the positions fitted (a step in the window explains itself at its
+    own position, so what is left is scatter). More visits do not average it away."""
+    return 100.0 * math.expm1(min(f.tau for f in shift.profile))

@@ -21,7 +21,7 @@ from pomt.formats.trace import Visit
 from pomt.measurement.candidates import confirmed_factor, expected_levels
 from pomt.measurement.confirmation import Confirmation
 from pomt.measurement.drift import CurvePoint, corrected_values, relative_noise
-from pomt.measurement.level_shift import MIN_SIDE, LevelShift, WindowVisits, detection_limit_pct, level_shift
+from pomt.measurement.level_shift import MIN_SIDE, LevelShift, WindowVisits, level_shift, limits_of, scatter_pct
 
 WINDOW_COUNTS = 20  # measured counts a window spans (about ten each side of a jump in its middle)
 LEAST_COUNTS = 2 * MIN_SIDE + 1  # fewer measured counts leave no window to test
@@ -52,6 +52,8 @@ class WindowScan:
     reach: tuple[int, int]
     regions: tuple[tuple[int, int, float], ...]  # (first count, last count, limit %) per window
     shifts: tuple[WindowShift, ...]
+    scatter_pct: float = 0.0  # the most a window's counts scatter beyond a visit's noise (`level_shift.scatter_pct`)
+    noise_pct: float = 0.0  # a visit's noise, as the windows modelled it
 
     @property
     def limit_pct(self) -> float | None:
@@ -71,13 +73,20 @@ class WindowScan:
         seen = "none was" if found == 0 else f"{found} confirmed within reach"
         line = f"within reach ({lo}-{hi} tokens), steps of {limit:.0f}% or more would have been found; {seen}"
         if target_pct is not None and limit > target_pct:
-            line += f" (--detect {target_pct:g}% not reached: the budget or the counts' own scatter stopped it)"
+            line += f" (--detect {target_pct:g}% not reached: {self._why()})"
         return line
+
+    def _why(self) -> str:
+        """What kept the limit above the target: the visits the budget allowed, or the counts' own scatter."""
+        if self.scatter_pct < max(0.5, 0.5 * self.noise_pct):  # chance reads a little scatter in plain noise
+            return "the visits the budget allowed were too few"
+        return f"the counts there scatter {self.scatter_pct:.1f}% from one to the next, beyond a visit's noise"
 
     def to_dict(self) -> dict:
         limit = self.limit_pct
         return {"reach": list(self.reach), "limit_pct": None if limit is None else round(limit, 2),
-                "regions": [[lo, hi, round(limit, 2)] for lo, hi, limit in self.regions]}
+                "regions": [[lo, hi, round(limit, 2)] for lo, hi, limit in self.regions],
+                "scatter_pct": round(self.scatter_pct, 2)}
 
 
 def windows(counts: Sequence[int], size: int = WINDOW_COUNTS) -> list[list[int]]:
@@ -114,16 +123,18 @@ def scan(values_by_count: Mapping[int, Sequence[float]], reach: tuple[int, int],
               if lo <= n <= hi and values_by_count[n] and min(values_by_count[n]) > 0.0]
     spans = windows(counts, size)
     share = alpha / max(len(spans), 1)
-    by_window, shifts = [], []
+    by_window, shifts, scatter = [], [], 0.0
     for span in spans:
-        window = window_visits(values_by_count, span, noise)
-        by_window.append((span, detection_limit_pct(window, share, min_step, line=line)))
-        shift = level_shift(window, line=line)
-        if shift is not None and shift.p_value * len(spans) < alpha and _large_enough(shift, min_step):
+        shift = level_shift(window_visits(values_by_count, span, noise), line=line)
+        by_window.append((span, {} if shift is None else limits_of(shift, share, min_step)))
+        if shift is None:
+            continue
+        scatter = max(scatter, scatter_pct(shift))
+        if shift.p_value * len(spans) < alpha and _large_enough(shift, min_step):
             best = shift.best
             shifts.append(WindowShift(best.low, best.position, shift.saving_pct,
                                       min(1.0, shift.p_value * len(spans)), best.z))
-    return WindowScan(reach, tuple(_regions(by_window)), tuple(_distinct(shifts)))
+    return WindowScan(reach, tuple(_regions(by_window)), tuple(_distinct(shifts)), scatter, 100.0 * noise)
 
 
 def _regions(by_window: list[tuple[list[int], dict[int, float]]]) -> list[tuple[int, int, float]]:
