@@ -1,4 +1,5 @@
-"""The benchmark's accuracy: every variant on the same seeded images, each with its Wilson interval.
+"""The benchmark's accuracy: every variant on the same seeded images, each with its Wilson interval, and whether
+it got each image right (so that two variants compare paired, `pomt.bench.compare`).
 
 Top-1 on an ImageFolder, or agreement with the unpruned model (a folder's images with `--agreement`, or
 seeded random images without a folder). As many images as the offline computation takes by default
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+
+import torch
 
 from pomt.bench.variants import BASELINE, Variant
 from pomt.choice import accuracy as acc
@@ -30,13 +33,14 @@ def add_accuracy(
     size: tuple[int, int],
     seed: int = 0,
     progress: bool | None = None,
-) -> tuple[str, int]:
-    """Fill each row's `accuracy` and its interval (`accuracy_low`, `accuracy_high`); returns (kind, images).
-    `progress`: a bar over the batches (None: when stderr is a terminal)."""
+) -> tuple[str, int, dict[str, torch.Tensor]]:
+    """Fill each row's `accuracy` and its interval (`accuracy_low`, `accuracy_high`); returns (kind, images,
+    {variant: one bool per image, right or not}). `progress`: a bar over the batches (None: when stderr is a
+    terminal)."""
     if samples <= 0:
         for row in rows.values():
             row.update(accuracy=None, accuracy_low=None, accuracy_high=None, accuracy_correct=None)
-        return "", 0
+        return "", 0, {}
     samples = -(-samples // batch) * batch
     if dataset_root is not None:
         dataset, kind = acc.open_image_folder(dataset_root, acc.eval_transform(variants[0].model, size),
@@ -47,14 +51,15 @@ def add_accuracy(
     loader = acc.whole_batches(dataset, samples, batch, seed)
     forwards = {v.name: lambda images, _, model=v.model: model(images) for v in variants}
     show = sys.stderr.isatty() if progress is None else progress
-    scores, images = acc.evaluate(forwards, loader, kind, forwards[BASELINE], device, progress=show,
-                                  dtype=parameter_dtype(variants[0].model))
-    for name, score in scores.items():
-        proportion = Proportion(round(score * images), images)
+    right = acc.outcomes(forwards, loader, kind, forwards[BASELINE], device, progress=show,
+                         dtype=parameter_dtype(variants[0].model))
+    images = len(right[BASELINE])
+    for name, hits in right.items():
+        proportion = Proportion(int(hits.sum()), images)
         low, high = proportion.interval()
         rows[name].update(accuracy=proportion.value, accuracy_low=low, accuracy_high=high,
                           accuracy_correct=proportion.successes)
-    return kind, images
+    return kind, images, right
 
 
 def proportion_of(row: dict, images: int) -> Proportion | None:

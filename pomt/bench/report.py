@@ -118,7 +118,9 @@ def comparison_lines(meta: dict) -> list[str]:
                      f"{len(m['probes'])} probes): {m['ratio']:.3f}x [{low:.3f}, {high:.3f}], {close}")
     comparisons = meta.get("comparisons", [])
     if comparisons:
-        lines.append("accuracy differences (95% interval, Newcombe's from the Wilson intervals):")
+        how = ("paired on the same images, Newcombe's method 10" if all(c.get("paired") for c in comparisons)
+               else "Newcombe's from the Wilson intervals")
+        lines.append(f"accuracy differences (95% interval, {how}):")
         lines += [f"  {Comparison.from_dict(c).line()}" for c in comparisons]
     return lines
 

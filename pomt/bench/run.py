@@ -209,7 +209,7 @@ def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) 
             bar.update()
         del base
         rows = {v.name: _static_row(v, x, run, predicted) for v in variants}
-        accuracy_kind, samples = add_accuracy(rows, variants, config.accuracy_samples, config.dataset_root,
+        accuracy_kind, samples, right = add_accuracy(rows, variants, config.accuracy_samples, config.dataset_root,
                                               config.agreement, device, batch, size, config.seed, progress)
         bar.update()
         notes: list[str] = []
@@ -248,7 +248,7 @@ def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) 
         "accuracy_samples": samples,
         "match": match,
         "matches": [m.to_dict() for m in matches],
-        "comparisons": [c.to_dict() for c in compare(list(rows.values()), samples)],
+        "comparisons": [c.to_dict() for c in compare(list(rows.values()), samples, right)],
         "dtype": config.dtype,
         "backend": backend_info(backend),
         "clocks": {"before": before, "after": after},

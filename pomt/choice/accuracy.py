@@ -163,10 +163,26 @@ def evaluate(
     dtype: torch.dtype | None = None,
 ) -> tuple[dict, int]:
     """({key: fraction of images whose top-1 under forwards[key] equals the label (TOP1) or the reference
-    forward's top-1 (AGREEMENT)}, images seen); every image is loaded once for all forwards, and cast to
-    `dtype` (the models' own, e.g. float16) when one is given."""
-    correct = dict.fromkeys(forwards, 0)
-    total = 0
+    forward's top-1 (AGREEMENT)}, images seen) (`outcomes`, counted)."""
+    right = outcomes(forwards, loader, kind, reference, device, progress, dtype)
+    total = len(next(iter(right.values()))) if right else 0
+    return {key: int(hits.sum()) / total for key, hits in right.items()}, total
+
+
+def outcomes(
+    forwards: Mapping[Hashable, Forward],
+    loader: Iterable,
+    kind: str,
+    reference: Forward,
+    device: str = "cpu",
+    progress: bool = True,
+    dtype: torch.dtype | None = None,
+) -> dict[Hashable, torch.Tensor]:
+    """{key: one bool per image, in the loader's order: its top-1 under forwards[key] equals the label (TOP1) or
+    the reference forward's top-1 (AGREEMENT)}; every image is loaded once for all forwards, and cast to `dtype`
+    (the models' own, e.g. float16) when one is given. Kept per image so that two forwards compare paired."""
+    right: dict[Hashable, list[torch.Tensor]] = {key: [] for key in forwards}
+    seen = 0
     with torch.inference_mode():
         for index, (images, labels) in enumerate(_batches(loader, progress)):
             images = images.to(device, dtype)
@@ -174,11 +190,11 @@ def evaluate(
             for key, forward in forwards.items():
                 same = kind == AGREEMENT and forward is reference
                 predicted = target if same else _top1(forward(images, index), labels, kind)
-                correct[key] += int((predicted == target).sum())
-            total += len(images)
-    if total == 0:
+                right[key].append((predicted == target).cpu())
+            seen += len(images)
+    if seen == 0:
         raise DatasetError("the dataset sample is empty")
-    return {key: count / total for key, count in correct.items()}, total
+    return {key: torch.cat(hits) for key, hits in right.items()}
 
 
 def _batches(loader: Iterable, progress: bool) -> Iterator:

@@ -72,6 +72,17 @@ def paired_drop_bound(correct: int, lost: int, gained: int, images: int, confide
     return p_base - p_schedule + math.sqrt(max(0.0, over * over - 2 * phi * over * under + under * under))
 
 
+def paired_difference_interval(a_correct: int, b_correct: int, a_only: int, b_only: int, images: int,
+                               confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Two-sided interval at `confidence` of a's accuracy minus b's, both measured on the same `images`: a got
+    `a_correct` right, b `b_correct`, `a_only` of them a alone and `b_only` b alone. Each end is the one-sided
+    paired bound (`paired_drop_bound`, Newcombe's method 10) at (1 + confidence) / 2."""
+    one_sided = (1.0 + confidence) / 2.0
+    high = paired_drop_bound(b_correct, a_only, b_only, images, one_sided)  # a - b, b in the schedule's place
+    low = -paired_drop_bound(a_correct, b_only, a_only, images, one_sided)
+    return low, high
+
+
 def half_width(accuracy: float, trials: int, confidence: float = CONFIDENCE) -> float:
     """Half the width of the Wilson interval of `accuracy` measured on `trials` items (decreasing in trials)."""
     return _centre_and_half(accuracy, trials, _z(confidence))[1]

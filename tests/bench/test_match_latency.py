@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from pomt.bench.bracket import MAX_PROBES, Bracket, Probe
 from pomt.bench.compare import Comparison, compare
@@ -114,6 +115,25 @@ def test_a_difference_whose_interval_holds_zero_is_not_ranked():
     assert by["none"].verdict == "ahead" and by["tome"].latency_ratio == pytest.approx(8.1 / 8.0)
     assert Comparison.from_dict(by["topk"].to_dict()).line() == by["topk"].line()
     assert compare([{**row, "accuracy_correct": None} for row in rows], 0) == []
+
+
+def test_variants_on_the_same_images_are_compared_paired():
+    """ToMe loses 10 of the 600 images the schedule got right and gains none: unpaired, 590 against 600 of 800
+    is not ranked; paired, those ten images are the whole difference and it is ranked."""
+    right = torch.zeros(800, dtype=torch.bool)
+    right[:600] = True
+    tome = right.clone()
+    tome[:10] = False
+    rows = [{"method": "none", "accuracy_correct": 600, "latency_ms": 10.0},
+            {"method": "schedule", "accuracy_correct": 600, "latency_ms": 8.0, "amount": "-10@3"},
+            {"method": "tome", "accuracy_correct": 590, "latency_ms": 8.1, "amount": "r=2"}]
+    unpaired = {c.name: c for c in compare(rows, 800)}
+    paired = {c.name: c for c in compare(rows, 800, {"none": right, "schedule": right, "tome": tome})}
+    assert unpaired["tome"].verdict == "indistinguishable" and not unpaired["tome"].paired
+    assert paired["tome"].verdict == "behind" and paired["tome"].paired and paired["tome"].ci[1] < 0
+    assert paired["none"].ci == pytest.approx((0.0, 0.0), abs=0.01)  # the same images right: no difference
+    again = Comparison.from_dict(paired["tome"].to_dict())
+    assert again.paired and again.line() == paired["tome"].line()
 
 
 def test_latency_is_the_default_match_with_a_schedule_and_no_amounts():

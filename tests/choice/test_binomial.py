@@ -7,6 +7,7 @@ from pomt.choice.binomial import (
     difference_interval,
     half_width,
     one_sided_interval,
+    paired_difference_interval,
     paired_drop_bound,
     trials_for_half_width,
     wilson_interval,
@@ -74,6 +75,18 @@ def test_uncorrelated_outcomes_give_the_unpaired_interval():
     # a table whose two outcomes are independent (phi = 0): 100 right/right, 100 lost, 100 gained, 100 wrong/wrong
     bound = paired_drop_bound(200, 100, 100, 400, 0.975)
     assert bound == pytest.approx(difference_interval(Proportion(200, 400), Proportion(200, 400))[1])
+
+
+def test_the_paired_difference_interval_is_two_paired_bounds():
+    """On the same images: a 600 right, b 598, 4 right by a alone, 2 by b alone, of 800. The paired interval
+    is a fraction of the unpaired one's width (the benchmark printed [-4.7, +4.0] points for such pairs), holds
+    the measured difference, is mirrored when a and b swap, and on independent outcomes is the unpaired one."""
+    low, high = paired_difference_interval(600, 598, 4, 2, 800)
+    unpaired = difference_interval(Proportion(600, 800), Proportion(598, 800))
+    assert low < 2 / 800 < high and high - low < 0.25 * (unpaired[1] - unpaired[0])
+    assert paired_difference_interval(598, 600, 2, 4, 800) == pytest.approx((-high, -low))
+    assert paired_difference_interval(200, 200, 100, 100, 400) == pytest.approx(
+        difference_interval(Proportion(200, 400), Proportion(200, 400)))
 
 
 def test_a_paired_proportion_reports_what_it_changed():
