@@ -122,6 +122,19 @@ class Proportion:
             return None
         return paired_drop_bound(self.successes, self.lost, self.gained, self.trials, confidence)
 
+    def drop_interval(self, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+        """Two-sided interval of its drop against the unpruned model (the unpruned accuracy minus its, a
+        fraction), paired (`paired_difference_interval`); None when it was not measured paired."""
+        if not self.paired:
+            return None
+        unpruned = self.successes + self.lost - self.gained
+        return paired_difference_interval(unpruned, self.successes, self.lost, self.gained, self.trials, confidence)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Proportion:
+        """What `to_dict` wrote."""
+        return cls(int(data["correct"]), int(data["images"]), data.get("lost"), data.get("gained"))
+
     @property
     def value(self) -> float:
         return self.successes / self.trials if self.trials else math.nan

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from pomt.choice.binomial import Proportion
 from pomt.cli.app import app
 from pomt.cli.options import config_command
 from pomt.measurement.search import SearchSettings
@@ -80,8 +81,11 @@ def print_report(result: OfflineResult, detect: float | None = None) -> None:
         frontier_lines(result.frontier)
     if result.decision:
         d = result.decision
-        echo(f"schedule   remove {d.remove} tokens at block {d.block} -> keep {d.kept_tokens}  "
-             f"(policy {d.policy}: {d.reason})")
+        prune = result.schedule.prune if result.schedule is not None else ()
+        blocks = sorted(p.block for p in prune)  # a multi-block schedule's removals are listed below
+        where = (f"at block {d.block}" if len(blocks) <= 1 else f"at blocks {', '.join(map(str, blocks))}"
+                 if len(blocks) <= 4 else f"at {len(blocks)} blocks, {blocks[0]} to {blocks[-1]}")
+        echo(f"schedule   remove {d.remove} tokens {where} -> keep {d.kept_tokens}  (policy {d.policy}: {d.reason})")
         echo(f"predicted  {d.baseline_ms:.3f} ms -> {d.predicted_ms:.3f} ms  (gain {100 * d.gain:.1f}%"
              + (f", accuracy {d.accuracy:.3f})" if d.accuracy is not None else ")"))
     if result.schedule is not None and result.frontier is not None and result.schedule.prune:
@@ -97,11 +101,18 @@ def print_report(result: OfflineResult, detect: float | None = None) -> None:
         echo(f"wrote      {kind:9s} {path}")
 
 
-def _proportion(data: dict | None) -> str:
+def _proportion(data: dict | None, drop: bool = False) -> str:
+    """An accuracy with its interval and images; with `drop`, where measured paired, its drop from the unpruned
+    model with the paired interval (points)."""
     if data is None:
         return "not measured"
     low, high = data["ci"]
-    return f"{data['accuracy']:.3f} [{low:.3f}, {high:.3f}] on {data['images']}"
+    text = f"{data['accuracy']:.3f} [{low:.3f}, {high:.3f}] on {data['images']}"
+    interval = Proportion.from_dict(data).drop_interval() if drop else None
+    if interval is None:
+        return text
+    points = 100 * (data["lost"] - data["gained"]) / data["images"]
+    return text + f", drop {points:+.2f} points [{100 * interval[0]:+.2f}, {100 * interval[1]:+.2f}] paired"
 
 
 def frontier_lines(frontier: FrontierRun) -> None:
@@ -122,10 +133,11 @@ def frontier_lines(frontier: FrontierRun) -> None:
         bound, sure = chosen.get("search_drop_bound_points"), record.get("accuracy_confidence")
         echo(f"  chosen     {chosen['key']} ({chosen['family']}): search {_proportion(chosen['search'])}"
              + (f" (drop at most {bound:.2f} points at {sure:.0%} confidence)" if bound is not None and sure else "")
-             + f"; held-out {_proportion(chosen['held_out'])}" + (f"; verified {speed:.3f}x" if speed else ""))
+             + f"; held-out {_proportion(chosen['held_out'], drop=True)}"
+             + (f"; verified {speed:.3f}x" if speed else ""))
     uniform = record.get("best_uniform")
     if uniform:
         speed, over = uniform.get("verified_speedup"), uniform.get("speedup_over")
         echo(f"  uniform    {uniform['key']} ({uniform['family']}): search {_proportion(uniform['search'])}; "
-             f"held-out {_proportion(uniform['held_out'])}" + (f"; verified {speed:.3f}x" if speed else "")
+             f"held-out {_proportion(uniform['held_out'], drop=True)}" + (f"; verified {speed:.3f}x" if speed else "")
              + (f"; chosen runs {over:.3f}x its speed" if over else ""))

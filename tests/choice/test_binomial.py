@@ -89,6 +89,14 @@ def test_the_paired_difference_interval_is_two_paired_bounds():
         difference_interval(Proportion(200, 400), Proportion(200, 400)))
 
 
+def test_a_paired_proportion_states_its_drop_with_a_two_sided_interval():
+    record = Proportion(318, 400, lost=21, gained=19)
+    low, high = record.drop_interval()
+    assert low < 2 / 400 < high and high == pytest.approx(record.drop_bound(0.975))
+    assert Proportion.from_dict(record.to_dict()) == record
+    assert Proportion(318, 400).drop_interval() is None
+
+
 def test_a_paired_proportion_reports_what_it_changed():
     record = Proportion(318, 400, lost=21, gained=19).to_dict()
     assert record["lost"] == 21 and record["gained"] == 19

@@ -59,6 +59,10 @@ def test_the_frontier_run_writes_its_files_a_schedule_that_applies_and_resumes(t
     frontier = data["frontier"]
     assert frontier["file"] == f"{STEM}.frontier.json"
     assert frontier["unpruned"]["held_out"]["images"] == 20 and frontier["accuracy_confidence"] == 0.95
+    if len(data["prune"]) > 1:  # the summary names every pruning block, not the first alone
+        assert f"tokens at blocks {data['prune'][0]['block']}" in result.stdout or "blocks, " in result.stdout
+    if frontier["best_uniform"]:  # its held-out drop is printed with its paired interval
+        assert "points [" in result.stdout and "] paired" in result.stdout, result.stdout
     # what ships depends on this machine's timings: every outcome must be reported as such
     code = data["policy"]["reason_code"]
     if data["prune"]:  # shipped: verified, and its held-out accuracy is reported
