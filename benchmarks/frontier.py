@@ -149,16 +149,18 @@ def report(item: Case, drop: float) -> None:
           f"{seconds['reducer_costs']:.0f} s, accuracy {seconds['accuracy']:.0f} s, the rest verification), "
           f"then held-out {seconds['held_out']:.0f} s and side by side {seconds['side_by_side']:.0f} s")
     print(f"  {'schedule':34s} {'family':16s} {'predicted':>9s} {'verified [95% CI]':>26s} "
-          f"{'held-out ' + kind + ' [95% CI]':>28s} {'drop pts':>8s}")
+          f"{'held-out ' + kind + ' [95% CI]':>28s} {'drop pts [95% CI, paired]':>26s}")
     speed = {}
     for i, (name, point) in enumerate(item.compared.items(), start=1):
         measured = next(c for c in item.verification.candidates if c.remove == i)
         speed[name] = measured.speedup
         accuracy = item.held_out[name]
         loss = 100 * (baseline.value - accuracy.value) if baseline is not None else float("nan")
+        paired = accuracy.drop_interval() if accuracy is not None else None
+        spread = f" [{100 * paired[0]:+.2f}, {100 * paired[1]:+.2f}]" if paired else ""
         print(f"  {point.candidate.key[:34]:34s} {name:16s} {found.latency.baseline / point.predicted_ms:8.3f}x "
               f"{measured.speedup:8.3f}x [{measured.speedup_ci[0]:.3f}, {measured.speedup_ci[1]:.3f}]    "
-              f"{_interval(accuracy):>28s} {loss:8.2f}")
+              f"{_interval(accuracy):>28s} {loss:8.2f}{spread:18s}")
     uniform = {k: v for k, v in speed.items() if k != CHOSEN}
     if CHOSEN in speed and uniform:
         best = max(uniform, key=uniform.get)
