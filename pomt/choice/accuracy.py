@@ -3,7 +3,7 @@
 Labelled (ImageFolder with class sub-folders): top-1 against the folder labels, where the i-th folder in
 sorted order is the model's class i (as with ImageNet's synset folders). Unlabelled (images directly in
 the folder, or seeded random images): agreement of a variant's top-1 with the unpruned model's on the
-same images. `evaluate` is the one evaluator: the offline curve and the benchmark's variants both use it.
+same images. `outcomes` is the one evaluator: the offline curve and the benchmark's variants both use it.
 """
 
 from __future__ import annotations
@@ -153,22 +153,6 @@ def accuracy_token_counts(min_tokens: int, num_tokens: int, points: int, extra: 
     return sorted({*even, *(n for n in extra if min_tokens <= n <= num_tokens)})
 
 
-def evaluate(
-    forwards: Mapping[Hashable, Forward],
-    loader: Iterable,
-    kind: str,
-    reference: Forward,
-    device: str = "cpu",
-    progress: bool = True,
-    dtype: torch.dtype | None = None,
-) -> tuple[dict, int]:
-    """({key: fraction of images whose top-1 under forwards[key] equals the label (TOP1) or the reference
-    forward's top-1 (AGREEMENT)}, images seen) (`outcomes`, counted)."""
-    right = outcomes(forwards, loader, kind, reference, device, progress, dtype)
-    total = len(next(iter(right.values()))) if right else 0
-    return {key: int(hits.sum()) / total for key, hits in right.items()}, total
-
-
 def outcomes(
     forwards: Mapping[Hashable, Forward],
     loader: Iterable,
@@ -239,9 +223,10 @@ def measure_accuracy(
         return forward
 
     counts = sorted(set(token_counts))
-    values, total = evaluate({n: pruned_to(n) for n in counts}, loader, kind, lambda images, _: model(images),
-                             device, progress, dtype=parameter_dtype(model))
-    return AccuracyCurve(values, kind, total)
+    right = outcomes({n: pruned_to(n) for n in counts}, loader, kind, lambda images, _: model(images), device,
+                     progress, dtype=parameter_dtype(model))
+    total = len(right[counts[0]])
+    return AccuracyCurve({n: int(hits.sum()) / total for n, hits in right.items()}, kind, total)
 
 
 def image_loader(dataset: Dataset, batch_size: int, workers: int = 0) -> DataLoader:

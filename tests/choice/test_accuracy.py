@@ -9,11 +9,11 @@ from pomt.choice.accuracy import (
     AccuracyCurve,
     accuracy_token_counts,
     eval_transform,
-    evaluate,
     image_loader,
     load_accuracy_curve,
     measure_accuracy,
     open_image_folder,
+    outcomes,
     random_images,
     save_accuracy_curve,
     seeded_subset,
@@ -69,14 +69,19 @@ def _flipped(x, _index):
     return x.flip(-1)  # top-1 class c becomes 2 - c
 
 
-def test_evaluate_scores_each_forward_against_labels_or_the_reference():
+def test_outcomes_score_each_image_of_each_forward_against_labels_or_the_reference():
     images = torch.tensor([[0.0, 1, 0], [1, 0, 0], [0, 0, 1], [0, 1, 0]])  # "logits": top-1 = 1, 0, 2, 1
     loader = [(images[:2], torch.tensor([1, 0])), (images[2:], torch.tensor([2, 0]))]
     forwards = {"same": _same, "flipped": _flipped}  # flipped top-1: 1, 2, 0, 1
-    assert evaluate(forwards, loader, TOP1, _same, progress=False) == ({"same": 0.75, "flipped": 0.25}, 4)
-    assert evaluate(forwards, loader, AGREEMENT, _same, progress=False) == ({"same": 1.0, "flipped": 0.5}, 4)
+    def listed(right):
+        return {key: hits.tolist() for key, hits in right.items()}
+
+    assert listed(outcomes(forwards, loader, TOP1, _same, progress=False)) == {
+        "same": [True, True, True, False], "flipped": [True, False, False, False]}
+    assert listed(outcomes(forwards, loader, AGREEMENT, _same, progress=False)) == {
+        "same": [True, True, True, True], "flipped": [True, False, False, True]}
     with pytest.raises(DatasetError, match="more classes than the model's 3 outputs"):
-        evaluate(forwards, [(images[:1], torch.tensor([3]))], TOP1, _same, progress=False)
+        outcomes(forwards, [(images[:1], torch.tensor([3]))], TOP1, _same, progress=False)
 
 
 def test_whole_batches_of_seeded_random_images():
