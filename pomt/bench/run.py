@@ -210,7 +210,7 @@ def _run_cell(setup: _Setup, progress: bool | None, schedule_here: bool = True) 
         del base
         rows = {v.name: _static_row(v, x, run, predicted) for v in variants}
         accuracy_kind, samples, right = add_accuracy(rows, variants, config.accuracy_samples, config.dataset_root,
-                                              config.agreement, device, batch, size, config.seed, progress)
+                                                     config.agreement, device, batch, size, config.seed, progress)
         bar.update()
         notes: list[str] = []
         with contextlib.ExitStack() as programs:

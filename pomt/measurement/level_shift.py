@@ -244,5 +244,5 @@ def limits_of(shift: LevelShift, alpha: float, min_step: float, power: float = P
 def scatter_pct(shift: LevelShift) -> float:
     """How far the window's counts scatter from one to the next beyond what a visit's noise explains, in %: its
     count-level spread tau, the least over the positions fitted (a step in the window explains itself at its
-    own position, so what is left is scatter). More visits do not average it away."""
+    own position, so what is left is scatter). More visits of the same counts do not average it away."""
     return 100.0 * math.expm1(min(f.tau for f in shift.profile))
