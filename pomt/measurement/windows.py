@@ -73,14 +73,15 @@ class WindowScan:
         seen = "none was" if found == 0 else f"{found} confirmed within reach"
         line = f"within reach ({lo}-{hi} tokens), steps of {limit:.0f}% or more would have been found; {seen}"
         if target_pct is not None and limit > target_pct:
-            line += f" (--detect {target_pct:g}% not reached: {self._why()})"
+            line += f" (--detect {target_pct:g}% not reached within the visit budget{self._scatter()})"
         return line
 
-    def _why(self) -> str:
-        """What kept the limit above the target: the visits the budget allowed, or the counts' own scatter."""
+    def _scatter(self) -> str:
+        """The counts' own scatter beyond a visit's noise, where there is enough to name: more visits of the same
+        counts do not average it away."""
         if self.scatter_pct < max(0.5, 0.5 * self.noise_pct):  # chance reads a little scatter in plain noise
-            return "the visits the budget allowed were too few"
-        return f"the counts there scatter {self.scatter_pct:.1f}% from one to the next, beyond a visit's noise"
+            return ""
+        return f"; the counts there scatter {self.scatter_pct:.1f}% from one to the next, beyond a visit's noise"
 
     def to_dict(self) -> dict:
         limit = self.limit_pct
