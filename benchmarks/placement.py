@@ -1,19 +1,20 @@
 """Why a step near N moves between processes on CPU: memory placement under glibc's dynamic mmap threshold.
 
 In one process, the model and its input are built afresh several times (each after a filler allocation of
-random size, so the allocator's history differs), and each placement measures N against N - `--remove`
-kept tokens in paired rounds (A B, B A, ...; `pomt.measurement.paired.paired_effect` on the per-round medians). This
-runs in a child process per allocator setting: glibc's defaults (its mmap threshold adapts to what was freed),
-and the threshold fixed low and high (`MALLOC_MMAP_THRESHOLD_`, which also turns the adaptation off).
+random size, so the allocator's history differs), and each placement measures N against N - `--remove` kept
+tokens in paired rounds (A B, B A, ...; `pomt.measurement.paired.paired_effect` on the per-round medians).
+This runs in a child process per allocator setting: glibc's defaults (its mmap threshold adapts to what was
+freed), the threshold fixed low (`MALLOC_MMAP_THRESHOLD_`, which also turns the adaptation off) and pomt's
+steady settings (`pomt.device.allocator.STEADY`).
 
 On the 2-core VM (deit_small, batch 4, 2 threads), which placements run slow depends on the heap's whole
 history, so on the code that runs before them too. Under glibc's defaults, a loop timing with perf_counter
 found one or two of five placements at N / 194 = 1.09-1.11 (N at 210-211 ms, the level of the offline run
-whose cliff by N a fresh process did not have, `pomt.choice.fresh`) in each of four runs, a version timing with
-`time_calls` one of five at 1.061 [1.040, 1.082], and this version (visits through `LiveSource`) none of five
-(1.009-1.034). With the threshold fixed either way, no placement of any version ran slow (1.010-1.027). A
-schedule's steps near N hold only under the allocator settings they were measured with; the device
-fingerprint records them (`allocator`). No timing threshold: it prints what it measured.
+whose cliff by N a fresh process did not have, `pomt.choice.fresh`) in each of four runs, a version timing
+with `time_calls` one of five at 1.061 [1.040, 1.082], and this version (visits through `LiveSource`) none of
+five (1.009-1.034). With the threshold fixed either way (128 KiB, 1 GiB), no placement of any version ran slow
+(1.010-1.027). A schedule's steps near N hold only under the allocator settings they were measured with; the
+device fingerprint records them (`allocator`). No timing threshold: it prints what it measured.
 Usage: python benchmarks/placement.py [--model deit_small] [--batch-size 4] [--remove 3] [--placements 5]
        [--rounds 8] [--threads 2]
 """
@@ -28,13 +29,14 @@ import sys
 import numpy as np
 import torch
 
+from pomt.device.allocator import STEADY
 from pomt.measurement.paired import paired_effect
 from pomt.measurement.sources import LiveSource, forward_at_tokens
 from pomt.models.geometry import model_geometry
 from pomt.models.registry import create_model, resolve_model_name
 
 SETTINGS = {"glibc defaults": {}, "mmap threshold fixed at 128 KiB": {"MALLOC_MMAP_THRESHOLD_": "131072"},
-            "mmap threshold fixed at 1 GiB": {"MALLOC_MMAP_THRESHOLD_": "1073741824"}}
+            "steady (pomt's default since 2026-11-27)": dict(STEADY)}
 
 
 def placements(args: argparse.Namespace) -> None:

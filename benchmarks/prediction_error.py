@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pomt.device.allocator import ALLOCATORS
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("deit_small:1:224", "deit_small:4:224", "deit_tiny:1:112")
 GOAL = 0.03
@@ -191,13 +193,14 @@ def main() -> None:
     parser.add_argument("--curve-points", type=int, default=24, help="multi: counts at which L(n) is measured")
     parser.add_argument("--threads", type=int, default=None, help="multi: CPU threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--allocator", choices=ALLOCATORS, default="steady",
+                        help="multi: the host allocator measured under (as the offline computation's --allocator)")
     parser.add_argument("extra", nargs="*", help="further offline_computation.py options (after --)")
     args = parser.parse_args()
     if args.part in ("multi", "both"):
-        from pomt.device.cpu import allocator_settings
+        from pomt.device.allocator import allocator_words, use_allocator
 
-        settings = allocator_settings()
-        print(f"allocator: {settings or 'glibc defaults (adaptive mmap threshold)'}")
+        print(f"allocator: {allocator_words(use_allocator(args.allocator))}")
         errors = [e for workload in args.workloads for e in multi_block(workload, args)]
         met = all(e <= GOAL for e in errors)
         print(f"multi-block: largest |error| {100 * max(errors):.2f}% over {len(errors)} schedules "

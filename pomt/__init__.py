@@ -1,6 +1,7 @@
 """pomt: hardware-aware token pruning schedules for Vision Transformers."""
 
 from pomt.deploy.apply import UnverifiedScheduleWarning, apply_schedule
+from pomt.device.allocator import steady_allocator
 from pomt.formats.schedule import Schedule, load_schedule, save_schedule
 from pomt.models.geometry import Geometry, model_geometry
 from pomt.models.registry import create_model, resolve_model_name
@@ -19,5 +20,6 @@ __all__ = [
     "patch",
     "resolve_model_name",
     "save_schedule",
+    "steady_allocator",
     "unpatch",
 ]

@@ -21,6 +21,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from pomt.cli import main  # noqa: E402
+from pomt.device.allocator import ALLOCATOR_ENV  # noqa: E402
 from pomt.formats.schedule import BlockRemoval, Schedule  # noqa: E402
 
 from device_fakes import FakeNvml
@@ -36,6 +37,19 @@ def pytest_configure(config):
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"  # the curve bank and the golden replays
+
+
+@pytest.fixture(autouse=True)
+def _allocator_environment():
+    """A CPU run sets the steady allocator in its process's environment (`pomt.device.allocator`); each test
+    starts from the environment the suite started with, so fingerprints do not depend on the tests before."""
+    saved = {name: os.environ.get(name) for name in ALLOCATOR_ENV}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(autouse=True)

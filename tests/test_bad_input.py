@@ -311,6 +311,7 @@ if not data["prune"]:  # nothing shipped: apply the first verified candidate, as
     data["prune"] = [{"block": data["policy"]["prune_block"], "remove": data["verified"]["candidates"][0]["remove"]}]
     data["kept_tokens"] = data["num_tokens"] - data["prune"][0]["remove"]
 warnings.simplefilter("error")
+pomt.steady_allocator()  # served under the allocator settings it was measured with, as the README says
 model = pomt.create_model(data["model"], input_size=data["input_size"])
 pomt.apply_schedule(model, data, strict=True, batch_size=data["batch_size"])
 print("applied")
@@ -321,7 +322,8 @@ print("applied")
 def test_a_schedule_verified_here_applies_in_a_new_process_without_a_warning(tmp_path):
     """The offline run hashes its fingerprint with the eager runtime; apply_schedule in another process, in
     PyTorch on the same machine, hashes the same (it raised a false alarm, and strict refused it). The run
-    keeps torch's default threads, as the new process does."""
+    keeps torch's default threads, as the new process does, and the new process sets the steady allocator the
+    run measured under (strict refuses other settings)."""
     flat = tmp_path / "flat_accuracy.csv"
     flat.write_text("tokens,accuracy\n" + "".join(f"{n},0.5\n" for n in range(2, 38)))
     run = run_script("offline_computation.py", "--model", "test_vit", "--input-size", "96", "--batch-size", "2",

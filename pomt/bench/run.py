@@ -36,6 +36,7 @@ from pomt.bench.variants import (
 )
 from pomt.checks import check_options, check_threads
 from pomt.device import clock_snapshot
+from pomt.device.allocator import ALLOCATOR_HELP, ALLOCATORS
 from pomt.errors import DatasetError, ScheduleError, SettingError
 from pomt.formats.schedule import Schedule, load_schedule
 from pomt.measurement.timing import fixed_threads, interleaved
@@ -71,6 +72,7 @@ class BenchConfig:
                                                       min=1, max=MAX_INPUT_SIZE)
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps.")
     threads: int | None = option(None, "CPU threads (default: torch's).", min=1)
+    allocator: str = option("steady", ALLOCATOR_HELP, choices=ALLOCATORS)
     dtype: str | None = option(None, "Model and input dtype (default: the schedule's, else float32; bfloat16 on "
                                      "CPU, float16 on CUDA).", choices=DTYPES)
     backend: str = option("eager", "Runtime every variant is timed on (a static program per variant).",
@@ -133,8 +135,8 @@ class _Setup:
         """The run as a workload: what `pomt.workload.prepare.prepare` builds the model and input from."""
         config, run = self.config, self.run
         return Workload(model=run.model, batch_size=run.batch_size, input_size=run.input_size, device=run.device,
-                        threads=config.threads, dtype=config.dtype, backend=config.backend,
-                        require_locked_clocks=config.require_locked_clocks, seed=config.seed)
+                        threads=config.threads, allocator=config.allocator, dtype=config.dtype,
+                        backend=config.backend, require_locked_clocks=config.require_locked_clocks, seed=config.seed)
 
 
 def resolve(config: BenchConfig) -> _Setup:
@@ -150,7 +152,7 @@ def resolve(config: BenchConfig) -> _Setup:
     batch = config.batch_size if config.batch_size is not None else (schedule.batch_size if schedule else 1)
     size = config.input_size if config.input_size is not None else (schedule.input_size if schedule else None)
     run = prepare_run(config.model or schedule.model, config.device, config.threads, batch, size,
-                      config.require_locked_clocks)
+                      config.require_locked_clocks, config.allocator)
     return _Setup(config, schedule, run, match)
 
 

@@ -23,6 +23,7 @@ from typing import TypeVar
 import numpy as np
 
 from pomt.choice.verify import CandidateResult, Verification, choose, schedule_forward_at, verify
+from pomt.device.allocator import STEADY_ADVICE
 from pomt.device.fingerprint import Fingerprint
 from pomt.formats.schedule import Schedule
 from pomt.formats.trace import Visit
@@ -170,13 +171,12 @@ def held_in_both(here: Verification, fresh: Verification, min_gain: float,
 
 def placement_hint(fingerprint: Fingerprint, what: str = "the removal") -> str | None:
     """What to tell a CPU user whose removal, or step within reach, did not hold in a fresh process while the
-    host allocator ran with its defaults; None elsewhere (why: docs/method.md, measured by
-    `benchmarks/placement.py` in docs/results/)."""
+    host allocator ran with its defaults (`--allocator inherit`, or off glibc); None elsewhere (why:
+    `pomt.device.allocator`, measured by `benchmarks/allocator.py` and `benchmarks/placement.py`)."""
     if fingerprint.kind != "cpu" or fingerprint.allocator:
         return None
     return (f"{what} held in the measuring process, not in a fresh one: on CPU that can be memory placement "
-            "under glibc's adaptive mmap threshold; measure and serve with MALLOC_MMAP_THRESHOLD_ set "
-            "(or another fixed allocator) to compare like with like (benchmarks/placement.py)")
+            f"under glibc's adaptive mmap threshold; {STEADY_ADVICE}")
 
 
 __all__ = ["FreshJob", "StepJob", "held_in_both", "in_fresh_process", "placement_hint", "step_holds",

@@ -7,6 +7,7 @@ import typer
 from pomt.choice.binomial import Proportion
 from pomt.cli.app import app
 from pomt.cli.options import config_command
+from pomt.device.allocator import allocator_words
 from pomt.measurement.search import SearchSettings
 from pomt.pipelines.offline import OfflineConfig, OfflineResult, run_offline
 from pomt.pipelines.offline.frontier_pipeline import FrontierRun
@@ -28,8 +29,10 @@ def print_report(result: OfflineResult, detect: float | None = None) -> None:
     echo(f"model      {g.model}  {g.input_size[0]}x{g.input_size[1]} px  batch {result.batch_size}  "
          f"N={g.num_tokens} (prefix {g.prefix_tokens})  depth {g.depth}")
     where = f"replay of {device.replayed_from}, measured on " if device.replayed_from else ""
+    allocator = f"  allocator {allocator_words(device.allocator)}" if device.kind == "cpu" \
+        and device.allocator is not None else ""
     echo(f"device     {where}{device.name}  threads {device.threads}  clocks_locked={device.clocks_locked}  "
-         f"backend {(device.backend or {}).get('name', 'eager')}")
+         f"backend {(device.backend or {}).get('name', 'eager')}{allocator}")
     search = result.search
     if search is not None:
         echo(f"latency    {search.visits} visits of {search.reps} forwards ({search.measured} measured now, "

@@ -1,6 +1,6 @@
 """apply_schedule: patch a model as a schedule file says, after checking that the schedule fits the model
 and warning where its promise was not measured where the model runs (another model of the same geometry,
-another device, runtime, dtype or batch size, or never verified on the patched model)."""
+another device, runtime, dtype, allocator or batch size, or never verified on the patched model)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from torch import nn
 
 from pomt.checks import check_batch_size
 from pomt.device import Fingerprint, device_fingerprint, fingerprint_hash
+from pomt.device.allocator import allocator_settings, allocator_words
 from pomt.errors import PatchError, PomtError, ScheduleError
 from pomt.formats.schedule import Schedule, load_schedule
 from pomt.models.family import check_family
@@ -88,6 +89,19 @@ def _check_verified(schedule: Schedule, model: nn.Module, strict: bool) -> None:
     warnings.warn(message, UnverifiedScheduleWarning, stacklevel=3)
 
 
+def _check_allocator(schedule: Schedule, kind: str | None, strict: bool) -> None:
+    """Warn (raise under strict) when a CPU schedule was measured under other host allocator settings than this
+    process runs (`pomt.device.allocator`): on CPU the allocator moved latency by up to a quarter."""
+    theirs = schedule.device.allocator
+    if schedule.device.kind != "cpu" or kind != "cpu" or theirs is None:
+        return  # older schedules did not record it
+    ours = allocator_settings()
+    if ours != theirs:
+        _mismatch(f"schedule was measured under {allocator_words(theirs)}, this process runs {allocator_words(ours)}:"
+                  " its speedup holds under the same settings (pomt.steady_allocator() before serving, or the "
+                  "same environment)", strict)
+
+
 def apply_schedule(
     model: nn.Module,
     schedule: Schedule | str | Path | Mapping,
@@ -99,9 +113,10 @@ def apply_schedule(
 
     Raises UnsupportedModelError for a model pomt cannot patch, ScheduleError when the model's token count,
     prefix or depth differ from the schedule's. Another timm architecture than the schedule's, a different
-    device kind, parameter dtype, or `batch_size` (given here or seen at the first forward) warns once; so
-    does a schedule that prunes but was never verified on the patched model, or was verified on another
-    device fingerprint or runtime (`UnverifiedScheduleWarning`); with `strict` each of these raises.
+    device kind, parameter dtype, host allocator settings (CPU), or `batch_size` (given here or seen at the
+    first forward) warns once; so does a schedule that prunes but was never verified on the patched model, or
+    was verified on another device fingerprint or runtime (`UnverifiedScheduleWarning`); with `strict` each of
+    these raises.
     """
     check_family(model)
     if batch_size is not None:
@@ -119,6 +134,7 @@ def apply_schedule(
         _mismatch(f"schedule was made for batch size {schedule.batch_size}, not {batch_size}", strict)
     if schedule.removal:
         _check_verified(schedule, model, strict)
+        _check_allocator(schedule, kind, strict)
     try:
         return patch(
             model, schedule.method, schedule.removal, batch_size=schedule.batch_size, strict=strict

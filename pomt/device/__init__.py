@@ -1,7 +1,9 @@
 """Which device to run on, its fingerprint with its clock state, and light clock readings: `cpu` (sysfs),
-`gpu` (NVML), `clocks` (lock state, verdicts, snapshots), `fingerprint` (the device and what it records).
-Nothing here prints or exits; failures to read clock state give None or "unknown", never an exception."""
+`gpu` (NVML), `clocks` (lock state, verdicts, snapshots), `fingerprint` (the device and what it records), and
+`allocator` (the host allocator's settings; the steady one CPU runs measure under). Nothing here prints or
+exits; failures to read clock state give None or "unknown", never an exception."""
 
+from pomt.device.allocator import allocator_settings, steady_allocator
 from pomt.device.clocks import (
     LOCK_COMMAND,
     clock_snapshot,
@@ -12,7 +14,6 @@ from pomt.device.clocks import (
     read_lock_state,
 )
 from pomt.device.cpu import (
-    allocator_settings,
     cpu_freq_mhz,
     cpu_name,
     parse_governors,
@@ -53,5 +54,6 @@ __all__ = [
     "read_turbo",
     "require_locked_clocks",
     "resolve_device",
+    "steady_allocator",
     "sysfs_root",
 ]

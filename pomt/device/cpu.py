@@ -1,6 +1,6 @@
-"""The CPU as sysfs and procfs show it: scaling governors, turbo, frequencies, the model name, and the host
-allocator's settings. Every path is read under ``POMT_SYSFS_ROOT`` (as ``scripts/lock_clocks.sh`` does),
-so tests can use a fake tree; what cannot be read is "unknown" or None, never an exception."""
+"""The CPU as sysfs and procfs show it: scaling governors, turbo, frequencies and the model name. Every path
+is read under ``POMT_SYSFS_ROOT`` (as ``scripts/lock_clocks.sh`` does), so tests can use a fake tree; what
+cannot be read is "unknown" or None, never an exception. The host allocator: `pomt.device.allocator`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
-
-ALLOCATOR_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX",
-                 "LD_PRELOAD")
 
 
 def sysfs_root() -> Path:
@@ -99,10 +96,3 @@ def cpu_name() -> str:
         if key.strip() in ("model name", "Model", "Hardware") and value.strip():
             return value.strip()
     return platform.processor() or platform.machine() or "unknown"
-
-
-def allocator_settings() -> dict[str, str]:
-    """The host allocator's settings this process started with (glibc malloc tunables, a preloaded
-    jemalloc or tcmalloc): memory placement under them can move a step near N (`benchmarks/placement.py`),
-    so a schedule's steps near N may hold only under the allocator settings they were measured with."""
-    return {name: os.environ[name] for name in ALLOCATOR_ENV if os.environ.get(name)}

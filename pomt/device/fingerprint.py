@@ -15,8 +15,9 @@ from typing import Any
 import psutil
 import torch
 
+from pomt.device.allocator import allocator_settings
 from pomt.device.clocks import LOCK_COMMAND, clocks_locked_cpu, clocks_locked_gpu, read_lock_state
-from pomt.device.cpu import allocator_settings, cpu_freq_mhz, cpu_name, read_governors, read_turbo
+from pomt.device.cpu import cpu_freq_mhz, cpu_name, read_governors, read_turbo
 from pomt.device.gpu import cuda_index, read_gpu_info
 from pomt.errors import DeviceError
 
@@ -76,7 +77,7 @@ class Fingerprint:
     numpy: str | None = None
     platform: str | None = None
     pomt_lock: dict | None = None
-    allocator: dict | None = None  # `pomt.device.cpu.allocator_settings`
+    allocator: dict | None = None  # `pomt.device.allocator.allocator_settings`
     cpu_clocks_locked: bool | None = None
     clocks_locked: bool | None = None  # the verdict for the device measured on
     gpu: dict | None = None  # `pomt.device.gpu.read_gpu_info`, on cuda

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from pomt.checks import check_input_memory, check_options, check_output_dir, check_threads
+from pomt.device.allocator import ALLOCATOR_HELP, ALLOCATORS
 from pomt.errors import Interrupted
 from pomt.formats.schedule import utc_now
 from pomt.formats.trace import TraceWriter
@@ -44,6 +45,7 @@ class Workload:
                                                       max=MAX_INPUT_SIZE)
     device: str = option("auto", "auto (cuda if present, else cpu), cpu, cuda[:N], mps.")
     threads: int | None = option(None, "CPU threads, fixed and recorded (default: torch's).", min=1)
+    allocator: str = option("steady", ALLOCATOR_HELP, choices=ALLOCATORS)
     dtype: str = option("float32", "Model and input dtype (bfloat16 on CPU, float16 on CUDA).", choices=DTYPES)
     backend: str = option("eager", "Runtime measured on.", choices=BACKENDS)
     grid_token_start: int | None = option(None, "First kept-token count (default N).", min=1)
@@ -104,7 +106,7 @@ def prepare(
     setup = run if run is not None else prepare_run(
         MODEL if workload.model is None else workload.model, workload.device, workload.threads,
         BATCH_SIZE if workload.batch_size is None else workload.batch_size, workload.input_size,
-        workload.require_locked_clocks)
+        workload.require_locked_clocks, workload.allocator)
     check_input_memory(setup.batch_size, setup.input_size)
     backend = check_backend(workload.backend, setup.device)
     dtype = resolve_dtype(workload.dtype, setup.device)

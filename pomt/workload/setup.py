@@ -1,7 +1,7 @@
 """What a measuring run is set up with, resolved and checked before any model is built: the model's timm
-name, the device with its fingerprint (refusing unlocked clocks when asked), batch and input size, and the
-stem `<model>_<device>_bs<B>_is<S>` that all of the run's output files share. The offline computation and
-the benchmark both start here.
+name, the device with its fingerprint and, on a CPU, the host allocator (refusing unlocked clocks when
+asked), batch and input size, and the stem `<model>_<device>_bs<B>_is<S>` that all of the run's output
+files share. The offline computation and the benchmark both start here.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pomt.checks import check_batch_size
 from pomt.device import Fingerprint, device_fingerprint, resolve_device
 from pomt.device import require_locked_clocks as refuse_unlocked_clocks
+from pomt.device.allocator import check_allocator, use_allocator
 from pomt.models.registry import architecture, default_input_size, normalise_input_size, resolve_model_name
 
 
@@ -54,13 +55,17 @@ def prepare_run(
     batch_size: int = 1,
     input_size: int | tuple[int, int] | None = None,
     require_locked_clocks: bool = False,
+    allocator: str = "steady",
 ) -> RunSetup:
-    """Resolve the model name, sizes and device, and take the device's fingerprint; with
-    `require_locked_clocks`, raise DeviceError unless its clocks are locked."""
+    """Resolve the model name, sizes and device, set the host allocator on a CPU (`allocator`:
+    `pomt.device.allocator.use_allocator`), and take the device's fingerprint (which records the allocator);
+    with `require_locked_clocks`, raise DeviceError unless its clocks are locked."""
     name = resolve_model_name(model)
     batch = check_batch_size(batch_size)
     size = normalise_input_size(input_size) or default_input_size(name)
     resolved = resolve_device(device)
+    if check_allocator(allocator) and resolved == "cpu":
+        use_allocator(allocator)
     fingerprint = device_fingerprint(resolved, threads)
     if require_locked_clocks:
         refuse_unlocked_clocks(fingerprint)

@@ -60,7 +60,7 @@ def test_the_fresh_process_rebuilds_the_workload_and_measures_the_patched_model(
 
 
 def test_a_cpu_user_under_the_default_allocator_is_told_about_placement():
-    assert "MALLOC_MMAP_THRESHOLD_" in placement_hint(Fingerprint(kind="cpu", allocator={}))
+    assert "--allocator steady" in placement_hint(Fingerprint(kind="cpu", allocator={}))
     assert placement_hint(Fingerprint(kind="cpu", allocator={"MALLOC_MMAP_THRESHOLD_": "1073741824"})) is None
     assert placement_hint(Fingerprint(kind="cuda", allocator={})) is None
 

@@ -48,11 +48,3 @@ def test_cpu_name_from_fake_cpuinfo(fake_root):
     (fake_root / "proc/cpuinfo").write_text("processor\t: 0\nmodel name\t: Fake CPU @ 3.00GHz\n")
     assert cpu.cpu_name() == "Fake CPU @ 3.00GHz"
 
-
-def test_allocator_settings_are_the_tunables_set(monkeypatch):
-    for name in cpu.ALLOCATOR_ENV:
-        monkeypatch.delenv(name, raising=False)
-    assert cpu.allocator_settings() == {}
-    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
-    monkeypatch.setenv("MALLOC_TOP_PAD_", "")
-    assert cpu.allocator_settings() == {"MALLOC_ARENA_MAX": "2"}

@@ -14,6 +14,7 @@ import torch
 
 from pomt.deploy.apply import UnverifiedScheduleWarning, apply_schedule
 from pomt.device import Fingerprint
+from pomt.device.allocator import ALLOCATOR_ENV, STEADY
 from pomt.errors import PatchError, ScheduleError
 from pomt.formats.schedule import BlockRemoval, Schedule
 from pomt.formats.schedule_parts import Verified
@@ -325,11 +326,13 @@ def test_bad_patch_arguments_raise(models):
     assert patch_state(model) is None
 
 
-def _schedule(batch: int = 1, kind: str = "cpu", verified: dict | None = None, **extra) -> dict:
+def _schedule(batch: int = 1, kind: str = "cpu", verified: dict | None = None, allocator: dict | None = None,
+              **extra) -> dict:
     """A deit_small schedule removing 56 tokens at block 3, verified on this machine unless told."""
     return Schedule(
         model="deit_small_patch16_224", input_size=(224, 224), batch_size=batch, num_tokens=197,
-        prefix_tokens=1, depth=12, method="pomt", prune=(BlockRemoval(3, 56),), device=Fingerprint(kind=kind),
+        prefix_tokens=1, depth=12, method="pomt", prune=(BlockRemoval(3, 56),),
+        device=Fingerprint(kind=kind, allocator=allocator),
         verified=Verified.from_dict(verified_record() if verified is None else verified), **extra,
     ).to_dict()
 
@@ -372,6 +375,28 @@ def test_schedule_for_another_geometry_raises(models):
     with pytest.raises(ScheduleError, match="does not match"):
         apply_schedule(models["dinov2_reg4"], _schedule())
     assert patch_state(models["dinov2_reg4"]) is None
+
+
+def test_a_schedule_measured_under_other_allocator_settings_says_so_and_strict_refuses(models, monkeypatch):
+    """A CPU schedule's promise holds under the allocator it was measured with (`pomt.device.allocator`)."""
+    model = models["deit_small"]
+    for name in ALLOCATOR_ENV:
+        monkeypatch.delenv(name, raising=False)
+    steady = _schedule(allocator=dict(STEADY))
+    with pytest.raises(ScheduleError, match="measured under MALLOC_MMAP_THRESHOLD_=33554432 "
+                                           "MALLOC_TRIM_THRESHOLD_=268435456, this process runs glibc's defaults"):
+        apply_schedule(model, steady, strict=True)
+    with pytest.warns(UserWarning, match=r"pomt\.steady_allocator\(\)"):
+        apply_schedule(model, steady)
+    for name, value in STEADY.items():  # what steady_allocator leaves in the environment
+        monkeypatch.setenv(name, value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        apply_schedule(model, steady)  # the same settings: silent
+        apply_schedule(model, _schedule())  # a schedule that did not record them: silent
+    with pytest.warns(UserWarning, match="measured under glibc's defaults, this process runs MALLOC"):
+        apply_schedule(model, _schedule(allocator={}))
+    unpatch(model)
 
 
 def test_device_and_batch_mismatch_warn_or_raise(models, image):

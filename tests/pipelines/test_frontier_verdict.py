@@ -62,8 +62,8 @@ def test_a_prediction_missed_by_more_than_the_tolerance_is_said_with_the_allocat
     missed = [_measured(5.0, 5.1), _measured(6.0, 6.5)]
     assert prediction_note(close, Fingerprint(kind="cpu", allocator={})) is None
     note = prediction_note(missed, Fingerprint(kind="cpu", allocator={}))
-    assert "up to +8.3%" in note and "MALLOC_MMAP_THRESHOLD_" in note
-    fixed = prediction_note(missed, Fingerprint(kind="cpu", allocator={"MALLOC_MMAP_THRESHOLD_": "131072"}))
-    assert "up to +8.3%" in fixed and "MALLOC" not in fixed
-    assert "MALLOC" not in prediction_note(missed, Fingerprint(kind="cuda", allocator={}))
+    assert "up to +8.3%" in note and "--allocator steady" in note
+    fixed = prediction_note(missed, Fingerprint(kind="cpu", allocator={"MALLOC_MMAP_THRESHOLD_": "33554432"}))
+    assert "up to +8.3%" in fixed and "--allocator" not in fixed
+    assert "--allocator" not in prediction_note(missed, Fingerprint(kind="cuda", allocator={}))
     assert prediction_note([_measured(None, 5.0)], Fingerprint(kind="cpu")) is None  # nothing predicted

@@ -223,6 +223,7 @@ def test_end_to_end_with_accuracy_writes_a_schedule_that_applies(tmp_path, train
     assert data["predicted"]["accuracy_kind"] == "top1"
     assert data["num_tokens"] == 37 and data["prefix_tokens"] == 1 and data["depth"] == 6
     assert data["device"]["kind"] == "cpu" and "clocks_locked" in data["device"]
+    assert data["device"]["allocator"] == pomt.steady_allocator()  # measured as served: strict holds it to that
     schedule = pomt.load_schedule(tmp_path / f"{STEM}.schedule.json")
 
     model = create_model(MODEL, input_size=SIZE)

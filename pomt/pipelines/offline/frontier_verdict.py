@@ -18,6 +18,7 @@ from pomt.choice.frontier_choice import verified_choice
 from pomt.choice.pareto import Evaluated
 from pomt.choice.verify import CandidateResult, Verification
 from pomt.choice.verify import verify as verify_candidates
+from pomt.device.allocator import STEADY_ADVICE
 from pomt.device.fingerprint import Fingerprint
 from pomt.formats.schedule import Schedule
 from pomt.pipelines.offline.config import Request
@@ -124,9 +125,8 @@ def prediction_note(measured: Sequence[CandidateResult], fingerprint: Fingerprin
     note = (f"the latency model missed the verified schedules by up to {worst:+.1%} (measured over predicted "
             "latency): their measured speedups decide, the order among the others is predicted")
     if fingerprint.kind == "cpu" and not fingerprint.allocator:
-        note += ("; on CPU under glibc's adaptive mmap threshold schedules that mix token counts ran up to 8% "
-                 "slower than their blocks measured alone: measure and serve with MALLOC_MMAP_THRESHOLD_ set "
-                 "(docs/method.md, section 9)")
+        note += ("; on CPU under glibc's defaults schedules that mix token counts ran up to 35% slower than their "
+                 f"blocks measured alone: {STEADY_ADVICE}")
     return note
 
 

@@ -1,0 +1,87 @@
+"""The host allocator a CPU measurement runs under: what this process's settings are, and the steady one pomt
+measures with by default.
+
+Under glibc's defaults the mmap threshold adapts to what was freed and the heap is trimmed whenever its free
+top passes a small threshold, so a forward of a ViT gives pages back to the kernel and faults them in again:
+on the 2-core VM some 14 000 page faults a forward of deit_tiny at 112 px and batch 16, and how many depends
+on the heap's history (`benchmarks/allocator.py`). That cost is neither steady between processes nor additive
+over blocks at mixed token counts, so it moves steps between processes and broke the latency model of
+multi-block schedules by up to 35%. With both thresholds fixed high (`STEADY`) the buffers stay mapped and are
+reused: no faults after the first forwards, and the same behaviour in every process. The trim threshold does
+most of it: the mmap threshold fixed alone still left some 8 000-10 000 faults a forward there. A fixed
+threshold that is low (128 KiB, pomt's earlier advice) maps and unmaps every large buffer instead, the slowest
+of all.
+
+`steady_allocator` sets `STEADY` in this process (glibc's `mallopt`) and in its environment (so child
+processes, the fresh-process checks among them, start with it), unless the environment already chose an
+allocator; the device fingerprint records the settings in force (`allocator_settings`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Mapping
+
+from pomt.errors import SettingError
+
+ALLOCATOR_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX",
+                 "LD_PRELOAD")
+STEADY = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20),  # the ceiling of glibc's own adaptation on 64-bit hosts
+          "MALLOC_TRIM_THRESHOLD_": str(256 * 2**20)}
+ALLOCATORS = ("steady", "inherit")
+ALLOCATOR_HELP = ("Host allocator of a CPU run: steady fixes glibc's mmap and trim thresholds (32 MiB, 256 MiB) "
+                  "for the run and its child processes unless the environment sets the allocator; inherit: as "
+                  "started. Serve under the settings the schedule records (pomt.steady_allocator()).")
+STEADY_ADVICE = ("measure with --allocator steady (the default) and serve under the allocator settings the "
+                 "schedule records (pomt.steady_allocator()); docs/method.md, section 9")
+_MALLOPT_PARAMETER = {"MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_TRIM_THRESHOLD_": -1}  # M_MMAP_THRESHOLD, M_TRIM_...
+
+
+def allocator_settings() -> dict[str, str]:
+    """The host allocator's settings in force (glibc malloc tunables, a preloaded jemalloc or tcmalloc), as the
+    environment states them: set at start, or by `steady_allocator`."""
+    return {name: os.environ[name] for name in ALLOCATOR_ENV if os.environ.get(name)}
+
+
+def _glibc_mallopt():
+    """glibc's `mallopt`, or None on another C library (musl, macOS, Windows)."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018 - only glibc has it
+        return libc.mallopt
+    except (OSError, AttributeError):
+        return None
+
+
+def steady_allocator(settings: Mapping[str, str] = STEADY) -> dict[str, str]:
+    """Fix glibc's mmap and trim thresholds in this process and its children (module docstring), unless the
+    environment already sets the allocator; returns the settings in force ({} off glibc, where nothing is set)."""
+    chosen = allocator_settings()
+    if chosen:
+        return chosen
+    mallopt = _glibc_mallopt()
+    if mallopt is None:
+        return {}
+    for name, value in settings.items():
+        if mallopt(_MALLOPT_PARAMETER[name], int(value)) != 1:
+            return allocator_settings()  # glibc refused it: the defaults stay, as the fingerprint then says
+        os.environ[name] = value
+    return allocator_settings()
+
+
+def check_allocator(choice: str) -> str:
+    """Raise SettingError unless `choice` is one of ALLOCATORS."""
+    if choice not in ALLOCATORS:
+        raise SettingError(f"--allocator must be one of {', '.join(ALLOCATORS)}, not {choice!r}")
+    return choice
+
+
+def use_allocator(choice: str) -> dict[str, str]:
+    """`steady` (`steady_allocator`) or `inherit` (whatever this process runs); the settings in force."""
+    return steady_allocator() if check_allocator(choice) == "steady" else allocator_settings()
+
+
+def allocator_words(settings: Mapping[str, str] | None) -> str:
+    """The settings in a few words: `glibc's defaults` where none is set."""
+    return " ".join(f"{k}={v}" for k, v in sorted(settings.items())) if settings else "glibc's defaults"
