@@ -88,9 +88,10 @@ def best_uniform(result: FrontierResult, goal: Goal) -> Evaluated | None:
 def to_verify(result: FrontierResult, goal: Goal, first: int) -> list[Evaluated]:
     """The schedules measured on the patched model, in the order of fallback: the first `first` of
     `preference`, then each reducer's fastest predicted schedule that meets the goal where none of that
-    reducer is among them yet, then the best uniform schedule. Why each reducer: the latency model misses
-    reducers differently (multi-block ToMe predicted up to 40% fast on deit_tiny at batch 16 where single-block
-    POMT is predicted within 3%), so a reducer it misprices is measured rather than ranked out."""
+    reducer is among them yet, then the best uniform schedule. Why each reducer: the latency model can miss
+    reducers differently (under glibc's default allocator multi-block ToMe was predicted up to 40% fast on
+    deit_tiny at batch 16 where single-block POMT was within 3%), so a reducer it misprices is measured rather
+    than ranked out."""
     chosen = preference(result, goal)[:first]
     faster = [p for p in result.evaluated
               if not p.candidate.unpruned and p.predicted_ms < result.baseline.predicted_ms]
