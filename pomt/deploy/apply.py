@@ -90,16 +90,21 @@ def _check_verified(schedule: Schedule, model: nn.Module, strict: bool) -> None:
 
 
 def _check_allocator(schedule: Schedule, kind: str | None, strict: bool) -> None:
-    """Warn (raise under strict) when a CPU schedule was measured under other host allocator settings than this
-    process runs (`pomt.device.allocator`): on CPU the allocator moved latency by up to a quarter."""
+    """Warn (`UnverifiedScheduleWarning`; raise under strict) when a CPU schedule was measured under other host
+    allocator settings than this process runs (`pomt.device.allocator`): on CPU the allocator moved latency by
+    up to a quarter, so its promise was not measured as this process runs."""
     theirs = schedule.device.allocator
     if schedule.device.kind != "cpu" or kind != "cpu" or theirs is None:
         return  # older schedules did not record it
     ours = allocator_settings()
-    if ours != theirs:
-        _mismatch(f"schedule was measured under {allocator_words(theirs)}, this process runs {allocator_words(ours)}:"
-                  " its speedup holds under the same settings (pomt.steady_allocator() before serving, or the "
-                  "same environment)", strict)
+    if ours == theirs:
+        return
+    message = (f"schedule was measured under {allocator_words(theirs)}, this process runs {allocator_words(ours)}: "
+               "its speedup holds under the same settings (pomt.steady_allocator() before serving, or the same "
+               "environment)")
+    if strict:
+        raise ScheduleError(message + " (strict)")
+    warnings.warn(message, UnverifiedScheduleWarning, stacklevel=3)
 
 
 def apply_schedule(
@@ -113,10 +118,10 @@ def apply_schedule(
 
     Raises UnsupportedModelError for a model pomt cannot patch, ScheduleError when the model's token count,
     prefix or depth differ from the schedule's. Another timm architecture than the schedule's, a different
-    device kind, parameter dtype, host allocator settings (CPU), or `batch_size` (given here or seen at the
-    first forward) warns once; so does a schedule that prunes but was never verified on the patched model, or
-    was verified on another device fingerprint or runtime (`UnverifiedScheduleWarning`); with `strict` each of
-    these raises.
+    device kind, parameter dtype, or `batch_size` (given here or seen at the first forward) warns once; so
+    does a schedule that prunes but was never verified on the patched model, was verified on another device
+    fingerprint or runtime, or (CPU) was measured under other host allocator settings
+    (`UnverifiedScheduleWarning`); with `strict` each of these raises.
     """
     check_family(model)
     if batch_size is not None:

@@ -386,7 +386,7 @@ def test_a_schedule_measured_under_other_allocator_settings_says_so_and_strict_r
     with pytest.raises(ScheduleError, match="measured under MALLOC_MMAP_THRESHOLD_=33554432 "
                                            "MALLOC_TRIM_THRESHOLD_=268435456, this process runs glibc's defaults"):
         apply_schedule(model, steady, strict=True)
-    with pytest.warns(UserWarning, match=r"pomt\.steady_allocator\(\)"):
+    with pytest.warns(UnverifiedScheduleWarning, match=r"pomt\.steady_allocator\(\)"):
         apply_schedule(model, steady)
     for name, value in STEADY.items():  # what steady_allocator leaves in the environment
         monkeypatch.setenv(name, value)
@@ -394,7 +394,7 @@ def test_a_schedule_measured_under_other_allocator_settings_says_so_and_strict_r
         warnings.simplefilter("error")
         apply_schedule(model, steady)  # the same settings: silent
         apply_schedule(model, _schedule())  # a schedule that did not record them: silent
-    with pytest.warns(UserWarning, match="measured under glibc's defaults, this process runs MALLOC"):
+    with pytest.warns(UnverifiedScheduleWarning, match="measured under glibc's defaults, this process runs MALLOC"):
         apply_schedule(model, _schedule(allocator={}))
     unpatch(model)
 
