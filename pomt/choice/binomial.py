@@ -38,8 +38,10 @@ def wilson_interval(successes: int, trials: int, confidence: float = CONFIDENCE)
         raise ValueError(f"need 0 <= successes <= trials, got {successes} of {trials}")
     if trials == 0:
         return 0.0, 1.0
-    centre, half = _centre_and_half(successes / trials, trials, _z(confidence))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    share = successes / trials
+    centre, half = _centre_and_half(share, trials, _z(confidence))
+    # the interval holds the share; rounding put all-right's upper end an ulp below 1 for about half of all n
+    return max(0.0, min(share, centre - half)), min(1.0, max(share, centre + half))
 
 
 def one_sided_interval(successes: int, trials: int, confidence: float) -> tuple[float, float]:
