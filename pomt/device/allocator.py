@@ -3,7 +3,7 @@ measures with by default.
 
 Under glibc's defaults the mmap threshold adapts to what was freed and the heap is trimmed whenever its free
 top passes a small threshold, so a forward of a ViT gives pages back to the kernel and faults them in again:
-on the 2-core VM some 14 000 page faults a forward of deit_tiny at 112 px and batch 16, and how many depends
+on the 2-core VM some 14 500 page faults a forward of deit_tiny at 112 px and batch 16, and how many depends
 on the heap's history (`benchmarks/allocator.py`). That cost is neither steady between processes nor additive
 over blocks at mixed token counts, so it moves steps between processes and broke the latency model of
 multi-block schedules by up to 35%. With both thresholds fixed high (`STEADY`) the buffers stay mapped and are
@@ -44,6 +44,13 @@ def allocator_settings() -> dict[str, str]:
     return {name: os.environ[name] for name in ALLOCATOR_ENV if os.environ.get(name)}
 
 
+def environment_chose_allocator() -> bool:
+    """Whether the environment set a glibc malloc tunable or preloads another allocator (jemalloc, tcmalloc,
+    mimalloc: a library with "malloc" in its name); a preload of anything else is not a choice of allocator."""
+    settings = allocator_settings()
+    return any(name != "LD_PRELOAD" for name in settings) or "malloc" in settings.get("LD_PRELOAD", "").lower()
+
+
 def _glibc_mallopt():
     """glibc's `mallopt`, or None on another C library (musl, macOS, Windows)."""
     try:
@@ -57,9 +64,8 @@ def _glibc_mallopt():
 def steady_allocator(settings: Mapping[str, str] = STEADY) -> dict[str, str]:
     """Fix glibc's mmap and trim thresholds in this process and its children (module docstring), unless the
     environment already sets the allocator; returns the settings in force ({} off glibc, where nothing is set)."""
-    chosen = allocator_settings()
-    if chosen:
-        return chosen
+    if environment_chose_allocator():
+        return allocator_settings()
     mallopt = _glibc_mallopt()
     if mallopt is None:
         return {}

@@ -39,7 +39,16 @@ def test_the_steady_allocator_is_set_here_and_in_every_child_process(defaults):
 def test_an_allocator_the_environment_chose_is_left_alone(defaults, monkeypatch):
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
     assert steady_allocator() == {"MALLOC_ARENA_MAX": "2"}
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    assert steady_allocator() == {"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}
     assert "MALLOC_MMAP_THRESHOLD_" not in os.environ
+
+
+@pytest.mark.skipif(allocator._glibc_mallopt() is None, reason="glibc only")
+def test_a_preload_that_is_no_allocator_does_not_stop_the_steady_one(defaults, monkeypatch):
+    monkeypatch.setenv("LD_PRELOAD", "/opt/tools/libtrace-io.so")
+    assert steady_allocator() == {**STEADY, "LD_PRELOAD": "/opt/tools/libtrace-io.so"}
 
 
 def test_inherit_changes_nothing_and_other_choices_are_refused(defaults):
