@@ -54,14 +54,14 @@ def environment_chose_allocator() -> bool:
 def _glibc_mallopt():
     """glibc's `mallopt`, or None on another C library (musl, macOS, Windows)."""
     try:
-        libc = ctypes.CDLL(None)
+        libc = ctypes.CDLL(None)  # Windows refuses None (TypeError)
         libc.gnu_get_libc_version  # noqa: B018 - only glibc has it
         return libc.mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):
         return None
 
 
-def steady_allocator(settings: Mapping[str, str] = STEADY) -> dict[str, str]:
+def steady_allocator() -> dict[str, str]:
     """Fix glibc's mmap and trim thresholds in this process and its children (module docstring), unless the
     environment already sets the allocator; returns the settings in force ({} off glibc, where nothing is set)."""
     if environment_chose_allocator():
@@ -69,7 +69,7 @@ def steady_allocator(settings: Mapping[str, str] = STEADY) -> dict[str, str]:
     mallopt = _glibc_mallopt()
     if mallopt is None:
         return {}
-    for name, value in settings.items():
+    for name, value in STEADY.items():
         if mallopt(_MALLOPT_PARAMETER[name], int(value)) != 1:
             return allocator_settings()  # glibc refused it: the defaults stay, as the fingerprint then says
         os.environ[name] = value

@@ -64,7 +64,8 @@ def prepare_run(
     batch = check_batch_size(batch_size)
     size = normalise_input_size(input_size) or default_input_size(name)
     resolved = resolve_device(device)
-    if check_allocator(allocator) and resolved == "cpu":
+    check_allocator(allocator)  # on every device, so a typo is refused before any GPU run too
+    if resolved == "cpu":
         use_allocator(allocator)
     fingerprint = device_fingerprint(resolved, threads)
     if require_locked_clocks:
