@@ -15,7 +15,7 @@ fastest uniform schedule within the drop at batch 16, never slower at batch 1; t
 On a GPU (issue 30, item 10) the same search runs with `--device cuda --dtype float16`, and `--model`,
 `--input-size` and `--lr` make another digits recipe (trained on that device, cached by its recipe), e.g.
 `--model deit_base --input-size 224 --lr 1e-4 --batch-sizes 64`.
-Usage: python benchmarks/frontier.py [--batch-sizes 1 16] [--threads 2] [--drop 1.0] [--smoke]
+Usage: python benchmarks/frontier.py [--batch-sizes 1 16] [--threads 2] [--drop 1.0] [--allocator inherit] [--smoke]
        [--device cuda --dtype float16 --model deit_base --input-size 224 --lr 1e-4]
 """
 
@@ -34,6 +34,7 @@ from pomt.choice.frontier_choice import best_by_family
 from pomt.choice.pareto import Evaluated
 from pomt.choice.verify import Verification, schedule_forward_at, verify
 from pomt.cli.app import fail
+from pomt.device.allocator import ALLOCATORS
 from pomt.device.fingerprint import resolve_device
 from pomt.digits.model import FRONTIER, SMALL, DigitsCase, Recipe, digits_case
 from pomt.errors import PomtError
@@ -66,7 +67,7 @@ class Case:
 def offline(case: DigitsCase, batch: int, args: argparse.Namespace) -> tuple[Workload, OfflineConfig, OfflineResult]:
     """The offline computation with the frontier policy on the digits calibration folder."""
     workload = Workload(model=case.recipe.model, batch_size=batch, input_size=case.recipe.data.size,
-                        device=args.device, dtype=args.dtype, threads=args.threads,
+                        device=args.device, dtype=args.dtype, threads=args.threads, allocator=args.allocator,
                         output_dir=Path(args.output_dir) / f"bs{batch}", progress=args.progress)
     config = OfflineConfig(dataset_root=case.calibration_root, checkpoint=case.checkpoint, policy="frontier",
                            max_accuracy_drop=args.drop, max_evals=args.max_evals, accuracy_samples=100_000,
@@ -184,6 +185,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16])
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    parser.add_argument("--allocator", choices=ALLOCATORS, default="steady",
+                        help="host allocator of a CPU run (the offline computation's --allocator; inherit: as started)")
     parser.add_argument("--drop", type=float, default=1.0, help="most accuracy lost, points (held-out reported)")
     parser.add_argument("--confidence", type=float, default=OfflineConfig.accuracy_confidence,
                         help="confidence the drop is met at, on the search split (the offline default)")
