@@ -134,9 +134,9 @@ class FrontierSearch:
         start = self.asked
         probes = probe_candidates(method, lat.num_tokens, lat.prefix_tokens, lat.depth, blocks, shares)
         self.measure(dict.fromkeys(probes, f"probe-{method}"))
-        measured = {probes[c]: self.records[c].accuracy for c in probes if c in self.records}
-        baseline = self.records[NONE].accuracy
-        programme = BlockProgramme(lat, method, fit_surrogate(measured, baseline),
+        measured = {probes[c]: self.records[c].search for c in probes if c in self.records}
+        surrogate = fit_surrogate(measured, self.records[NONE].search, s.confidence)
+        programme = BlockProgramme(lat, method, surrogate,
                                    landing_counts(lat.num_tokens, lat.prefix_tokens, s.steps, s.grid), s.max_share)
         step = s.max_accuracy_drop / 100 / s.buckets_per_drop
         found = programme.schedules(step, s.buckets_per_drop * s.drop_span) + programme.schedules(math.inf, 0)

@@ -48,7 +48,7 @@ def method_cost(
     device: str = "cpu",
     threads: int | None = None,
     rounds: int = 7,
-    reps: int = 1,
+    reps: int | None = None,
     seed: int = 0,
 ) -> dict[int, float]:
     """{remove: ms} that `method` removing `remove` tokens at `block` costs over the same model with those

@@ -2,8 +2,17 @@
 
 import pytest
 
+from pomt.choice.binomial import Proportion
 from pomt.choice.candidates import Candidate
-from pomt.choice.drop_surrogate import fit_surrogate, probe_candidates
+from pomt.choice.drop_surrogate import fit_surrogate, judged_drop, probe_candidates
+
+
+def share(value: float, lost: int | None = None, gained: int | None = None) -> Proportion:
+    """An accuracy of `value` on 1000 images (paired where `lost` and `gained` are given)."""
+    return Proportion(round(1000 * value), 1000, lost, gained)
+
+
+BASELINE = share(0.9, 0, 0)
 
 
 def test_probes_are_single_block_removals_at_spread_blocks():
@@ -14,7 +23,8 @@ def test_probes_are_single_block_removals_at_spread_blocks():
 
 
 def test_the_fit_interpolates_in_share_and_block_and_never_makes_a_cut_free():
-    surrogate = fit_surrogate({(0, 0.25): 0.88, (0, 0.5): 0.80, (8, 0.25): 0.90, (8, 0.5): 0.92}, baseline=0.9)
+    probes = {(0, 0.25): share(0.88), (0, 0.5): share(0.80), (8, 0.25): share(0.90), (8, 0.5): share(0.92)}
+    surrogate = fit_surrogate(probes, BASELINE)
     assert surrogate.at(0, 0.25) == pytest.approx(0.02) and surrogate.at(0, 0.125) == pytest.approx(0.01)
     assert surrogate.at(0, 0.75) == pytest.approx(0.18)  # along the last slope
     assert surrogate.at(8, 0.5) == 0.0  # a gain is no drop
@@ -23,7 +33,24 @@ def test_the_fit_interpolates_in_share_and_block_and_never_makes_a_cut_free():
 
 
 def test_the_stand_in_adds_the_blocks_cuts():
-    surrogate = fit_surrogate({(0, 0.5): 0.8, (3, 0.5): 0.9}, baseline=0.9)
+    surrogate = fit_surrogate({(0, 0.5): share(0.8), (3, 0.5): share(0.9)}, BASELINE)
     candidate = Candidate.of("pomt", {0: 8, 3: 4})
     counts = [17, 9, 9, 9, 5]  # 16 patch tokens, half removed at block 0, then half of the 8 left at block 3
     assert surrogate.predict(counts, candidate, 1) == pytest.approx(0.1 + 0.0)
+
+
+def test_a_probe_that_reshuffles_predictions_is_judged_by_its_bound_not_its_mean():
+    reshuffled = share(0.9, lost=30, gained=30)  # no mean drop, 60 images changed
+    untouched = share(0.9, lost=0, gained=0)
+    assert judged_drop(reshuffled, BASELINE, 0.5) == pytest.approx(0.0, abs=1e-9)
+    assert judged_drop(reshuffled, BASELINE, 0.95) > 0.01  # the goal would judge it over a point
+    assert judged_drop(untouched, BASELINE, 0.95) == pytest.approx(0.0, abs=1e-12)  # the floor is paid once
+    surrogate = fit_surrogate({(0, 0.5): reshuffled, (4, 0.5): untouched}, BASELINE, 0.95)
+    assert surrogate.at(0, 0.5) == pytest.approx(judged_drop(reshuffled, BASELINE, 0.95))
+    assert surrogate.at(4, 0.5) == pytest.approx(0.0, abs=1e-12)
+    assert fit_surrogate({(0, 0.5): reshuffled}, BASELINE, 0.5).at(0, 0.5) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_bound_grows_with_the_images_changed_at_one_net_loss():
+    few, many = share(0.899, lost=1, gained=0), share(0.899, lost=11, gained=10)
+    assert judged_drop(many, BASELINE, 0.95) > judged_drop(few, BASELINE, 0.95) > 0.0
