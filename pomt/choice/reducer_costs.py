@@ -12,7 +12,7 @@ merge plus one block of proportional attention) less the cost at the last block.
 token) is always among the points: a reducer's fixed cost (scores, sorting, matching) shows there, before
 the MLP's saving on the tokens removed offsets it.
 
-A visit times `reps` forwards and keeps their median; by default as many as make a visit last MIN_VISIT_MS
+A visit times `reps` forwards and keeps their median; by default about as many as make a visit last MIN_VISIT_MS
 (`visit_reps`, at most MAX_REPS). One forward a visit was enough where the cut model runs for several ms, not
 where it runs for half of one: on the digits case at batch 1 (deit_tiny at 112 px) one run of seven rounds
 read costs of -0.8 to +1.0 ms, where the other runs read 0 to 0.35, priced uniform ToMe at 0.47x the
@@ -23,7 +23,6 @@ slower than the unpruned model.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -31,6 +30,7 @@ import torch
 from torch import nn
 
 from pomt.choice.schedule_latency import ReducerCost
+from pomt.measurement.sources import calibrate_reps
 from pomt.measurement.timing import fixed_threads, synchronize, time_calls
 from pomt.models.geometry import model_geometry
 from pomt.models.shortened import last_blocks
@@ -40,7 +40,7 @@ from pomt.patching.plan import removed_at
 
 SHARES = (0.0, 0.25, 0.5)  # removals measured at each count, as shares of its patch tokens (0: one token)
 MEASURED_BLOCKS = 2  # the cut model's depth: the last block, and the one before it for ToMe's carry
-MIN_VISIT_MS = 5.0  # a visit's forwards last at least this long (`visit_reps`)
+MIN_VISIT_MS = 5.0  # a visit's forwards last about this long (`visit_reps`)
 MAX_REPS = 32
 
 Variant = tuple[str, int, int, int]  # (method or "", block, tokens entering it, tokens removed there)
@@ -110,19 +110,14 @@ def measure_reducer_costs(
         return _measure(model, x, where, depth, num_tokens, prefix, device, threads, rounds, reps, seed)
 
 
-def reps_for(forward_ms: float, min_visit_ms: float = MIN_VISIT_MS, max_reps: int = MAX_REPS) -> int:
-    """Forwards a visit needs to last `min_visit_ms` when one lasts `forward_ms` (1 to `max_reps`)."""
-    if not forward_ms > 0:
-        return max_reps
-    return max(1, min(max_reps, math.ceil(min_visit_ms / forward_ms)))
-
-
 def visit_reps(model: nn.Module, x: torch.Tensor, device: str, threads: int | None) -> int:
-    """`reps_for` the median of three forwards of `model` (the cut model, unpatched) after one untimed."""
+    """Forwards a visit needs to last MIN_VISIT_MS (`calibrate_reps`, at most MAX_REPS), from the median of
+    three forwards of `model` (the cut model, unpatched) after one untimed."""
     with fixed_threads(threads) as used, torch.inference_mode():
         model(x)
         synchronize(device)
-        return reps_for(float(np.median(time_calls(lambda: model(x), device, 3, used))))
+        forward_s = float(np.median(time_calls(lambda: model(x), device, 3, used))) / 1e3
+    return calibrate_reps(forward_s, MIN_VISIT_MS / 1e3, MAX_REPS)
 
 
 def _measure(model: nn.Module, x: torch.Tensor, where: dict[str, list[tuple[int, int]]], depth: int,

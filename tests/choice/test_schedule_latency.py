@@ -5,7 +5,7 @@ import torch
 
 from pomt.choice.candidates import Candidate
 from pomt.choice.policy import predict_latency
-from pomt.choice.reducer_costs import MAX_REPS, cost_points, measure_reducer_costs, reps_for
+from pomt.choice.reducer_costs import cost_points, measure_reducer_costs
 from pomt.choice.schedule_latency import LatencyModel, ReducerCost
 from pomt.choice.verify import cost_function
 from pomt.models.registry import create_model
@@ -77,11 +77,6 @@ def test_tomes_proportional_attention_is_charged_after_its_first_merge_only():
 def test_cost_points_stay_within_what_each_reducer_can_remove():
     assert cost_points(50, 1, "pomt", [50, 25], (0.25, 0.5)) == [(25, 6), (25, 12), (50, 12), (50, 24)]
     assert cost_points(50, 1, "tome", [50], (0.25, 0.75)) == [(50, 12), (50, 24)]
-
-
-def test_a_visit_times_enough_forwards_to_last_the_minimum():
-    assert reps_for(0.5) == 10 and reps_for(8.0) == 1 and reps_for(4.9) == 2
-    assert reps_for(0.01) == MAX_REPS and reps_for(0.0) == MAX_REPS
 
 
 def test_measured_reducer_costs_have_the_structure_the_prediction_reads():

@@ -19,6 +19,7 @@ from pomt.choice.verify import (
     one_block_cost,
     schedule_forward_at,
     verify,
+    verify_rounds,
 )
 from pomt.formats.schedule import BlockRemoval, Schedule
 from pomt.measurement.sources import LiveSource, ReplaySource, Session
@@ -127,3 +128,14 @@ def test_tomes_cost_at_one_block_carries_its_proportional_attention_into_every_l
     assert one_block_cost(tome, 50, 12, 11, [4, 12]) == {4: pytest.approx(0.2), 12: pytest.approx(0.3)}
     pomt_cost = ReducerCost("pomt", 1, {(50, 4): 0.2, (50, 12): -0.1})
     assert one_block_cost(pomt_cost, 50, 12, 2, [12]) == {12: pytest.approx(-0.1)}
+
+
+def test_short_rounds_are_measured_more_often_up_to_a_limit():
+    assert verify_rounds(10, 15.0, 750.0, 1, 4) == 10  # deit_base at batch 4: ten rounds take 30 s already
+    assert verify_rounds(10, 15.0, 7.0, 8, 6) == 40  # deit_tiny at batch 1: 0.34 s a round, capped at 4 x 10
+    assert verify_rounds(10, 15.0, 7.0, 8, 2) == 40
+    assert verify_rounds(10, 6.0, 50.0, 1, 6) == 20  # 0.3 s a round: 6 s hold 20
+    assert verify_rounds(10, 3.0, 50.0, 1, 6) == 10
+    assert verify_rounds(3, 15.0, 1.0, 8, 3) == 12
+    assert verify_rounds(10, 0.0, 7.0, 8, 6) == 10  # no seconds asked: the rounds asked
+    assert verify_rounds(10, 15.0, float("nan"), 8, 6) == 10

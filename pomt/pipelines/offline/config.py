@@ -73,6 +73,9 @@ class OfflineConfig:
     verify: bool = option(True, "Measure the patched model against the unpruned one before shipping.",
                           negatable=True)
     verify_rounds: int = option(10, "Rounds of the verification (every candidate once per round).", min=3)
+    verify_seconds: float = option(15.0, "Seconds the verification's rounds should fill: where rounds are shorter, "
+                                         "more than --verify-rounds (at most four times as many), here and in "
+                                         "the fresh process.", min=0)
     verify_candidates: int = option(2, "Best-ranked removals verified (plus the other side of a targeted step; "
                                        "with the frontier, plus each reducer's best and the best uniform "
                                        "schedule).", min=1)

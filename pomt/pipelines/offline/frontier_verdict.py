@@ -16,7 +16,7 @@ from pomt.choice.candidates import Candidate
 from pomt.choice.fresh import FreshJob, verify_in_fresh_process
 from pomt.choice.frontier_choice import verified_choice
 from pomt.choice.pareto import Evaluated
-from pomt.choice.verify import CandidateResult, Verification
+from pomt.choice.verify import CandidateResult, Verification, verify_rounds
 from pomt.choice.verify import verify as verify_candidates
 from pomt.device.allocator import STEADY_ADVICE
 from pomt.device.fingerprint import Fingerprint
@@ -81,7 +81,9 @@ def verify_shippable(request: Request, run: Run, found: FrontierFound) -> Fronti
     qualified = [i for i in shippable if by_index[i].qualifies]
     fresh, held = None, None
     if qualified and config.verify_fresh:
-        job = FreshJob(workload, {n - i: schedules[n - i] for i in qualified}, found.reps, config.verify_rounds,
+        rounds = verify_rounds(config.verify_rounds, config.verify_seconds, latency.baseline, found.reps,
+                               len(qualified) + 1)
+        job = FreshJob(workload, {n - i: schedules[n - i] for i in qualified}, found.reps, rounds,
                        config.min_gain, settings.min_step, settings.step_alpha)
         fresh = verify_in_fresh_process(job)
         held = {c.remove for c in fresh.candidates if c.qualifies}
@@ -147,11 +149,12 @@ def verify_here(request: Request, run: Run, found: FrontierFound, points: list[E
     workload, config, settings = request.workload, request.config, request.settings
     n = run.geometry.num_tokens
     what = "whole model patched through apply_schedule (frontier schedules); tokens = N - candidate number"
-    keys = {"frontier": [p.candidate.key for p in points], "rounds": config.verify_rounds, "reps": found.reps}
-    session, journal, notes = verification_session(request, run, schedules, what, keys)
     baseline = found.latency.baseline
+    rounds = verify_rounds(config.verify_rounds, config.verify_seconds, baseline, found.reps, len(points) + 1)
+    keys = {"frontier": [p.candidate.key for p in points], "rounds": rounds, "reps": found.reps}
+    session, journal, notes = verification_session(request, run, schedules, what, keys)
     verification = verify_candidates(
-        session, n, list(range(1, len(points) + 1)), reps=found.reps, rounds=config.verify_rounds,
+        session, n, list(range(1, len(points) + 1)), reps=found.reps, rounds=rounds,
         predicted_ratio={i: p.predicted_ms / baseline for i, p in enumerate(points, start=1)},
         min_gain=config.min_gain, min_step=settings.min_step, alpha=settings.step_alpha, seed=workload.seed,
         progress=workload.progress,
