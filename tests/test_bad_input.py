@@ -127,6 +127,7 @@ CLI_CASES = [
     ("step-alpha-1", ["offline", "--step-alpha", "1"], ["--step-alpha"]),
     ("visit-s-0", ["offline", "--visit-s", "0"], ["--visit-s"]),
     ("verify-rounds-2", ["offline", "--verify-rounds", "2"], ["--verify-rounds"]),
+    ("verify-seconds-negative", ["offline", "--verify-seconds", "-1"], ["--verify-seconds"]),
     ("verify-candidates-0", ["offline", "--verify-candidates", "0"], ["--verify-candidates"]),
     ("batch-size-0", ["offline", "--batch-size", "0"], ["--batch-size"]),
     ("input-size-0", ["offline", "--input-size", "0"], ["--input-size"]),

@@ -6,7 +6,8 @@ side of every confirmed step: a block whose count lands just below a step runs a
 each block a schedule keeps its count or moves down to a lower landing count, paying that block's
 predicted latency (`LatencyModel.step_ms`: the block, the reducer's own cost, ToMe's proportional
 attention after its first merge) and spending its stand-in drop (`DropSurrogate`), rounded up to whole
-buckets of `step`. Backward induction over (block, count, drop allowance) gives, for every allowance
+buckets of `step`; the last block only keeps its count (`last_cut_block`: a cut there saves nothing).
+Backward induction over (block, count, drop allowance) gives, for every allowance
 k x step, the fastest schedule whose stand-in drop stays within it: the constrained optimum (to one bucket),
 including the schedules off the convex hull that a Lagrangian sweep would miss. A knapsack over blocks whose
 items depend on the count left, hence the count in the state.
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pomt.choice.candidates import Candidate
-from pomt.choice.drop_surrogate import DropSurrogate
+from pomt.choice.drop_surrogate import DropSurrogate, last_cut_block
 from pomt.choice.schedule_latency import LatencyModel
 
 
@@ -62,11 +63,14 @@ class BlockProgramme:
         size = buckets + 1
         value = {n: np.zeros(size) for n in self.counts}
         choices: list[dict[int, np.ndarray]] = []
+        last = last_cut_block(self.depth)
         for block in reversed(range(self.depth)):
             new, chosen = {}, {}
             for n, moves in self.moves.items():
                 best, pick = np.full(size, np.inf), np.zeros(size, dtype=int)
                 for index, (m, ms, drops) in enumerate(moves):
+                    if m < n and block > last:
+                        continue
                     spend = 0 if drops[block] <= 0 else math.ceil(drops[block] / step - 1e-9)
                     if spend >= size:
                         continue

@@ -7,7 +7,7 @@ import pytest
 from pomt.choice.candidates import Candidate
 from pomt.choice.drop_surrogate import DropSurrogate
 from pomt.choice.schedule_dp import BlockProgramme, landing_counts
-from pomt.choice.schedule_latency import LatencyModel
+from pomt.choice.schedule_latency import LatencyModel, ReducerCost
 
 N, P, D = 13, 1, 3
 CURVE = {n: 1.0 + 0.3 * n + (0.8 if n > 9 else 0.0) for n in range(2, N + 1)}  # a step at 10 -> 9
@@ -49,3 +49,12 @@ def test_tome_moves_stay_within_half_the_tokens():
     counts = latency.counts(fastest)
     assert all(counts[b] - counts[b + 1] <= (counts[b] - P) // 2 for b in range(D))
     assert counts[1] == 7  # 12 patch tokens: at most 6 merged at block 0
+
+
+def test_no_schedule_cuts_at_the_last_block_even_where_a_noisy_cost_says_it_pays():
+    negative = ReducerCost("pomt", P, {(N, 1): -0.5, (N, 6): -0.5, (7, 1): -0.5, (7, 3): -0.5})
+    latency = LatencyModel(CURVE, N, P, D, {"pomt": negative})
+    assert latency.predict(Candidate.of("pomt", {D - 1: 6})) < latency.baseline  # what the noise promises
+    programme = BlockProgramme(latency, "pomt", SURROGATE, range(2, N + 1), max_share=1.0)
+    proposals = programme.schedules(0.002, 40) + programme.schedules(float("inf"), 0)
+    assert proposals and all(D - 1 not in c.as_dict() for c in proposals)
