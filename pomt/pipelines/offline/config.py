@@ -9,6 +9,7 @@ from pathlib import Path
 from pomt.checks import METHODS, check_method, check_options, check_prune_block
 from pomt.choice.accuracy import load_accuracy_curve
 from pomt.choice.policy import POLICIES
+from pomt.choice.verify import verify_rounds
 from pomt.errors import DatasetError, GridError, PolicyError, SettingError
 from pomt.measurement.search import SearchSettings
 from pomt.models.geometry import Geometry
@@ -86,6 +87,11 @@ class OfflineConfig:
     latency_only: bool = option(False, "Measure latency only (no accuracy).")
     accuracy_only: bool = option(False, "Estimate accuracy only; write its CSV.")
     accuracy_curve: Path | None = option(None, "Accuracy CSV from an --accuracy-only run.")
+
+    def rounds_for(self, forward_ms: float, reps: int, variants: int) -> int:
+        """Rounds of a verification of `variants` (the unpruned model included) of `reps` forwards of about
+        `forward_ms`: `--verify-rounds`, more where they would not fill `--verify-seconds` (`verify_rounds`)."""
+        return verify_rounds(self.verify_rounds, self.verify_seconds, forward_ms, reps, variants)
 
     def check(self) -> OfflineConfig:
         """Raise for settings no run can honour, before anything is resolved or built: ranges

@@ -16,7 +16,7 @@ from pomt.choice.candidates import Candidate
 from pomt.choice.fresh import FreshJob, verify_in_fresh_process
 from pomt.choice.frontier_choice import verified_choice
 from pomt.choice.pareto import Evaluated
-from pomt.choice.verify import CandidateResult, Verification, verify_rounds
+from pomt.choice.verify import CandidateResult, Verification
 from pomt.choice.verify import verify as verify_candidates
 from pomt.device.allocator import STEADY_ADVICE
 from pomt.device.fingerprint import Fingerprint
@@ -81,8 +81,7 @@ def verify_shippable(request: Request, run: Run, found: FrontierFound) -> Fronti
     qualified = [i for i in shippable if by_index[i].qualifies]
     fresh, held = None, None
     if qualified and config.verify_fresh:
-        rounds = verify_rounds(config.verify_rounds, config.verify_seconds, latency.baseline, found.reps,
-                               len(qualified) + 1)
+        rounds = config.rounds_for(latency.baseline, found.reps, len(qualified) + 1)
         job = FreshJob(workload, {n - i: schedules[n - i] for i in qualified}, found.reps, rounds,
                        config.min_gain, settings.min_step, settings.step_alpha)
         fresh = verify_in_fresh_process(job)
@@ -150,7 +149,7 @@ def verify_here(request: Request, run: Run, found: FrontierFound, points: list[E
     n = run.geometry.num_tokens
     what = "whole model patched through apply_schedule (frontier schedules); tokens = N - candidate number"
     baseline = found.latency.baseline
-    rounds = verify_rounds(config.verify_rounds, config.verify_seconds, baseline, found.reps, len(points) + 1)
+    rounds = config.rounds_for(baseline, found.reps, len(points) + 1)
     keys = {"frontier": [p.candidate.key for p in points], "rounds": rounds, "reps": found.reps}
     session, journal, notes = verification_session(request, run, schedules, what, keys)
     verification = verify_candidates(

@@ -11,15 +11,7 @@ from pathlib import Path
 
 from pomt.choice.fresh import FreshJob, held_in_both, placement_hint, verify_in_fresh_process
 from pomt.choice.policy import Decision
-from pomt.choice.verify import (
-    CandidateResult,
-    Verification,
-    choose,
-    cost_function,
-    method_cost,
-    schedule_forward_at,
-    verify_rounds,
-)
+from pomt.choice.verify import CandidateResult, Verification, choose, cost_function, method_cost, schedule_forward_at
 from pomt.choice.verify import verify as verify_candidates
 from pomt.device.fingerprint import Fingerprint
 from pomt.errors import TraceError
@@ -124,8 +116,7 @@ def verify_here(request: Request, run: Run, ranking: Ranking,
     what = (f"whole model patched through apply_schedule ({config.method} at block {config.prune_block}); "
             "tokens = tokens kept")
     setting = ranking.setting
-    rounds = verify_rounds(config.verify_rounds, config.verify_seconds, setting.baseline, search.reps,
-                           len(removals) + 1)
+    rounds = config.rounds_for(setting.baseline, search.reps, len(removals) + 1)
     keys = {"removals": removals, "rounds": rounds, "reps": search.reps}
     session, journal, notes = verification_session(request, run, schedules, what, keys)
     verification = verify_candidates(
@@ -162,8 +153,7 @@ def verify_fresh(request: Request, ranking: Ranking, here: Verification,
     config, settings = request.config, request.settings
     n = ranking.setting.num_tokens
     qualified = [c.remove for c in here.candidates if c.qualifies]
-    rounds = verify_rounds(config.verify_rounds, config.verify_seconds, ranking.setting.baseline,
-                           ranking.search.reps, len(qualified) + 1)
+    rounds = config.rounds_for(ranking.setting.baseline, ranking.search.reps, len(qualified) + 1)
     job = FreshJob(request.workload, {n - r: schedules[n - r] for r in qualified}, ranking.search.reps,
                    rounds, config.min_gain, settings.min_step, settings.step_alpha)
     fresh = verify_in_fresh_process(job)
