@@ -21,6 +21,7 @@ FAMILIES = ("tome-constant", "tome-decreasing", "topk-rate", "pomt-block3")
 TOPK_RATES = (0.9, 0.8, 0.7, 0.6, 0.5)
 POMT_SHARES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 POMT_BLOCK = 3
+FAMILY_POINTS = 5  # r values of the ToMe families by default
 
 
 def tome_values(num_tokens: int, prefix_tokens: int, depth: int, points: int) -> list[int]:
@@ -73,7 +74,7 @@ def pomt_single(num_tokens: int, prefix_tokens: int, depth: int, steps: Sequence
 
 
 def uniform_families(num_tokens: int, prefix_tokens: int, depth: int, steps: Sequence[int] = (),
-                     points: int = 5) -> dict[str, list[Candidate]]:
+                     points: int = FAMILY_POINTS) -> dict[str, list[Candidate]]:
     """{family name: its candidates} (see the module docstring); `points` r values for the ToMe families."""
     values = tome_values(num_tokens, prefix_tokens, depth, points)
     return dict(zip(FAMILIES, (tome_constant(depth, values), tome_decreasing(depth, values),

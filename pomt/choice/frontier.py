@@ -34,7 +34,7 @@ from pomt.checks import check_method
 from pomt.choice.binomial import CONFIDENCE, Proportion
 from pomt.choice.candidates import NONE, REDUCERS, Candidate
 from pomt.choice.drop_surrogate import fit_surrogate, probe_candidates
-from pomt.choice.families import uniform_families
+from pomt.choice.families import FAMILY_POINTS, uniform_families
 from pomt.choice.pareto import Evaluated, drop_within, pareto_front
 from pomt.choice.schedule_dp import BlockProgramme, landing_counts
 from pomt.choice.schedule_latency import LatencyModel
@@ -52,7 +52,7 @@ class SearchSettings:
     confidence: float = CONFIDENCE  # of the drop (`pomt.choice.pareto.drop_within`)
     latency_budget_ms: float | None = None
     steps: tuple[int, ...] = ()
-    family_points: int = 5
+    family_points: int = FAMILY_POINTS
     probe_blocks: int = 4
     probe_shares: tuple[float, ...] = (0.25, 0.5)
     max_share: float = 0.75

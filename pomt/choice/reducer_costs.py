@@ -6,11 +6,22 @@ removing r there, against the same model with n tokens entering block j and r of
 it (its block runs plain at n). Every round visits each variant once in a seeded random order (one untimed
 forward, then `reps` timed, through `pomt.measurement.timing`); a cost is the median over rounds of patched
 minus dropped. Measured at the last block, where nothing after it differs, on the model cut to its last two blocks
-(`pomt.models.shortened`: the same difference at a fraction of the forward's jitter). ToMe's proportional
-attention in the blocks after its first merge is measured as the same difference one block earlier (the
-merge plus one block of proportional attention) less the cost at the last block. The smallest removal (one
+(`pomt.models.shortened`: the same difference at a fraction of the forward's jitter). The smallest removal (one
 token) is always among the points: a reducer's fixed cost (scores, sorting, matching) shows there, before
 the MLP's saving on the tokens removed offsets it.
+
+ToMe is also measured on the whole model, in one more set of paired rounds:
+- its proportional attention in the blocks after its first merge (its carry): ToMe merging r of n tokens at
+  block 0 against the same n tokens with r dropped after block 0, less the merge's own cost at the last block,
+  spread over the D - 1 blocks after it. Measured on the cut model (the merge one block earlier, less the cost
+  at the last block: a difference of two small differences) it read -0.02 to -0.29 ms a block at batch 1 on
+  the digits case from one run to the next, charged at 11 blocks, and priced `tome:0=8` 1.17-1.22x where it
+  measured 1.04x; on the whole model it reads 0 to -0.03 ms a block there.
+- what its merges after the first save (`ReducerCost.later`, ms a merge): uniform ToMe (`repeat_schedule`)
+  against the same counts dropped, less what the costs above price it at, over its merges but the first.
+  A merge measured alone on the cut model costs more than one that follows other merges (on deit_tiny at
+  112 px by 0.12 ms at batch 1, 0.28 ms at batch 16); without `later` schedules that merge at every block were
+  priced 4-15% slower than they ran (`benchmarks/prediction_error.py --part multi`).
 
 A visit times `reps` forwards and keeps their median; by default about as many as make a visit last MIN_VISIT_MS
 (`visit_reps`, at most MAX_REPS). One forward a visit was enough where the cut model runs for several ms, not
@@ -23,23 +34,28 @@ slower than the unpruned model.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager as ContextManager
+from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import torch
 from torch import nn
 
+from pomt.choice.candidates import Candidate
+from pomt.choice.families import FAMILY_POINTS, tome_constant, tome_values
 from pomt.choice.schedule_latency import ReducerCost
 from pomt.measurement.sources import calibrate_reps
 from pomt.measurement.timing import fixed_threads, synchronize, time_calls
 from pomt.models.geometry import model_geometry
 from pomt.models.shortened import last_blocks
-from pomt.models.tokens import truncate_tokens
+from pomt.models.tokens import dropped_to, truncate_tokens
 from pomt.patching import patched
-from pomt.patching.plan import removed_at
+from pomt.patching.plan import removed_at, token_counts
 
 SHARES = (0.0, 0.25, 0.5)  # removals measured at each count, as shares of its patch tokens (0: one token)
-MEASURED_BLOCKS = 2  # the cut model's depth: the last block, and the one before it for ToMe's carry
+MEASURED_BLOCKS = 2  # the cut model's depth: one plain block, then the last block, where costs are measured
 MIN_VISIT_MS = 5.0  # a visit's forwards last about this long (`visit_reps`)
 MAX_REPS = 32
 
@@ -105,14 +121,75 @@ def measure_reducer_costs(
              for m in methods}
     depth = min(MEASURED_BLOCKS, geometry.depth)
     with last_blocks(model, depth):
-        if reps is None:
-            reps = visit_reps(model, x, device, threads)
-        return _measure(model, x, where, depth, num_tokens, prefix, device, threads, rounds, reps, seed)
+        cut_reps = visit_reps(model, x, device, threads) if reps is None else reps
+        variants = _pairs(where, depth - 1)
+        times = _paired_rounds(model, x, {v: partial(_variant, model, v, num_tokens, depth) for v in variants},
+                               device, threads, rounds, cut_reps, seed)
+    pruning = _differences(times)
+    results = {}
+    for method in methods:
+        at_last = {(n, r): ms for (m, _, n, r), ms in pruning.items() if m == method}
+        results[method] = ReducerCost(method, prefix, at_last)
+    if "tome" in where and geometry.depth > 1:
+        results["tome"] = _whole_model_tome(model, x, results["tome"], where["tome"], device, threads, rounds,
+                                            reps, seed + 1)
+    return results
+
+
+def repeat_schedule(num_tokens: int, prefix_tokens: int, depth: int) -> Candidate:
+    """Uniform ToMe at the middle of its family's r (`pomt.choice.families`): the schedule whose whole-model
+    cost calibrates what merges after the first save (`ReducerCost.later`)."""
+    values = tome_values(num_tokens, prefix_tokens, depth, FAMILY_POINTS)
+    return tome_constant(depth, [values[len(values) // 2]])[0]
+
+
+def _whole_model_tome(model: nn.Module, x: torch.Tensor, cost: ReducerCost, points: Sequence[tuple[int, int]],
+                      device: str, threads: int | None, rounds: int, reps: int | None, seed: int) -> ReducerCost:
+    """ToMe's cost with its carry and `later` measured on the whole model (see the module docstring)."""
+    geometry = model_geometry(model)
+    depth, num_tokens, prefix = geometry.depth, geometry.num_tokens, geometry.prefix_tokens
+    variants = _pairs({"tome": list(points)}, 0)
+    contexts = {v: partial(_variant, model, v, num_tokens, depth) for v in variants}
+    uniform = repeat_schedule(num_tokens, prefix, depth)
+    counts = token_counts(num_tokens, prefix, depth, "tome", uniform.as_dict())
+    contexts |= {"uniform": partial(patched, model, "tome", uniform.as_dict()),
+                 "uniform dropped": partial(dropped_to, model, counts[:depth])}
+    times = _paired_rounds(model, x, contexts, device, threads, rounds,
+                           visit_reps(model, x, device, threads) if reps is None else reps, seed)
+    carried: dict[int, list[float]] = {}
+    for (_, _, n, r), ms in _differences({v: times[v] for v in variants}).items():
+        carried.setdefault(n - r, []).append((ms - cost.prune(n, r)) / (depth - 1))
+    cost = replace(cost, carrying={n: float(np.mean(values)) for n, values in carried.items()})
+    merges = [b for b in range(depth) if counts[b + 1] < counts[b]]
+    if len(merges) < 2:
+        return cost
+    first = merges[0]
+    priced = sum(cost.at_block(counts[b], counts[b] - counts[b + 1], b > first) for b in range(depth))
+    measured = float(np.median(np.subtract(times["uniform"], times["uniform dropped"])))
+    return replace(cost, later=(measured - priced) / (len(merges) - 1))
+
+
+def paired_variants(method: str, block: int, tokens: int, remove: int) -> tuple[Variant, Variant]:
+    """The variant whose cost is measured and its reference: `method` removing `remove` of the `tokens`
+    entering `block`, against those tokens running the block plain and `remove` of them dropped after it."""
+    return (method, block, tokens, remove), ("", block, tokens, remove)
+
+
+def _pairs(where: dict[str, list[tuple[int, int]]], block: int) -> list[Variant]:
+    """Every variant to time at `block` (each reducer's at each point and its reference; references shared)."""
+    pairs = [v for method, points in where.items() for n, r in points for v in paired_variants(method, block, n, r)]
+    return list(dict.fromkeys(pairs))
+
+
+def _differences(times: Mapping[Variant, list[float]]) -> dict[Variant, float]:
+    """{reducer's variant: median over rounds of its time less its reference's}."""
+    return {v: float(np.median(np.subtract(times[v], times[paired_variants(*v)[1]])))
+            for v in times if v[0]}
 
 
 def visit_reps(model: nn.Module, x: torch.Tensor, device: str, threads: int | None) -> int:
     """Forwards a visit needs to last MIN_VISIT_MS (`calibrate_reps`, at most MAX_REPS), from the median of
-    three forwards of `model` (the cut model, unpatched) after one untimed."""
+    three forwards of `model` as it stands (cut or whole, unpatched) after one untimed."""
     with fixed_threads(threads) as used, torch.inference_mode():
         model(x)
         synchronize(device)
@@ -120,41 +197,17 @@ def visit_reps(model: nn.Module, x: torch.Tensor, device: str, threads: int | No
     return calibrate_reps(forward_s, MIN_VISIT_MS / 1e3, MAX_REPS)
 
 
-def _measure(model: nn.Module, x: torch.Tensor, where: dict[str, list[tuple[int, int]]], depth: int,
-             num_tokens: int, prefix: int, device: str, threads: int | None, rounds: int, reps: int,
-             seed: int) -> dict[str, ReducerCost]:
-    methods = list(where)
-    pairs: list[tuple[Variant, Variant]] = []
-    for method in methods:
-        blocks = (depth - 1, depth - 2) if method == "tome" and depth > 1 else (depth - 1,)
-        for n, remove in where[method]:
-            pairs += [((method, block, n, remove), ("", block, n, remove)) for block in blocks]
-    variants = list(dict.fromkeys(v for pair in pairs for v in pair))  # plain references are shared
-    times = _paired_rounds(model, x, variants, num_tokens, depth, device, threads,
-                           rounds, reps, seed)
-    cost = {patched: float(np.median(np.subtract(times[patched], times[plain]))) for patched, plain in pairs}
-    results = {}
-    for method in methods:
-        pruning = {(n, r): ms for (m, block, n, r), ms in cost.items() if m == method and block == depth - 1}
-        carried: dict[int, list[float]] = {}
-        for (m, block, n, r), ms in cost.items():
-            if m == method and block == depth - 2:
-                carried.setdefault(n - r, []).append(ms - pruning[(n, r)])
-        carrying = {n: float(np.mean(values)) for n, values in carried.items()}
-        results[method] = ReducerCost(method, prefix, pruning, carrying)
-    return results
-
-
-def _paired_rounds(model: nn.Module, x: torch.Tensor, variants: Sequence[Variant], num_tokens: int, depth: int,
-                   device: str, threads: int | None, rounds: int, reps: int, seed: int) -> dict[Variant, list[float]]:
-    """Per variant, one median latency (ms) per round; every round visits all variants in a seeded order."""
-    rng = np.random.default_rng(seed)
-    times: dict[Variant, list[float]] = {v: [] for v in variants}
+def _paired_rounds(model: nn.Module, x: torch.Tensor, contexts: Mapping[Hashable, Callable[[], ContextManager]],
+                   device: str, threads: int | None, rounds: int, reps: int, seed: int) -> dict[Hashable, list[float]]:
+    """Per variant, one median latency (ms) per round; every round visits all variants (`model` inside each
+    one's context) in a seeded order."""
+    rng, keys = np.random.default_rng(seed), list(contexts)
+    times: dict[Hashable, list[float]] = {k: [] for k in keys}
     with fixed_threads(threads) as used, torch.inference_mode():
         for _ in range(rounds):
-            for i in rng.permutation(len(variants)):
-                with _variant(model, variants[i], num_tokens, depth):
+            for i in rng.permutation(len(keys)):
+                with contexts[keys[i]]():
                     model(x)  # untimed: the first forward of a new shape sets it up
                     synchronize(device)
-                    times[variants[i]].append(float(np.median(time_calls(lambda: model(x), device, reps, used))))
+                    times[keys[i]].append(float(np.median(time_calls(lambda: model(x), device, reps, used))))
     return times

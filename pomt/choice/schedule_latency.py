@@ -16,8 +16,12 @@ per block, a least-squares line over the measured counts (held beyond them). It 
 blocks, so the fit spends its noise once instead of at every block, where interpolating between noisy
 points put a 12-block ToMe schedule's prediction several percent off.
 
+ToMe's merges after its first are cheaper than the first by what a merge pays once a forward: `ReducerCost.later`
+(ms, usually negative) is added to each of them, calibrated on a whole model running uniform ToMe
+(`pomt.choice.reducer_costs`).
+
 predicted = sum_b L(n_b) / D + sum over pruning blocks prune(n_b, r_b) + sum over blocks after the first
-pruning one carry(n_b).
+pruning one carry(n_b) + later x (pruning blocks - 1).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class ReducerCost:
     prefix_tokens: int
     pruning: Mapping[tuple[int, int], float] = field(default_factory=dict)
     carrying: Mapping[int, float] = field(default_factory=dict)
+    later: float = 0.0  # ms added to prune() at every pruning block after the first
 
     def prune(self, tokens: int, remove: int) -> float:
         """Cost of a block that receives `tokens` and removes `remove` (see the module docstring)."""
@@ -73,16 +78,25 @@ class ReducerCost:
             return 0.0
         return line_at(tokens, list(self.carrying), list(self.carrying.values()))
 
+    def at_block(self, tokens: int, removed: int, after_first: bool) -> float:
+        """The reducer's cost at a block that receives `tokens` and removes `removed` (as the patch clamps),
+        `after_first` when an earlier block already pruned."""
+        ms = self.prune(tokens, removed)
+        if after_first:
+            ms += self.carry(tokens) + (self.later if removed > 0 else 0.0)
+        return ms
+
     def to_dict(self) -> dict:
         return {"method": self.method, "prefix_tokens": self.prefix_tokens,
                 "pruning": [[n, r, round(ms, 5)] for (n, r), ms in sorted(self.pruning.items())],
-                "carrying": [[n, round(ms, 5)] for n, ms in sorted(self.carrying.items())]}
+                "carrying": [[n, round(ms, 5)] for n, ms in sorted(self.carrying.items())],
+                "later": round(self.later, 5)}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> ReducerCost:
         return cls(data["method"], int(data["prefix_tokens"]),
                    {(int(n), int(r)): float(ms) for n, r, ms in data["pruning"]},
-                   {int(n): float(ms) for n, ms in data["carrying"]})
+                   {int(n): float(ms) for n, ms in data["carrying"]}, float(data.get("later", 0.0)))
 
 
 @dataclass(frozen=True)
@@ -117,8 +131,7 @@ class LatencyModel:
         if cost is None:
             return ms
         removed = removed_at(method, tokens - self.prefix_tokens, remove) if remove else 0
-        total = ms + cost.prune(tokens, removed) + (cost.carry(tokens) if after_first else 0.0)
-        return max(0.0, total)  # a noisy cost measured on a tiny model can exceed the block itself
+        return max(0.0, ms + cost.at_block(tokens, removed, after_first))  # a noisy cost can exceed the block
 
     def predict(self, candidate: Candidate) -> float:
         """Predicted latency (ms) of the model running `candidate`; see the module docstring."""

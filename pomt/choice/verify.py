@@ -59,9 +59,10 @@ def method_cost(
     """{remove: ms} that `method` removing `remove` tokens at `block` costs over the same model with those
     tokens simply dropped after that block: its own cost at the N tokens the block receives, plus, for ToMe,
     its proportional attention in every block after. Measured and priced as the frontier search prices a
-    schedule (`pomt.choice.reducer_costs`, `ReducerCost`): on the model cut to its last blocks, where the
-    difference is not buried in the other blocks' jitter (through the whole model two runs disagreed by up to
-    1.2 ms a point on deit_tiny at batch 16)."""
+    schedule (`pomt.choice.reducer_costs`, `ReducerCost`): the cost at the block on the model cut to its last
+    blocks, where the difference is not buried in the other blocks' jitter (through the whole model two runs
+    disagreed by up to 1.2 ms a point on deit_tiny at batch 16); ToMe's carry on the whole model, spread over
+    the blocks after the merge."""
     geometry = model_geometry(model)
     n, wanted = geometry.num_tokens, sorted({r for r in removals if r > 0})
     if not wanted:

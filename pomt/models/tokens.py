@@ -7,7 +7,7 @@ own `model(x)` path; prefix tokens (class, distillation, registers) are always k
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import torch
@@ -92,3 +92,16 @@ def forward_at_tokens(
     """The model's output on `x` when only n tokens go through its blocks."""
     with truncate_tokens(model, n, selection=selection, seed=seed, indices=indices):
         return model(x)
+
+
+@contextlib.contextmanager
+def dropped_to(model: nn.Module, counts: Sequence[int]) -> Iterator[nn.Module]:
+    """Inside the context block b receives the first counts[b] tokens (`truncate_tokens` wherever the count
+    falls): the token counts of a pruning schedule with no reducer's work."""
+    with contextlib.ExitStack() as stack:
+        previous = model_geometry(model).num_tokens
+        for block, tokens in enumerate(counts):
+            if tokens < previous:
+                stack.enter_context(truncate_tokens(model, tokens, at_block=block))
+            previous = tokens
+        yield model

@@ -4,10 +4,12 @@ import pytest
 import torch
 
 from pomt.choice.candidates import Candidate
+from pomt.choice.families import uniform_families
 from pomt.choice.policy import predict_latency
-from pomt.choice.reducer_costs import cost_points, measure_reducer_costs
+from pomt.choice.reducer_costs import _variant, cost_points, measure_reducer_costs, paired_variants, repeat_schedule
 from pomt.choice.schedule_latency import LatencyModel, ReducerCost
 from pomt.choice.verify import cost_function
+from pomt.models.geometry import transformer_blocks
 from pomt.models.registry import create_model
 
 N, P, D = 50, 1, 12
@@ -74,6 +76,24 @@ def test_tomes_proportional_attention_is_charged_after_its_first_merge_only():
     assert model.predict(candidate) == pytest.approx(plain.predict(candidate) + 2 * 0.05 + 9 * 0.1)
 
 
+def test_merges_after_the_first_are_charged_what_the_whole_model_calibration_says_they_save():
+    cost = ReducerCost("tome", P, {(N, 4): 0.3}, {50: 0.1, 20: 0.1}, later=-0.2)
+    model = LatencyModel(CURVE, N, P, D, {"tome": cost})
+    without = LatencyModel(CURVE, N, P, D, {"tome": ReducerCost("tome", P, {(N, 4): 0.3}, {50: 0.1, 20: 0.1})})
+    once, thrice = Candidate.of("tome", {2: 4}), Candidate.of("tome", {2: 4, 5: 4, 7: 4})
+    assert model.predict(once) == pytest.approx(without.predict(once))  # one merge: nothing to save
+    assert model.predict(thrice) == pytest.approx(without.predict(thrice) - 2 * 0.2)
+    assert ReducerCost.from_dict(cost.to_dict()) == cost
+    old = {k: v for k, v in cost.to_dict().items() if k != "later"}  # a costs file written before `later`
+    assert ReducerCost.from_dict(old).later == 0.0
+
+
+def test_the_calibration_schedule_merges_at_every_block_at_the_families_middle_r():
+    candidate = repeat_schedule(50, 1, 12)
+    assert candidate.method == "tome" and candidate in uniform_families(50, 1, 12)["tome-constant"]
+    assert candidate.as_dict() == dict.fromkeys(range(12), 3)  # r in 1..5: the middle one
+
+
 def test_cost_points_stay_within_what_each_reducer_can_remove():
     assert cost_points(50, 1, "pomt", [50, 25], (0.25, 0.5)) == [(25, 6), (25, 12), (50, 12), (50, 24)]
     assert cost_points(50, 1, "tome", [50], (0.25, 0.75)) == [(50, 12), (50, 24)]
@@ -84,7 +104,34 @@ def test_measured_reducer_costs_have_the_structure_the_prediction_reads():
     costs = measure_reducer_costs(model, torch.randn(2, 3, 64, 64), ["pomt", "tome"], rounds=2)
     assert set(costs) == {"pomt", "tome"}
     assert sorted(costs["pomt"].pruning) == cost_points(17, 1, "pomt", [17, 9])
-    assert costs["pomt"].carrying == {} and costs["tome"].carrying
+    assert costs["pomt"].carrying == {}
+    assert sorted(costs["tome"].carrying) == sorted({n - r for n, r in cost_points(17, 1, "tome", [17, 9])})
+    assert costs["tome"].later != 0.0 and costs["pomt"].later == 0.0  # calibrated on the whole model: ToMe only
     assert all(isinstance(ms, float) for ms in costs["tome"].pruning.values())
     latency = LatencyModel({n: float(n) for n in range(2, 18)}, 17, 1, 6, costs)
     assert isinstance(latency.predict(Candidate.of("tome", {0: 2, 3: 2})), float)
+
+
+def tokens_entering_blocks(model, x, variant, depth: int) -> list[int]:
+    seen = []
+    hooks = [b.register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[1]))
+             for b in transformer_blocks(model)]
+    try:
+        with _variant(model, variant, 17, depth), torch.inference_mode():
+            model(x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
+
+
+@pytest.mark.parametrize("tokens", [17, 9])
+def test_a_cost_is_timed_against_the_same_counts_at_every_block(tokens):
+    """The reference of a reducer's cost (here ToMe merging at block 0 of the whole model, where its carry is
+    measured) runs every block at the count the reducer leaves: only the reducer's own work differs."""
+    model = create_model("test_vit", 64).eval()  # 17 tokens, 6 blocks
+    x = torch.randn(1, 3, 64, 64)
+    merged, reference = paired_variants("tome", 0, tokens, 4)
+    counts = tokens_entering_blocks(model, x, merged, 6)
+    assert counts == [tokens] + [tokens - 4] * 5
+    assert tokens_entering_blocks(model, x, reference, 6) == counts
