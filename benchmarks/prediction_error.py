@@ -107,8 +107,6 @@ def paired_rounds(model, x, variants: dict, rounds: int, seed: int, threads: int
 
 def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
     """Predicted against measured latency of every multi-block schedule on one workload; the |errors|."""
-    import contextlib
-
     import numpy as np
     import torch
 
@@ -118,7 +116,7 @@ def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
     from pomt.measurement.paired import paired_effect
     from pomt.models.geometry import model_geometry
     from pomt.models.registry import create_model
-    from pomt.models.tokens import truncate_tokens
+    from pomt.models.tokens import dropped_to, truncate_tokens
     from pomt.patching import patched
 
     model_name, batch, size = workload.split(":")
@@ -135,18 +133,10 @@ def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
     costs = measure_reducer_costs(net, x, REDUCERS, threads=args.threads, seed=args.seed, **rounds)
     cost_s = time.perf_counter() - start
 
-    @contextlib.contextmanager
-    def dropped(kept: tuple[int, ...]):
-        with contextlib.ExitStack() as stack:
-            for block, tokens in enumerate(kept):
-                if tokens < (kept[block - 1] if block else n):
-                    stack.enter_context(truncate_tokens(net, tokens, at_block=block))
-            yield
-
     layouts = {c.key: tuple(probe.counts(c)[:depth]) for c in schedules}
     variants = {f"L({c})": (lambda c=c: truncate_tokens(net, c)) for c in counts}
     variants.update({c.key: (lambda c=c: patched(net, c.method, c.as_dict())) for c in schedules})
-    variants.update({f"drop{kept}": (lambda kept=kept: dropped(kept)) for kept in set(layouts.values())})
+    variants.update({f"drop{kept}": (lambda kept=kept: dropped_to(net, kept)) for kept in set(layouts.values())})
     times = paired_rounds(net, x, variants, args.rounds, args.seed + 1, args.threads,
                           "curve and schedules, paired")
     unpruned_times = times[f"L({n})"]
