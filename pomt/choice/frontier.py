@@ -6,15 +6,20 @@ from the cache or not, so a resumed search takes the same decisions. The search:
 
 1. the unpruned model and the uniform families (`pomt.choice.families`), always, as candidates and as the
    baselines to beat;
-2. per reducer, with an equal share of what is left of the budget:
-   a. probes: single-block removals at a few blocks and shares, which fit an additive stand-in for the
-      accuracy drop (`pomt.choice.drop_surrogate`);
-   b. a dynamic programme over blocks (`pomt.choice.schedule_dp`) proposes, for each stand-in drop up to
-      `drop_span` times `max_accuracy_drop`, the fastest per-block schedule within it, and the fastest
-      of all; landing counts just below confirmed steps are among its choices;
-   c. the proposals, ordered from slowest to fastest, are bisected on measured accuracy for the fastest
-      within `max_accuracy_drop` of the unpruned model (and, with a latency budget, the proposals at its
-      edge are measured first); what budget is left goes to the unmeasured proposals nearest that boundary.
+2. per reducer, probes within an equal share of what is left of the budget: single-block removals at a few
+   blocks and shares, which fit an additive stand-in for the accuracy drop (`pomt.choice.drop_surrogate`);
+   a dynamic programme over blocks (`pomt.choice.schedule_dp`) then proposes, for each stand-in drop up to
+   `drop_span` times `max_accuracy_drop`, the fastest per-block schedule within it, and the fastest of all;
+   landing counts just below confirmed steps are among its choices;
+3. what is left of the budget is split between the reducers by what they promise (`bisection_shares`): at
+   least MIN_BISECTION each, the rest in proportion to how much faster than the fastest schedule measured
+   within the goal so far the programme's fastest proposal within the goal (by the stand-in) is predicted
+   to run. An equal split gave each reducer about 8 evaluations on the digits case at batch 1, where only
+   ToMe's 40-50 proposals held schedules faster than the unpruned model, and whether its bisection reached
+   the fastest within the goal differed from run to run;
+4. per reducer, the proposals, ordered from slowest to fastest, are bisected on measured accuracy for the
+   fastest within `max_accuracy_drop` of the unpruned model (and, with a latency budget, the proposals at
+   its edge are measured first); what budget is left goes to the unmeasured proposals nearest that boundary.
 
 Why this shape: a measured accuracy costs a pass over the calibration images, a predicted latency nothing.
 A greedy walk over blocks pays a measurement for every block it considers at every step (D per step);
@@ -40,6 +45,7 @@ from pomt.choice.schedule_dp import BlockProgramme, landing_counts
 from pomt.choice.schedule_latency import LatencyModel
 
 Oracle = Callable[[Sequence[Candidate]], Mapping[Candidate, Proportion]]
+MIN_BISECTION = 3  # evaluations a reducer's bisection gets at least (as far as its proposals go)
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,15 @@ class SearchSettings:
     grid: int = 24
     buckets_per_drop: int = 16  # the programme's resolution: stand-in drop buckets per max_accuracy_drop
     drop_span: int = 6  # stand-in drops up to this many times max_accuracy_drop are searched closely
+
+
+@dataclass(frozen=True)
+class ReducerPlan:
+    """One reducer's proposals (slowest first) and the predicted latency of the fastest of them within the
+    goal by the stand-in: what bisecting them promises."""
+
+    proposals: list[Candidate]
+    promised_ms: float
 
 
 @dataclass(frozen=True)
@@ -116,22 +131,26 @@ class FrontierSearch:
         if self.asked > s.max_evals:
             self.notes.append(f"the uniform families alone took {self.asked} evaluations (max_evals "
                               f"{s.max_evals}): no per-block search")
+        plans = {}
         for i, method in enumerate(s.reducers):
-            self.search_reducer(method, self.left // (len(s.reducers) - i))
+            plans[method] = self.plan_reducer(method, self.left // (len(s.reducers) - i))
+        shares = self.bisection_shares({m: p for m, p in plans.items() if p is not None})
+        for method, share in shares.items():
+            self.bisect(plans[method].proposals, f"search-{method}", share)
         evaluated = tuple(self.records.values())
         return FrontierResult(self.records[NONE], evaluated, tuple(pareto_front(evaluated)), self.asked,
                               tuple(self.notes))
 
-    def search_reducer(self, method: str, budget: int) -> None:
-        """Probes, the programme's proposals, and their bisection for one reducer, within `budget`."""
+    def plan_reducer(self, method: str, budget: int) -> ReducerPlan | None:
+        """Probes within half of `budget`, the stand-in they fit and the programme's proposals for one reducer
+        (None where the budget cannot pay for probes at two blocks)."""
         s, lat = self.settings, self.latency
         shares = s.probe_shares
         blocks = min(s.probe_blocks, (budget // 2) // max(1, len(shares)))
         if blocks < 2:
             if budget:
                 self.notes.append(f"{method}: {budget} evaluations left, too few for a per-block search")
-            return
-        start = self.asked
+            return None
         probes = probe_candidates(method, lat.num_tokens, lat.prefix_tokens, lat.depth, blocks, shares)
         self.measure(dict.fromkeys(probes, f"probe-{method}"))
         measured = {probes[c]: self.records[c].search for c in probes if c in self.records}
@@ -139,9 +158,40 @@ class FrontierSearch:
         programme = BlockProgramme(lat, method, surrogate,
                                    landing_counts(lat.num_tokens, lat.prefix_tokens, s.steps, s.grid), s.max_share)
         step = s.max_accuracy_drop / 100 / s.buckets_per_drop
+        within = [c for c in programme.schedules(step, s.buckets_per_drop) if not c.unpruned]
         found = programme.schedules(step, s.buckets_per_drop * s.drop_span) + programme.schedules(math.inf, 0)
         proposals = sorted({c for c in found if not c.unpruned}, key=lambda c: (-lat.predict(c), c))
-        self.bisect(proposals, f"search-{method}", budget - (self.asked - start))
+        return ReducerPlan(proposals, min((lat.predict(c) for c in within), default=lat.baseline))
+
+    def bisection_shares(self, plans: Mapping[str, ReducerPlan]) -> dict[str, int]:
+        """What is left of the budget, split between the reducers by what their programme promises: each at
+        least MIN_BISECTION (as far as it goes), the rest in proportion to how much faster than the fastest
+        schedule measured within the goal so far (the uniform families', the probes') the programme's fastest
+        proposal within the goal by the stand-in is predicted to run; equally where none promises more.
+        What a reducer leaves unspent (fewer proposals) goes to those after it. Most promising first."""
+        s, lat = self.settings, self.latency
+        baseline = self.records[NONE].accuracy
+        incumbent = min((e.predicted_ms for e in self.records.values()
+                         if drop_within(e, baseline, s.max_accuracy_drop, s.confidence)), default=lat.baseline)
+        gains = {m: max(0.0, incumbent / p.promised_ms - 1) for m, p in plans.items()}
+        order = sorted(plans, key=lambda m: (-gains[m], s.reducers.index(m)))
+        left = self.left
+        floors = {m: min(MIN_BISECTION, len(plans[m].proposals)) for m in order}
+        spare = max(0, left - sum(floors.values()))
+        total = sum(gains.values())
+        extra = {m: (spare * gains[m] / total if total > 0 else spare / max(1, len(order))) for m in order}
+        shares, carried = {}, 0.0
+        for m in order:
+            want = floors[m] + extra[m] + carried
+            shares[m] = min(len(plans[m].proposals), int(want))
+            carried = want - shares[m]
+        for m in order:  # what rounding left, to the most promising that can use it
+            more = min(len(plans[m].proposals) - shares[m], left - sum(shares.values()))
+            shares[m] += max(0, more)
+        if total > 0:
+            self.notes.append("bisection budget by predicted gain over the best measured within the goal: "
+                              + ", ".join(f"{m} {shares[m]} ({100 * gains[m]:+.1f}%)" for m in order))
+        return shares
 
     def bisect(self, proposals: list[Candidate], family: str, budget: int) -> None:
         """Measure proposals (slowest first) to find the fastest within the accuracy drop; see the module doc."""

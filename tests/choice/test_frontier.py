@@ -13,7 +13,7 @@ from pomt.choice.binomial import Proportion
 from pomt.choice.calibration import HELD_OUT, SEARCH, Calibration
 from pomt.choice.candidates import REDUCERS, Candidate
 from pomt.choice.families import uniform_families
-from pomt.choice.frontier import SearchSettings, search_frontier, with_held_out
+from pomt.choice.frontier import MIN_BISECTION, SearchSettings, search_frontier, with_held_out
 from pomt.choice.frontier_choice import Goal, ordered
 from pomt.choice.pareto import pareto_front
 from pomt.choice.schedule_latency import LatencyModel, ReducerCost
@@ -145,3 +145,17 @@ def test_a_search_on_a_trained_tiny_vit_end_to_end(trained, tmp_path):
     assert result.baseline.search.trials == calibration.size(SEARCH) == 80
     chosen = ordered(result.evaluated, result.baseline.accuracy, Goal(5.0, confidence=0.5))[0]
     assert chosen in result.frontier and chosen.held_out is not None
+
+
+def test_the_bisection_budget_goes_to_the_reducer_whose_proposals_promise_a_gain():
+    """Where only ToMe's schedules can beat what the uniform families measured (every other reducer's own cost
+    eats what it saves), ToMe's bisection gets what the others do not need; each other reducer still gets
+    MIN_BISECTION evaluations."""
+    costly = {m: ReducerCost(m, P, {(N, 1): 4.0, (N, 8): 4.0}) for m in ("pomt", "topk", "l2norm")}
+    latency = LatencyModel(CURVE, N, P, D, {**costly, "tome": ReducerCost("tome", P, {(N, 4): 0.1})})
+    result = search_frontier(latency, oracle, SearchSettings(max_evals=70, grid=N, max_share=1.0))
+    searched = {m: sum(e.family == f"search-{m}" for e in result.evaluated) for m in REDUCERS}
+    assert all(searched[m] <= MIN_BISECTION for m in costly)
+    assert searched["tome"] > 2 * MIN_BISECTION
+    note = next(n for n in result.notes if n.startswith("bisection budget"))
+    assert note.split(": ")[1].startswith("tome")  # the most promising is named first
