@@ -11,9 +11,9 @@ from pomt.choice.accuracy import AGREEMENT, TOP1, eval_transform, open_image_fol
 from pomt.choice.accuracy_journal import AccuracyJournal, model_identity
 from pomt.choice.binomial import Proportion
 from pomt.choice.calibration import HELD_OUT, SEARCH, Calibration
-from pomt.choice.candidates import REDUCERS, Candidate
+from pomt.choice.candidates import NONE, REDUCERS, Candidate
 from pomt.choice.families import uniform_families
-from pomt.choice.frontier import MIN_BISECTION, SearchSettings, search_frontier, with_held_out
+from pomt.choice.frontier import MIN_BISECTION, FrontierSearch, SearchSettings, search_frontier, with_held_out
 from pomt.choice.frontier_choice import Goal, ordered
 from pomt.choice.pareto import pareto_front
 from pomt.choice.schedule_latency import LatencyModel, ReducerCost
@@ -159,3 +159,21 @@ def test_the_bisection_budget_goes_to_the_reducer_whose_proposals_promise_a_gain
     assert searched["tome"] > 2 * MIN_BISECTION
     note = next(n for n in result.notes if n.startswith("bisection budget"))
     assert note.split(": ")[1].startswith("tome")  # the most promising is named first
+
+
+def test_what_the_bisection_leaves_goes_first_to_proposals_faster_than_the_fastest_that_passed():
+    """Accuracy need not follow the predicted order: here proposals 0-4 and 10-11 meet the goal, the others do
+    not. The bisection settles between 4 and 5; the budget left must reach 11, the fastest that passes, and
+    not be spent on proposals slower than 4, which cannot beat it."""
+    proposals = [Candidate.of("pomt", {1: r}) for r in range(1, 16)]
+    passing = {*range(5), 10, 11}
+
+    def accuracy(candidates):
+        return {c: Proportion(900 if c.unpruned or proposals.index(c) in passing else 800, 1000) for c in candidates}
+
+    search = FrontierSearch(LATENCY, accuracy, SearchSettings(confidence=0.5, max_evals=100))
+    search.measure({NONE: "unpruned"})
+    search.bisect(proposals, "search-pomt", 10)
+    measured = [i for i, c in enumerate(proposals) if c in search.records]
+    assert 11 in measured and len(measured) == 10
+    assert not {0, 1, 2} & set(measured)  # slower than one known to pass: never reached
