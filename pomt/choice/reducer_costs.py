@@ -20,8 +20,9 @@ ToMe is also measured on the whole model, in one more set of paired rounds:
 - what its merges after the first save (`ReducerCost.later`, ms a merge): uniform ToMe (`repeat_schedule`)
   against the same counts dropped, less what the costs above price it at, over its merges but the first.
   A merge measured alone on the cut model costs more than one that follows other merges (on deit_tiny at
-  112 px by 0.12 ms at batch 1, 0.28 ms at batch 16); without `later` schedules that merge at every block were
-  priced 4-15% slower than they ran (`benchmarks/prediction_error.py --part multi`).
+  112 px by 0.03-0.12 ms at batch 1 and, noisily, 0.18-0.57 ms at batch 16, from run to run); without `later`
+  schedules that merge at every block were priced 4-15% slower than they ran (`benchmarks/prediction_error.py
+  --part multi`).
 
 A visit times `reps` forwards and keeps their median; by default about as many as make a visit last MIN_VISIT_MS
 (`visit_reps`, at most MAX_REPS). One forward a visit was enough where the cut model runs for several ms, not
