@@ -23,6 +23,7 @@ import torch  # noqa: E402
 from pomt.cli import main  # noqa: E402
 from pomt.device.allocator import ALLOCATOR_ENV  # noqa: E402
 from pomt.formats.schedule import BlockRemoval, Schedule  # noqa: E402
+from pomt.models.geometry import transformer_blocks  # noqa: E402
 
 from device_fakes import FakeNvml
 from tiny_data import make_image_folder, train_tiny_vit
@@ -158,3 +159,16 @@ def fake_nvml(fake_root, monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
     monkeypatch.setattr(gpu, "_HANDLES", {0: "handle-0"})
     monkeypatch.setattr(fingerprint, "resolve_device", lambda name: name)
     return nvml
+
+
+def entering_counts(model, fn) -> list[int]:
+    """The token count entering each transformer block while `fn()` runs the model (once)."""
+    counts = []
+    hooks = [block.register_forward_pre_hook(lambda _module, args: counts.append(args[0].shape[1]))
+             for block in transformer_blocks(model)]
+    try:
+        fn()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return counts

@@ -16,8 +16,8 @@ per block, a least-squares line over the measured counts (held beyond them). It 
 blocks, so the fit spends its noise once instead of at every block, where interpolating between noisy
 points put a 12-block ToMe schedule's prediction several percent off.
 
-ToMe's merges after its first are cheaper than the first by what a merge pays once a forward: `ReducerCost.later`
-(ms, usually negative) is added to each of them, calibrated on a whole model running uniform ToMe
+ToMe's merges after its first cost less than a merge measured alone on the cut model: `ReducerCost.later` (ms,
+negative where measured) is added to each of them, calibrated on the whole model running uniform ToMe
 (`pomt.choice.reducer_costs`).
 
 predicted = sum_b L(n_b) / D + sum over pruning blocks prune(n_b, r_b) + sum over blocks after the first

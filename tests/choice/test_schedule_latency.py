@@ -9,8 +9,9 @@ from pomt.choice.policy import predict_latency
 from pomt.choice.reducer_costs import _variant, cost_points, measure_reducer_costs, paired_variants, repeat_schedule
 from pomt.choice.schedule_latency import LatencyModel, ReducerCost
 from pomt.choice.verify import cost_function
-from pomt.models.geometry import transformer_blocks
 from pomt.models.registry import create_model
+
+from conftest import entering_counts
 
 N, P, D = 50, 1, 12
 CURVE = {n: 5.0 + 0.2 * n - (1.5 if n <= 40 else 0.0) for n in range(P + 1, N + 1)}  # a step at 41 -> 40
@@ -113,16 +114,11 @@ def test_measured_reducer_costs_have_the_structure_the_prediction_reads():
 
 
 def tokens_entering_blocks(model, x, variant, depth: int) -> list[int]:
-    seen = []
-    hooks = [b.register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[1]))
-             for b in transformer_blocks(model)]
-    try:
+    def run():
         with _variant(model, variant, 17, depth), torch.inference_mode():
             model(x)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return seen
+
+    return entering_counts(model, run)
 
 
 @pytest.mark.parametrize("tokens", [17, 9])

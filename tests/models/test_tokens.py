@@ -2,28 +2,16 @@ import pytest
 import torch
 
 from pomt.errors import GridError
-from pomt.models.geometry import model_geometry, transformer_blocks
+from pomt.models.geometry import model_geometry
 from pomt.models.registry import create_model
-from pomt.models.tokens import forward_at_tokens, gather_tokens, truncate_tokens
+from pomt.models.tokens import dropped_to, forward_at_tokens, gather_tokens, truncate_tokens
+
+from conftest import entering_counts
 
 
 @pytest.fixture(scope="module")
 def tiny():
     return create_model("deit_tiny", input_size=224)
-
-
-def _entering_counts(model, fn):
-    counts = []
-    def record(_module, args):
-        counts.append(args[0].shape[1])
-
-    hooks = [block.register_forward_pre_hook(record) for block in transformer_blocks(model)]
-    try:
-        fn()
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return counts
 
 
 def test_full_token_count_is_exactly_the_model(tiny):
@@ -38,7 +26,7 @@ def test_shapes_and_block_token_counts(tiny, selection):
     geometry = model_geometry(tiny)
     for n in (geometry.prefix_tokens + 1, geometry.num_tokens // 2, geometry.num_tokens):
         with torch.no_grad():
-            counts = _entering_counts(tiny, lambda n=n: forward_at_tokens(tiny, x, n, selection=selection))
+            counts = entering_counts(tiny, lambda n=n: forward_at_tokens(tiny, x, n, selection=selection))
         assert counts == [n] * geometry.depth
     with torch.no_grad():
         assert forward_at_tokens(tiny, x, 50, selection=selection).shape == (2, 1000)
@@ -56,7 +44,7 @@ def test_hook_is_removed(tiny):
         pass
     x = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
-        assert _entering_counts(tiny, lambda: tiny(x)) == [197] * 12
+        assert entering_counts(tiny, lambda: tiny(x)) == [197] * 12
 
 
 def test_random_selection_is_seeded_and_keeps_prefix():
@@ -89,6 +77,14 @@ def test_authors_dinov2_runs_at_n_tokens():
     model = vision_transformer.vit_small(patch_size=14, img_size=224).eval()
     x = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
-        counts = _entering_counts(model, lambda: forward_at_tokens(model, x, 100))
+        counts = entering_counts(model, lambda: forward_at_tokens(model, x, 100))
         assert torch.equal(forward_at_tokens(model, x, 257), model(x))
     assert counts == [100] * 12
+
+
+def test_dropped_to_runs_each_block_at_its_count_and_leaves_the_model_as_it_was(tiny):
+    x = torch.randn(1, 3, 224, 224)
+    counts = [197, 150, 150, 120, 90, 90, 60, 60, 60, 30, 30, 30]
+    with dropped_to(tiny, counts):
+        assert entering_counts(tiny, lambda: tiny(x)) == counts
+    assert entering_counts(tiny, lambda: tiny(x)) == [197] * 12
