@@ -109,10 +109,12 @@ def measure_reducer_costs(
     reps: int | None = None,
     seed: int = 0,
     points: Sequence[tuple[int, int]] | None = None,
+    later: bool = True,
 ) -> dict[str, ReducerCost]:
     """{method: its ReducerCost} measured on input `x` (see the module docstring), at each share of each count
     (`cost_points`), or at the (tokens entering, removed) `points` given; `reps` forwards a visit (None: as
-    many as `visit_reps` asks)."""
+    many as `visit_reps` asks). `later`: calibrate what ToMe's merges after the first save (only schedules
+    that merge at several blocks need it)."""
     geometry = model_geometry(model)
     num_tokens, prefix = geometry.num_tokens, geometry.prefix_tokens
     counts = sorted(set(counts or default_counts(num_tokens, prefix)))
@@ -133,7 +135,7 @@ def measure_reducer_costs(
         results[method] = ReducerCost(method, prefix, at_last)
     if "tome" in where and geometry.depth > 1:
         results["tome"] = _whole_model_tome(model, x, results["tome"], where["tome"], device, threads, rounds,
-                                            reps, seed + 1)
+                                            reps, seed + 1, later)
     return results
 
 
@@ -145,27 +147,30 @@ def repeat_schedule(num_tokens: int, prefix_tokens: int, depth: int) -> Candidat
 
 
 def _whole_model_tome(model: nn.Module, x: torch.Tensor, cost: ReducerCost, points: Sequence[tuple[int, int]],
-                      device: str, threads: int | None, rounds: int, reps: int | None, seed: int) -> ReducerCost:
-    """ToMe's cost with its carry and `later` measured on the whole model (see the module docstring)."""
+                      device: str, threads: int | None, rounds: int, reps: int | None, seed: int,
+                      later: bool) -> ReducerCost:
+    """ToMe's cost with its carry and (with `later`) what later merges save, measured on the whole model (see
+    the module docstring)."""
     geometry = model_geometry(model)
     depth, num_tokens, prefix = geometry.depth, geometry.num_tokens, geometry.prefix_tokens
     variants = _pairs({"tome": list(points)}, 0)
     contexts = {v: partial(_variant, model, v, num_tokens, depth) for v in variants}
     uniform = repeat_schedule(num_tokens, prefix, depth)
     counts = token_counts(num_tokens, prefix, depth, "tome", uniform.as_dict())
-    contexts |= {"uniform": partial(patched, model, "tome", uniform.as_dict()),
-                 "uniform dropped": partial(dropped_to, model, counts[:depth])}
+    merges = [b for b in range(depth) if counts[b + 1] < counts[b]]
+    later = later and len(merges) > 1
+    if later:
+        contexts |= {"uniform": partial(patched, model, "tome", uniform.as_dict()),
+                     "uniform dropped": partial(dropped_to, model, counts[:depth])}
     times = _paired_rounds(model, x, contexts, device, threads, rounds,
                            visit_reps(model, x, device, threads) if reps is None else reps, seed)
     carried: dict[int, list[float]] = {}
     for (_, _, n, r), ms in _differences({v: times[v] for v in variants}).items():
         carried.setdefault(n - r, []).append((ms - cost.prune(n, r)) / (depth - 1))
     cost = replace(cost, carrying={n: float(np.mean(values)) for n, values in carried.items()})
-    merges = [b for b in range(depth) if counts[b + 1] < counts[b]]
-    if len(merges) < 2:
+    if not later:
         return cost
-    first = merges[0]
-    priced = sum(cost.at_block(counts[b], counts[b] - counts[b + 1], b > first) for b in range(depth))
+    priced = sum(cost.at_block(counts[b], counts[b] - counts[b + 1], b > merges[0]) for b in range(depth))
     measured = float(np.median(np.subtract(times["uniform"], times["uniform dropped"])))
     return replace(cost, later=(measured - priced) / (len(merges) - 1))
 

@@ -68,7 +68,7 @@ def method_cost(
     if not wanted:
         return {}
     cost = measure_reducer_costs(model, x, [method], points=[(n, r) for r in wanted], device=device,
-                                 threads=threads, rounds=rounds, reps=reps, seed=seed)[method]
+                                 threads=threads, rounds=rounds, reps=reps, seed=seed, later=False)[method]
     return one_block_cost(cost, n, geometry.depth, block, wanted)
 
 

@@ -108,6 +108,8 @@ def test_measured_reducer_costs_have_the_structure_the_prediction_reads():
     assert costs["pomt"].carrying == {}
     assert sorted(costs["tome"].carrying) == sorted({n - r for n, r in cost_points(17, 1, "tome", [17, 9])})
     assert costs["tome"].later != 0.0 and costs["pomt"].later == 0.0  # calibrated on the whole model: ToMe only
+    single = measure_reducer_costs(model, torch.randn(2, 3, 64, 64), ["tome"], rounds=2, later=False)["tome"]
+    assert single.later == 0.0 and single.carrying  # one pruning block (the step policy): no calibration asked
     assert all(isinstance(ms, float) for ms in costs["tome"].pruning.values())
     latency = LatencyModel({n: float(n) for n in range(2, 18)}, 17, 1, 6, costs)
     assert isinstance(latency.predict(Candidate.of("tome", {0: 2, 3: 2})), float)
