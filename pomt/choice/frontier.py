@@ -180,8 +180,10 @@ class FrontierSearch:
         gains = {m: max(0.0, incumbent / p.promised_ms - 1) for m, p in plans.items()}
         order = sorted(plans, key=lambda m: (-gains[m], s.reducers.index(m)))
         left = self.left
-        floors = {m: min(MIN_BISECTION, len(plans[m].proposals)) for m in order}
-        spare = max(0, left - sum(floors.values()))
+        floors: dict[str, int] = {}
+        for m in order:  # as far as the budget goes, the most promising first
+            floors[m] = min(MIN_BISECTION, len(plans[m].proposals), left - sum(floors.values()))
+        spare = left - sum(floors.values())
         total = sum(gains.values())
         extra = {m: (spare * gains[m] / total if total > 0 else spare / max(1, len(order))) for m in order}
         shares, carried = {}, 0.0

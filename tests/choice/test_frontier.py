@@ -13,7 +13,14 @@ from pomt.choice.binomial import Proportion
 from pomt.choice.calibration import HELD_OUT, SEARCH, Calibration
 from pomt.choice.candidates import NONE, REDUCERS, Candidate
 from pomt.choice.families import uniform_families
-from pomt.choice.frontier import MIN_BISECTION, FrontierSearch, SearchSettings, search_frontier, with_held_out
+from pomt.choice.frontier import (
+    MIN_BISECTION,
+    FrontierSearch,
+    ReducerPlan,
+    SearchSettings,
+    search_frontier,
+    with_held_out,
+)
 from pomt.choice.frontier_choice import Goal, ordered
 from pomt.choice.pareto import pareto_front
 from pomt.choice.schedule_latency import LatencyModel, ReducerCost
@@ -177,3 +184,13 @@ def test_what_the_bisection_leaves_goes_first_to_proposals_faster_than_the_faste
     measured = [i for i, c in enumerate(proposals) if c in search.records]
     assert 11 in measured and len(measured) == 10
     assert not {0, 1, 2} & set(measured)  # slower than one known to pass: never reached
+
+
+def test_the_bisection_shares_never_exceed_what_is_left_of_the_budget():
+    search = FrontierSearch(LATENCY, oracle, SearchSettings(max_evals=6))
+    search.measure({NONE: "unpruned"})  # 5 evaluations left, fewer than MIN_BISECTION for each of 4 reducers
+    proposals = [Candidate.of("pomt", {1: r}) for r in range(1, 10)]
+    plans = {m: ReducerPlan(proposals, LATENCY.baseline * (0.9 if m == "tome" else 1.0)) for m in REDUCERS}
+    shares = search.bisection_shares(plans)
+    assert sum(shares.values()) == search.left == 5
+    assert list(shares)[0] == "tome" and shares["tome"] >= MIN_BISECTION
