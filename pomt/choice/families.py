@@ -5,7 +5,7 @@
   last (the authors' `parse_r` with inflection -1), about as many merges as constant r in all.
 - `topk-rate`: top-k keeping the same share of the patch tokens at three evenly spaced blocks (EViT's
   blocks 3, 6 and 9 of 12, scaled to the depth).
-- `pomt-block3`: single-block pomt at block 3 (as POMT) over R, plus every R that lands just below a step.
+- `pomt-block3`: single-block pomt at block 3 (as POMT) over R, plus every R that lands on a step's fast side.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def topk_rate(num_tokens: int, prefix_tokens: int, depth: int, rates: Sequence[f
 def pomt_single(num_tokens: int, prefix_tokens: int, depth: int, steps: Sequence[int] = (),
                 shares: Sequence[float] = POMT_SHARES, block: int = POMT_BLOCK) -> list[Candidate]:
     """pomt at one block (3, or the last of a shallower model) removing shares of the patch tokens, and
-    every removal that lands just below a step (`steps`: their low-side token counts)."""
+    every removal that lands on a step's fast side (`steps`: those token counts, `Step.fast_tokens`)."""
     block = min(block, depth - 1)
     patches = num_tokens - prefix_tokens
     removals = {max(1, round(s * patches)) for s in shares}

@@ -54,7 +54,7 @@ MIN_BISECTION = 3  # evaluations a reducer's bisection gets at least (as far as 
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """How hard and where to search; `steps` are the low-side token counts of confirmed steps."""
+    """How hard and where to search; `steps` are the confirmed steps' fast-side token counts (`Step.fast_tokens`)."""
 
     reducers: tuple[str, ...] = REDUCERS
     max_evals: int = 80

@@ -1,8 +1,8 @@
 """Per-block removals that are fastest for a stand-in accuracy drop: a dynamic programme over blocks
 (pure maths).
 
-The state is the token count entering a block, restricted to landing counts (an even grid, and the low
-side of every confirmed step: a block whose count lands just below a step runs at the faster level). At
+The state is the token count entering a block, restricted to landing counts (an even grid, and the fast
+side of every confirmed step, `Step.fast_tokens`: a block whose count lands there runs at the faster level). At
 each block a schedule keeps its count or moves down to a lower landing count, paying that block's
 predicted latency (`LatencyModel.step_ms`: the block, the reducer's own cost, ToMe's proportional
 attention after its first merge) and spending its stand-in drop (`DropSurrogate`), rounded up to whole
@@ -26,7 +26,7 @@ from pomt.choice.schedule_latency import LatencyModel
 
 
 def landing_counts(num_tokens: int, prefix_tokens: int, steps: Sequence[int] = (), grid: int = 24) -> list[int]:
-    """N, about `grid` evenly spaced counts down to P + 1, and every step's low side; highest first."""
+    """N, about `grid` evenly spaced counts down to P + 1, and every step's fast side; highest first."""
     even = np.linspace(prefix_tokens + 1, num_tokens, num=max(2, grid)).round().astype(int).tolist()
     return sorted({num_tokens, *even, *(s for s in steps if prefix_tokens < s <= num_tokens)}, reverse=True)
 

@@ -8,14 +8,26 @@ from pomt.choice.candidates import Candidate
 from pomt.choice.drop_surrogate import DropSurrogate
 from pomt.choice.schedule_dp import BlockProgramme, landing_counts
 from pomt.choice.schedule_latency import LatencyModel, ReducerCost
+from pomt.measurement.steps import Step
 
 N, P, D = 13, 1, 3
 CURVE = {n: 1.0 + 0.3 * n + (0.8 if n > 9 else 0.0) for n in range(2, N + 1)}  # a step at 10 -> 9
 SURROGATE = DropSurrogate((0, 2), (0.25, 0.5), ((0.02, 0.06), (0.005, 0.01)))
 
 
-def test_landing_counts_include_every_steps_low_side():
+def test_landing_counts_include_every_steps_fast_side():
     assert landing_counts(197, 1, steps=[150, 151], grid=5) == [197, 151, 150, 148, 100, 51, 2]
+
+
+def test_a_rise_lands_on_its_high_side_and_a_drop_on_its_low_side():
+    def step(kind: str) -> Step:
+        return Step(tokens=15, upper_tokens=16, before_ms=4.0, after_ms=4.3, drop_ms=-0.3, drop_pct=-7.0,
+                    significance=4.0, kind=kind)
+
+    # at batch 1 on the 2-core CPU, 15 tokens ran 5-8% slower than 16: a schedule lands on 16, not on 15
+    assert step("rise").fast_tokens == 16 and step("drop").fast_tokens == 15
+    assert 16 in landing_counts(50, 1, steps=[step("rise").fast_tokens], grid=24)
+    assert 16 not in landing_counts(50, 1, steps=[step("drop").fast_tokens], grid=24)
 
 
 def test_every_allowance_gets_the_fastest_schedule_within_it():

@@ -85,7 +85,7 @@ def search(request: Request, run: Run, setup: FrontierSetup, latency: Latency) -
         max_evals=config.max_evals, latency_budget_ms=config.latency_budget_ms,
         max_accuracy_drop=goal.max_drop_points if goal.max_drop_points is not None else DEFAULT_DROP,
         confidence=goal.confidence,
-        steps=tuple(sorted({s.tokens for s in latency.search.steps})),
+        steps=tuple(sorted({s.fast_tokens for s in latency.search.steps})),
     )
     started = time.perf_counter()
     result = search_frontier(model, lambda cs: calibration.measure(cs, SEARCH), settings)
