@@ -129,3 +129,39 @@ def verified_choice(order: Sequence[int], speedups: Mapping[int, float], qualifi
         return first_verified(order, qualified_here, held_fresh)
     eligible = qualified_in_both(order, qualified_here, held_fresh)
     return max(eligible, key=lambda i: (speedups[i], -order.index(i)), default=None)
+
+
+def held_out_inside(point: Evaluated) -> bool | None:
+    """Whether the point's held-out accuracy lies inside the (95% Wilson) interval of its search-split accuracy;
+    None where the held-out split was not measured."""
+    if point.held_out is None:
+        return None
+    low, high = point.search.interval()
+    return low - 1e-12 <= point.held_out.value <= high + 1e-12
+
+
+def held_out_drop(point: Evaluated, baseline: Evaluated) -> float | None:
+    """The point's held-out drop from the unpruned model's held-out accuracy, in points (None: not measured)."""
+    if point.held_out is None or baseline.held_out is None:
+        return None
+    return 100 * (baseline.held_out.value - point.held_out.value)
+
+
+def held_out_note(chosen: Evaluated | None, baseline: Evaluated, goal: Goal) -> str | None:
+    """A note where the shipped schedule's held-out accuracy breaks what its search split said: outside the
+    search interval, or a drop beyond the goal. The search ships the fastest of many schedules that met the
+    goal on the search split, so the one it ships is the one that split flattered most (known weakness 18)."""
+    if chosen is None or chosen.candidate.unpruned or chosen.held_out is None:
+        return None
+    drop, inside = held_out_drop(chosen, baseline), held_out_inside(chosen)
+    over = goal.max_drop_points is not None and drop is not None and drop > goal.max_drop_points + 1e-9
+    if inside and not over:
+        return None
+    low, high = chosen.search.interval()
+    said = [] if inside else [f"its accuracy {chosen.held_out.value:.3f} lies outside its search-split interval "
+                              f"[{low:.3f}, {high:.3f}]"]
+    if over:
+        said.append(f"its drop of {drop:.2f} points exceeds the goal of {goal.max_drop_points:g}")
+    return ("held out, " + " and ".join(said) + ": the search split flattered the fastest schedule that met the "
+            "goal there; more calibration images (--accuracy-samples) or a higher --accuracy-confidence make "
+            "this rarer")

@@ -18,6 +18,9 @@ from pomt.choice.frontier_choice import (
     best_by_family,
     best_uniform,
     first_verified,
+    held_out_drop,
+    held_out_inside,
+    held_out_note,
     preference,
     to_verify,
     verified_choice,
@@ -142,6 +145,30 @@ def test_the_frontier_record_names_the_uniform_schedule_beaten_and_by_how_much()
     assert record["file"] == "x.frontier.json" and record["chosen"]["verified_speedup"] == 1.6
     beat = record["best_uniform"]
     assert beat["key"] == "tome:0=2,1=2" and beat["speedup_over"] == 1.28 and beat["predicted_speedup_over"] == 1.3333
+
+
+def test_the_record_and_a_note_say_where_the_held_out_split_broke_the_search_splits_word():
+    baseline = UNPRUNED.with_held_out(Proportion(90, 100))
+    chosen = point("tome", {0: 2}, "search-tome", 6.0, 89)  # search 0.89 [0.81, 0.94]
+    agrees = chosen.with_held_out(Proportion(89, 100))
+    assert held_out_inside(agrees) and held_out_drop(agrees, baseline) == pytest.approx(1.0)
+    assert held_out_note(agrees, baseline, Goal(1.0)) is None  # inside, and a drop of exactly the goal
+    assert held_out_inside(chosen) is None and held_out_drop(chosen, baseline) is None  # not measured held out
+    assert held_out_note(chosen, baseline, Goal(1.0)) is None
+
+    over = chosen.with_held_out(Proportion(87, 100))  # inside the search interval, 3 points below the unpruned
+    note = held_out_note(over, baseline, Goal(1.0))
+    assert "drop of 3.00 points exceeds the goal of 1" in note and "outside" not in note
+    assert held_out_note(over, baseline, Goal(None, latency_budget_ms=7.0)) is None  # no drop was asked
+
+    flattered = chosen.with_held_out(Proportion(75, 100))
+    assert held_out_inside(flattered) is False
+    note = held_out_note(flattered, baseline, Goal(1.0))
+    assert "0.750 lies outside its search-split interval [0.81" in note and "exceeds the goal" in note
+
+    record = frontier_record("x.frontier.json", "top1", Goal(1.0), baseline, flattered, None, {}, 6)
+    assert record["chosen"]["held_out_drop_points"] == 15.0
+    assert record["chosen"]["held_out_inside_search_interval"] is False
 
 
 def test_a_schedule_that_does_not_verify_falls_back_to_the_next_or_to_nothing():

@@ -68,6 +68,9 @@ def test_the_frontier_run_writes_its_files_a_schedule_that_applies_and_resumes(t
     if data["prune"]:  # shipped: verified, and its held-out accuracy is reported
         assert code == "verified" and frontier["chosen"]["held_out"]["images"] == 20
         assert frontier["chosen"]["search_drop_bound_points"] <= 20  # the goal, met at 95% confidence
+        chosen = frontier["chosen"]  # where its held-out accuracy broke the search split's word, a note says so
+        broke = not chosen["held_out_inside_search_interval"] or chosen["held_out_drop_points"] > 20
+        assert ("note       held out, " in result.stdout) == broke, result.stdout
         assert data["verified"]["speedup"] > 1.0
     else:
         assert code in {"not_faster", "not_in_fresh_process", "no_candidate"} and frontier["chosen"] is None

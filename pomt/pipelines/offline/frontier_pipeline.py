@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pomt.choice.frontier_choice import held_out_note
 from pomt.choice.frontier_table import document, rows
 from pomt.formats.schedule import Schedule
 from pomt.pipelines.offline.config import Request
@@ -35,6 +36,9 @@ def choose_on_frontier(request: Request, run: Run, setup: FrontierSetup, latency
     config, settings, goal = request.config, request.settings, setup.goal
     found = search(request, run, setup, latency)
     verdict = decide_frontier(request, run, found, goal.describe())
+    note = held_out_note(verdict.chosen, found.result.baseline, goal)
+    if note is not None:
+        verdict = replace(verdict, verdict=replace(verdict.verdict, notes=(*verdict.verdict.notes, note)))
     ranking = Ranking(policy_setting(config, run.geometry, latency.search, None), (), latency.search)
     findings = Findings(latency, None, ranking, verdict.verdict)
     kind, stem, result = setup.calibration.kind, run.setup.stem, found.result

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from pomt.choice.candidates import Candidate
-from pomt.choice.frontier_choice import Goal
+from pomt.choice.frontier_choice import Goal, held_out_drop, held_out_inside
 from pomt.choice.pareto import Evaluated
 from pomt.choice.policy import Decision
 from pomt.choice.schedule_latency import LatencyModel
@@ -90,5 +90,7 @@ def frontier_record(file: str, kind: str, goal: Goal, baseline: Evaluated, chose
             "accuracy_confidence": goal.confidence, "evals": evals,
             "unpruned": accuracies(baseline), "chosen": None if chosen is None else
             {"family": chosen.family, "key": chosen.candidate.key, **accuracies(chosen),
-             "search_drop_bound_points": drop_bound(chosen), "verified_speedup": speedup(chosen)},
+             "search_drop_bound_points": drop_bound(chosen), "verified_speedup": speedup(chosen),
+             "held_out_drop_points": None if (d := held_out_drop(chosen, baseline)) is None else round(d, 3),
+             "held_out_inside_search_interval": held_out_inside(chosen)},
             "best_uniform": beat}
