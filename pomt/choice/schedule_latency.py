@@ -49,35 +49,6 @@ def line_at(x: float, xs: Sequence[float], values: Sequence[float]) -> float:
     return float(intercept + slope * x)
 
 
-def smoothed_curve(curve: Mapping[int, float], breaks: Sequence[int] = (),
-                   keep: Sequence[int] = ()) -> dict[int, float]:
-    """The curve as a run confirmed it: between confirmed steps a least-squares polynomial in n of degree two
-    (a block's MLP and projections grow linearly with its tokens, its attention quadratically; fewer counts,
-    lower degree), at every count from the lowest measured to the highest. `breaks`: the high side of each
-    confirmed step (`Step.upper_tokens`), where a new segment starts; `keep`: counts kept as measured, each a
-    segment of its own (N, the reference visited on every pass and the level every verification compares with).
-
-    Why: the frontier's programme picks landing counts by differences of a few % between counts, and at batch 1
-    on the 2-core CPU the curve's points moved by that much between runs (the level at 2 tokens read 0.42-0.55
-    of N's in five runs): eight runs' searches, replayed with their own curves, proposed eight different
-    fastest schedules within the goal, four with each curve smoothed. A step the run did not confirm is not
-    promised to anyone; a confirmed one is kept at its measured size."""
-    counts = sorted(curve)
-    if len(counts) < 3:
-        return {n: float(curve[n]) for n in counts}
-    kept = {n for n in keep if n in curve}
-    edges = sorted({counts[0], *(b for b in breaks if counts[0] < b <= counts[-1]), *kept, *(n + 1 for n in kept)})
-    smooth: dict[int, float] = {}
-    for low, high in zip(edges, [*edges[1:], counts[-1] + 1], strict=True):
-        segment = [n for n in counts if low <= n < high]
-        if len(segment) < 2 or low in kept:
-            smooth.update({n: float(curve[n]) for n in segment})
-            continue
-        fit = np.polynomial.Polynomial.fit(segment, [curve[n] for n in segment], min(2, len(segment) - 1))
-        smooth.update({n: float(fit(n)) for n in range(low, min(high, counts[-1] + 1))})
-    return smooth
-
-
 @dataclass(frozen=True)
 class ReducerCost:
     """A reducer's own cost (ms) over the plain block: at pruning blocks by (tokens entering, removed),

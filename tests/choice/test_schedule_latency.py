@@ -1,6 +1,5 @@
 """Latency of any schedule from one curve plus each reducer's own cost: synthetic curves, no timing."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -8,7 +7,7 @@ from pomt.choice.candidates import Candidate
 from pomt.choice.families import uniform_families
 from pomt.choice.policy import predict_latency
 from pomt.choice.reducer_costs import _variant, cost_points, measure_reducer_costs, paired_variants, repeat_schedule
-from pomt.choice.schedule_latency import LatencyModel, ReducerCost, smoothed_curve
+from pomt.choice.schedule_latency import LatencyModel, ReducerCost
 from pomt.choice.verify import cost_function
 from pomt.models.registry import create_model
 
@@ -20,39 +19,6 @@ CURVE = {n: 5.0 + 0.2 * n - (1.5 if n <= 40 else 0.0) for n in range(P + 1, N + 
 
 def block(n: int) -> float:
     return CURVE[n] / D
-
-
-def _wiggly_curve(seed: int, step_at: int | None = None, noise: float = 0.03) -> dict[int, float]:
-    """2 + 0.1 n + 0.002 n^2 ms at every third count up to 49, and N = 50, with `noise` a point; with `step_at`,
-    every count from it up 20% slower (a drop whose high side is `step_at`)."""
-    rng = np.random.default_rng(seed)
-    counts = [*range(2, 50, 3), 50]
-    return {n: (2 + 0.1 * n + 0.002 * n * n) * (1.2 if step_at and n >= step_at else 1.0) * (1 + noise * rng.normal())
-            for n in counts}
-
-
-def test_the_smoothed_curve_is_the_same_from_run_to_run_where_the_points_are_not():
-    true = {n: 2 + 0.1 * n + 0.002 * n * n for n in range(2, 50)}
-    runs = [smoothed_curve(_wiggly_curve(seed), keep=[50]) for seed in range(5)]
-    for smooth in runs:
-        assert set(smooth) == set(range(2, 51))  # every count, no interpolation between visited ones left
-    raw = [_wiggly_curve(seed) for seed in range(5)]
-    for smooth, points in zip(runs, raw, strict=True):  # the quadratic is nearer the truth than the points
-        errors = [abs(smooth[n] / true[n] - 1) for n in points if n in true]
-        assert np.mean(errors) < np.mean([abs(points[n] / true[n] - 1) for n in points if n in true])
-        assert max(abs(smooth[n] / true[n] - 1) for n in true) < 0.05
-    spread = max(abs(a[n] / b[n] - 1) for a in runs for b in runs for n in range(2, 50, 3))
-    assert spread < 0.5 * max(abs(a[n] / b[n] - 1) for a in raw for b in raw for n in range(2, 50, 3))
-    assert all(smooth[50] == points[50] for smooth, points in zip(runs, raw, strict=True))  # N as measured
-
-
-def test_a_confirmed_step_keeps_its_size_and_an_unconfirmed_one_is_smoothed_away():
-    curve = _wiggly_curve(0, step_at=26, noise=0.005)  # from 25 to 26, 24% slower (the trend's 4% included)
-    confirmed = smoothed_curve(curve, breaks=[26], keep=[50])
-    assert confirmed[26] / confirmed[25] == pytest.approx(1.2 * (2 + 2.6 + 1.352) / (2 + 2.5 + 1.25), abs=0.03)
-    smoothed = smoothed_curve(curve, keep=[50])  # not confirmed: no step promised
-    assert smoothed[26] / smoothed[25] < 1.05
-    assert smoothed_curve({10: 1.0, 20: 2.0}) == {10: 1.0, 20: 2.0}  # too few points to fit: as measured
 
 
 def test_the_unpruned_model_costs_the_curve_at_n():

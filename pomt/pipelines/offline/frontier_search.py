@@ -1,8 +1,8 @@
 """The frontier search on the measured curve: each reducer's own cost measured inside the model, the latency
-model of any schedule (`pomt.choice.schedule_latency`, on the curve smoothed between its confirmed steps,
-`smoothed_curve`), the search on the search split's measured accuracy (`pomt.choice.frontier`), then the
-held-out accuracy of the frontier, the unpruned model and every schedule that may be verified (`to_verify`, the
-best uniform one among them); the schedules that may ship, best first (`pomt.choice.frontier_choice`)."""
+model of any schedule (`pomt.choice.schedule_latency`), the search on the search split's measured accuracy
+(`pomt.choice.frontier`), then the held-out accuracy of the frontier, the unpruned model and every schedule
+that may be verified (`to_verify`, the best uniform one among them); the schedules that may ship, best first
+(`pomt.choice.frontier_choice`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pomt.choice.frontier import SearchSettings as FrontierSettings
 from pomt.choice.frontier_choice import best_uniform, preference, to_verify
 from pomt.choice.pareto import Evaluated
 from pomt.choice.reducer_costs import measure_reducer_costs
-from pomt.choice.schedule_latency import LatencyModel, ReducerCost, smoothed_curve
+from pomt.choice.schedule_latency import LatencyModel, ReducerCost
 from pomt.io import atomic_write_json
 from pomt.pipelines.offline.config import DEFAULT_DROP, Request
 from pomt.pipelines.offline.frontier_setup import FrontierSetup
@@ -79,9 +79,8 @@ def search(request: Request, run: Run, setup: FrontierSetup, latency: Latency) -
     started = time.perf_counter()
     costs, notes = reducer_costs(request, run)
     cost_s = time.perf_counter() - started
-    curve = smoothed_curve({p.tokens: p.latency_ms for p in latency.search.points},
-                           [s.upper_tokens for s in latency.search.steps], keep=[geometry.num_tokens])
-    model = LatencyModel(curve, geometry.num_tokens, geometry.prefix_tokens, geometry.depth, costs)
+    model = LatencyModel({p.tokens: p.latency_ms for p in latency.search.points}, geometry.num_tokens,
+                         geometry.prefix_tokens, geometry.depth, costs)
     settings = FrontierSettings(
         max_evals=config.max_evals, latency_budget_ms=config.latency_budget_ms,
         max_accuracy_drop=goal.max_drop_points if goal.max_drop_points is not None else DEFAULT_DROP,
