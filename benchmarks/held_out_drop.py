@@ -40,7 +40,7 @@ from pomt.choice.accuracy import eval_transform, image_loader, open_image_folder
 from pomt.choice.binomial import Proportion
 from pomt.choice.candidates import NONE, Candidate
 from pomt.choice.families import FAMILIES
-from pomt.choice.frontier_choice import Goal, held_out_inside, ordered
+from pomt.choice.frontier_choice import Goal, held_out_drop, held_out_inside, ordered
 from pomt.choice.pareto import Evaluated
 from pomt.choice.shared_prefix import image_outcomes, paired_counts
 from pomt.digits.model import FRONTIER, digits_case
@@ -64,10 +64,10 @@ def choice(points: list[Evaluated], baseline: Evaluated, goal: Goal, uniform: bo
     return found[0] if found else None
 
 
-def inside(point: Evaluated, held_outcomes: torch.Tensor) -> bool:
-    """Whether the point's accuracy on the held-out half lies inside its search-half interval (as a run judges)."""
-    held = Proportion(int(held_outcomes.sum()), len(held_outcomes))
-    return bool(held_out_inside(point.with_held_out(held)))
+def with_held(point: Evaluated, held_outcomes: torch.Tensor) -> Evaluated:
+    """The point with its accuracy on the held-out half, to be judged as a run judges it (`held_out_drop`,
+    `held_out_inside`)."""
+    return point.with_held_out(Proportion(int(held_outcomes.sum()), len(held_outcomes)))
 
 
 def main() -> None:
@@ -95,20 +95,18 @@ def main() -> None:
     for _ in tqdm(range(args.splits), "splits"):
         order = torch.from_numpy(rng.permutation(images))
         search, held = order[: images // 2], order[images // 2:]
-        baseline = Evaluated(NONE, "unpruned", schedules[0][2], paired_counts(outcomes[NONE][search],
-                                                                             outcomes[NONE][search]))
+        baseline = with_held(Evaluated(NONE, "unpruned", schedules[0][2], paired_counts(
+            outcomes[NONE][search], outcomes[NONE][search])), outcomes[NONE][held])
         points = [Evaluated(c, family, ms, paired_counts(outcomes[c][search], outcomes[NONE][search]))
                   for c, family, ms in schedules if not c.unpruned]
-        held_base = outcomes[NONE][held].float().mean().item()
-        unpruned_inside.append(inside(baseline, outcomes[NONE][held]))
+        unpruned_inside.append(held_out_inside(baseline))
         for q in args.confidences:
             goal = Goal(args.drop, confidence=q)
             picked = [choice(points, baseline, goal, uniform) for uniform in (False, True)]
-            drops = [0.0 if p is None else 100 * (held_base - outcomes[p.candidate][held].float().mean().item())
-                     for p in picked]
-            speeds = [1.0 if p is None else baseline.predicted_ms / p.predicted_ms for p in picked]
-            held_in = [inside(baseline if p is None else p, outcomes[NONE if p is None else p.candidate][held])
-                       for p in picked]
+            judged = [baseline if p is None else with_held(p, outcomes[p.candidate][held]) for p in picked]
+            drops = [held_out_drop(p, baseline) for p in judged]
+            speeds = [baseline.predicted_ms / p.predicted_ms for p in judged]
+            held_in = [held_out_inside(p) for p in judged]
             found[q].append((drops[0], speeds[0], held_in[0], drops[1], speeds[1], held_in[1]))
     print(f"{'confidence':>10s} | {'chosen: held-out drop <= goal':>29s} {'mean drop':>9s} {'speedup':>8s} "
           f"{'in interval':>11s} | {'uniform: <= goal':>16s} {'mean drop':>9s} {'speedup':>8s} {'in interval':>11s} "

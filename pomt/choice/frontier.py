@@ -10,7 +10,7 @@ from the cache or not, so a resumed search takes the same decisions. The search:
    blocks and shares, which fit an additive stand-in for the accuracy drop (`pomt.choice.drop_surrogate`);
    a dynamic programme over blocks (`pomt.choice.schedule_dp`) then proposes, for each stand-in drop up to
    `drop_span` times `max_accuracy_drop`, the fastest per-block schedule within it, and the fastest of all;
-   landing counts just below confirmed steps are among its choices;
+   landing on the fast side of confirmed steps (`Step.fast_tokens`) is among its choices;
 3. what is left of the budget is split between the reducers by what they promise (`bisection_shares`): at
    least MIN_BISECTION each, the rest in proportion to how much faster than the fastest schedule measured
    within the goal so far the programme's fastest proposal within the goal (by the stand-in) is predicted
