@@ -30,6 +30,14 @@ where it runs for half of one: on the digits case at batch 1 (deit_tiny at 112 p
 read costs of -0.8 to +1.0 ms, where the other runs read 0 to 0.35, priced uniform ToMe at 0.47x the
 unpruned model's speed (it measured 0.99x) and sent the whole search after schedules that then measured
 slower than the unpruned model.
+
+Every round also visits the unpruned whole model (`UNPRUNED`): its time, smoothed over SPEED_WINDOW rounds,
+is the round's speed. Each round's times are divided by it before the differences are taken, so the machine's
+drift within the rounds cancels, and the costs are stated at the median speed, whose unpruned latency they carry
+(`ReducerCost.unit_ms`) so that the latency model charges them at its curve's speed. On the digits case at batch
+1, a 12-block ToMe schedule's reducer cost was priced 0.72 ms and measured 1.20 ms paired with its curve, the
+machine a fifth slower than when its costs were measured. Seven rounds priced that schedule's cost at 0.77-1.09 ms
+from one measurement to the next in one process, 21 rounds (COST_ROUNDS) at 1.05-1.20 ms.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from functools import partial
 
 import numpy as np
 import torch
+from scipy.ndimage import median_filter
 from torch import nn
 
 from pomt.choice.candidates import Candidate
@@ -59,6 +68,9 @@ SHARES = (0.0, 0.25, 0.5)  # removals measured at each count, as shares of its p
 MEASURED_BLOCKS = 2  # the cut model's depth: one plain block, then the last block, where costs are measured
 MIN_VISIT_MS = 5.0  # a visit's forwards last about this long (`visit_reps`)
 MAX_REPS = 32
+COST_ROUNDS = 21  # paired rounds of the costs (module docstring)
+SPEED_WINDOW = 5  # rounds over which the unpruned model's time is smoothed into a round's speed
+UNPRUNED = "unpruned"  # the whole model, unpatched: each round's speed
 
 Variant = tuple[str, int, int, int]  # (method or "", block, tokens entering it, tokens removed there)
 
@@ -84,6 +96,13 @@ def default_counts(num_tokens: int, prefix_tokens: int) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
+def _cut_variant(model: nn.Module, variant: Variant, num_tokens: int, depth: int) -> Iterator[None]:
+    """`variant` on the model cut to its last `depth` blocks (its block numbered in the cut model)."""
+    with last_blocks(model, depth), _variant(model, variant, num_tokens, depth):
+        yield
+
+
+@contextlib.contextmanager
 def _variant(model: nn.Module, variant: Variant, num_tokens: int, depth: int) -> Iterator[None]:
     method, block, tokens, remove = variant
     with contextlib.ExitStack() as stack:
@@ -105,7 +124,7 @@ def measure_reducer_costs(
     *,
     device: str = "cpu",
     threads: int | None = None,
-    rounds: int = 7,
+    rounds: int = COST_ROUNDS,
     reps: int | None = None,
     seed: int = 0,
     points: Sequence[tuple[int, int]] | None = None,
@@ -125,18 +144,28 @@ def measure_reducer_costs(
     depth = min(MEASURED_BLOCKS, geometry.depth)
     with last_blocks(model, depth):
         cut_reps = visit_reps(model, x, device, threads) if reps is None else reps
-        variants = _pairs(where, depth - 1)
-        times = _paired_rounds(model, x, {v: partial(_variant, model, v, num_tokens, depth) for v in variants},
-                               device, threads, rounds, cut_reps, seed)
-    pruning = _differences(times)
+    whole_reps = visit_reps(model, x, device, threads) if reps is None else reps
+    variants = _pairs(where, depth - 1)
+    contexts = {v: partial(_cut_variant, model, v, num_tokens, depth) for v in variants}
+    times = _paired_rounds(model, x, {**contexts, UNPRUNED: contextlib.nullcontext}, device, threads, rounds,
+                           {**dict.fromkeys(variants, cut_reps), UNPRUNED: whole_reps}, seed)
+    unit_ms = float(np.median(times[UNPRUNED]))
+    pruning = _differences(at_unit_speed(times, unit_ms))
     results = {}
     for method in methods:
         at_last = {(n, r): ms for (m, _, n, r), ms in pruning.items() if m == method}
-        results[method] = ReducerCost(method, prefix, at_last)
+        results[method] = ReducerCost(method, prefix, at_last, unit_ms=unit_ms)
     if "tome" in where and geometry.depth > 1:
         results["tome"] = _whole_model_tome(model, x, results["tome"], where["tome"], device, threads, rounds,
-                                            reps, seed + 1, later)
+                                            whole_reps, seed + 1, later)
     return results
+
+
+def at_unit_speed(times: Mapping[Hashable, list[float]], unit_ms: float) -> dict[Hashable, list[float]]:
+    """Each round's times divided by the round's speed: the `UNPRUNED` model's time, a running median over
+    SPEED_WINDOW rounds, over `unit_ms` (module docstring)."""
+    speed = median_filter(np.asarray(times[UNPRUNED], float), size=SPEED_WINDOW, mode="nearest") / unit_ms
+    return {k: (np.asarray(v, float) / speed).tolist() for k, v in times.items()}
 
 
 def repeat_schedule(num_tokens: int, prefix_tokens: int, depth: int) -> Candidate:
@@ -147,7 +176,7 @@ def repeat_schedule(num_tokens: int, prefix_tokens: int, depth: int) -> Candidat
 
 
 def _whole_model_tome(model: nn.Module, x: torch.Tensor, cost: ReducerCost, points: Sequence[tuple[int, int]],
-                      device: str, threads: int | None, rounds: int, reps: int | None, seed: int,
+                      device: str, threads: int | None, rounds: int, reps: int, seed: int,
                       later: bool) -> ReducerCost:
     """ToMe's cost with its carry and (with `later`) what later merges save, measured on the whole model (see
     the module docstring)."""
@@ -155,6 +184,7 @@ def _whole_model_tome(model: nn.Module, x: torch.Tensor, cost: ReducerCost, poin
     depth, num_tokens, prefix = geometry.depth, geometry.num_tokens, geometry.prefix_tokens
     variants = _pairs({"tome": list(points)}, 0)
     contexts = {v: partial(_variant, model, v, num_tokens, depth) for v in variants}
+    contexts[UNPRUNED] = contextlib.nullcontext
     uniform = repeat_schedule(num_tokens, prefix, depth)
     counts = token_counts(num_tokens, prefix, depth, "tome", uniform.as_dict())
     merges = [b for b in range(depth) if counts[b + 1] < counts[b]]
@@ -162,8 +192,7 @@ def _whole_model_tome(model: nn.Module, x: torch.Tensor, cost: ReducerCost, poin
     if later:
         contexts |= {"uniform": partial(patched, model, "tome", uniform.as_dict()),
                      "uniform dropped": partial(dropped_to, model, counts[:depth])}
-    times = _paired_rounds(model, x, contexts, device, threads, rounds,
-                           visit_reps(model, x, device, threads) if reps is None else reps, seed)
+    times = at_unit_speed(_paired_rounds(model, x, contexts, device, threads, rounds, reps, seed), cost.unit_ms)
     carried: dict[int, list[float]] = {}
     for (_, _, n, r), ms in _differences({v: times[v] for v in variants}).items():
         carried.setdefault(n - r, []).append((ms - cost.prune(n, r)) / (depth - 1))
@@ -190,7 +219,7 @@ def _pairs(where: dict[str, list[tuple[int, int]]], block: int) -> list[Variant]
 def _differences(times: Mapping[Variant, list[float]]) -> dict[Variant, float]:
     """{reducer's variant: median over rounds of its time less its reference's}."""
     return {v: float(np.median(np.subtract(times[v], times[paired_variants(*v)[1]])))
-            for v in times if v[0]}
+            for v in times if isinstance(v, tuple) and v[0]}
 
 
 def visit_reps(model: nn.Module, x: torch.Tensor, device: str, threads: int | None) -> int:
@@ -204,9 +233,11 @@ def visit_reps(model: nn.Module, x: torch.Tensor, device: str, threads: int | No
 
 
 def _paired_rounds(model: nn.Module, x: torch.Tensor, contexts: Mapping[Hashable, Callable[[], ContextManager]],
-                   device: str, threads: int | None, rounds: int, reps: int, seed: int) -> dict[Hashable, list[float]]:
-    """Per variant, one median latency (ms) per round; every round visits all variants (`model` inside each
-    one's context) in a seeded order."""
+                   device: str, threads: int | None, rounds: int, reps: int | Mapping[Hashable, int],
+                   seed: int) -> dict[Hashable, list[float]]:
+    """Per variant, one median latency (ms) over its `reps` forwards (one number for all, or by variant) per
+    round; every round visits all variants (`model` inside each one's context) in a seeded order."""
+    reps = reps if isinstance(reps, Mapping) else dict.fromkeys(contexts, reps)
     rng, keys = np.random.default_rng(seed), list(contexts)
     times: dict[Hashable, list[float]] = {k: [] for k in keys}
     with fixed_threads(threads) as used, torch.inference_mode():
@@ -215,5 +246,6 @@ def _paired_rounds(model: nn.Module, x: torch.Tensor, contexts: Mapping[Hashable
                 with contexts[keys[i]]():
                     model(x)  # untimed: the first forward of a new shape sets it up
                     synchronize(device)
-                    times[keys[i]].append(float(np.median(time_calls(lambda: model(x), device, reps, used))))
+                    times[keys[i]].append(float(np.median(time_calls(lambda: model(x), device, reps[keys[i]],
+                                                                     used))))
     return times

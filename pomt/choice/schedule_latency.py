@@ -22,12 +22,19 @@ negative where measured) is added to each of them, calibrated on the whole model
 
 predicted = sum_b L(n_b) / D + sum over pruning blocks prune(n_b, r_b) + sum over blocks after the first
 pruning one carry(n_b) + later x (pruning blocks - 1).
+
+Speed. The costs are measured seconds to minutes away from the curve, and this VM's speed moves by a fifth
+within minutes: a cost in ms measured at one speed, charged beside a curve measured at another, misprices
+every schedule by that share of its reducer cost. So the costs carry their unit (`ReducerCost.unit_ms`, the
+unpruned whole model's latency in the rounds that measured them, each round's cost divided by that round's
+speed) and are charged at the curve's speed: scaled by L(N) / unit_ms (`ReducerCost.at_speed`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -59,6 +66,17 @@ class ReducerCost:
     pruning: Mapping[tuple[int, int], float] = field(default_factory=dict)
     carrying: Mapping[int, float] = field(default_factory=dict)
     later: float = 0.0  # ms added to prune() at every pruning block after the first
+    unit_ms: float | None = None  # the unpruned whole model's latency at the speed these ms hold (None: unknown)
+
+    def at_speed(self, unpruned_ms: float) -> ReducerCost:
+        """These costs on the machine running the unpruned model in `unpruned_ms`: every cost scaled by
+        unpruned_ms / unit_ms (as the machine's drift scales them); unchanged where the unit is unknown."""
+        if not self.unit_ms or unpruned_ms <= 0:
+            return self
+        scale = unpruned_ms / self.unit_ms
+        return replace(self, pruning={k: ms * scale for k, ms in self.pruning.items()},
+                       carrying={k: ms * scale for k, ms in self.carrying.items()}, later=self.later * scale,
+                       unit_ms=unpruned_ms)
 
     def prune(self, tokens: int, remove: int) -> float:
         """Cost of a block that receives `tokens` and removes `remove` (see the module docstring)."""
@@ -90,13 +108,14 @@ class ReducerCost:
         return {"method": self.method, "prefix_tokens": self.prefix_tokens,
                 "pruning": [[n, r, round(ms, 5)] for (n, r), ms in sorted(self.pruning.items())],
                 "carrying": [[n, round(ms, 5)] for n, ms in sorted(self.carrying.items())],
-                "later": round(self.later, 5)}
+                "later": round(self.later, 5), "unit_ms": None if self.unit_ms is None else round(self.unit_ms, 5)}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> ReducerCost:
         return cls(data["method"], int(data["prefix_tokens"]),
                    {(int(n), int(r)): float(ms) for n, r, ms in data["pruning"]},
-                   {int(n): float(ms) for n, ms in data["carrying"]}, float(data.get("later", 0.0)))
+                   {int(n): float(ms) for n, ms in data["carrying"]}, float(data.get("later", 0.0)),
+                   None if data.get("unit_ms") is None else float(data["unit_ms"]))
 
 
 @dataclass(frozen=True)
@@ -113,6 +132,12 @@ class LatencyModel:
         if not self.curve:
             raise CurveError("the latency curve is empty")
 
+    @cached_property
+    def charged_costs(self) -> dict[str, ReducerCost]:
+        """The reducers' costs at the curve's speed (module docstring, Speed)."""
+        unpruned = predict_from_counts(self.curve, [self.num_tokens])
+        return {method: cost.at_speed(unpruned) for method, cost in self.costs.items()}
+
     def counts(self, candidate: Candidate) -> list[int]:
         """Tokens entering each block, then leaving the last one (depth + 1 values)."""
         if candidate.unpruned:
@@ -126,7 +151,7 @@ class LatencyModel:
     def step_ms(self, method: str, tokens: int, remove: int, after_first: bool) -> float:
         """One block of a `method` schedule receiving `tokens` and removing `remove` (clamped as the patch
         clamps), `after_first` when an earlier block already pruned."""
-        cost = self.costs.get(method)
+        cost = self.charged_costs.get(method)
         ms = self.block_ms(tokens)
         if cost is None:
             return ms

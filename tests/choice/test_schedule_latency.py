@@ -1,12 +1,22 @@
 """Latency of any schedule from one curve plus each reducer's own cost: synthetic curves, no timing."""
 
+import numpy as np
 import pytest
 import torch
 
 from pomt.choice.candidates import Candidate
 from pomt.choice.families import uniform_families
 from pomt.choice.policy import predict_latency
-from pomt.choice.reducer_costs import _variant, cost_points, measure_reducer_costs, paired_variants, repeat_schedule
+from pomt.choice.reducer_costs import (
+    UNPRUNED,
+    _differences,
+    _variant,
+    at_unit_speed,
+    cost_points,
+    measure_reducer_costs,
+    paired_variants,
+    repeat_schedule,
+)
 from pomt.choice.schedule_latency import LatencyModel, ReducerCost
 from pomt.choice.verify import cost_function
 from pomt.models.registry import create_model
@@ -89,6 +99,40 @@ def test_merges_after_the_first_are_charged_what_the_whole_model_calibration_say
     assert ReducerCost.from_dict(old).later == 0.0
 
 
+def test_costs_are_charged_at_the_curves_speed_not_the_speed_they_were_measured_at():
+    """Costs measured while the unpruned model ran in 10 ms, charged beside a curve whose L(N) is 15 ms (the
+    machine a half slower): every cost, carry and later saving half as large again."""
+    cost = ReducerCost("tome", P, {(N, 4): 0.3, (N, 12): 0.5}, {50: 0.1, 20: 0.1}, later=-0.2, unit_ms=10.0)
+    slow = cost.at_speed(15.0)
+    assert slow.prune(N, 8) == pytest.approx(1.5 * cost.prune(N, 8))
+    assert slow.carry(30) == pytest.approx(0.15) and slow.later == pytest.approx(-0.3) and slow.unit_ms == 15.0
+    assert ReducerCost("tome", P, {(N, 4): 0.3}).at_speed(15.0).prune(N, 4) == 0.3  # unit unknown: as measured
+    schedule = Candidate.of("tome", {2: 4, 5: 4, 7: 4})
+    plain = LatencyModel(CURVE, N, P, D)
+    at_unit = LatencyModel({n: ms * 10.0 / CURVE[N] for n, ms in CURVE.items()}, N, P, D, {"tome": cost})
+    at_slow = LatencyModel({n: ms * 15.0 / CURVE[N] for n, ms in CURVE.items()}, N, P, D, {"tome": cost})
+    reducer_share = [m.predict(schedule) / m.baseline - plain.predict(schedule) / plain.baseline
+                     for m in (at_unit, at_slow)]
+    assert reducer_share[0] > 0.01 and reducer_share[1] == pytest.approx(reducer_share[0])  # drift cancels
+    assert ReducerCost.from_dict(cost.to_dict()) == cost
+    old = {k: v for k, v in cost.to_dict().items() if k != "unit_ms"}  # a costs file written before the unit
+    assert ReducerCost.from_dict(old).unit_ms is None
+
+
+def test_each_rounds_times_are_divided_by_that_rounds_speed():
+    """The machine slows by 40% over the rounds: every variant's time rises with it. Divided by each round's
+    speed (the unpruned model's time over the median), the reducer's difference reads the same in every round,
+    the cost at the median speed, where undivided it spread over 0.5-0.7 ms."""
+    speed = np.linspace(1.0, 1.4, 15)
+    reducer, reference = paired_variants("pomt", 1, 17, 4)
+    times = {UNPRUNED: list(10.0 * speed), reducer: list(2.5 * speed), reference: list(2.0 * speed)}
+    steady = at_unit_speed(times, unit_ms=float(np.median(times[UNPRUNED])))
+    assert steady[UNPRUNED] == pytest.approx([12.0] * 15)
+    assert np.subtract(steady[reducer], steady[reference]) == pytest.approx([0.6] * 15)
+    assert np.ptp(np.subtract(times[reducer], times[reference])) == pytest.approx(0.2)
+    assert _differences(steady) == {reducer: pytest.approx(0.6)}
+
+
 def test_the_calibration_schedule_merges_at_every_block_at_the_families_middle_r():
     candidate = repeat_schedule(50, 1, 12)
     assert candidate.method == "tome" and candidate in uniform_families(50, 1, 12)["tome-constant"]
@@ -108,6 +152,7 @@ def test_measured_reducer_costs_have_the_structure_the_prediction_reads():
     assert costs["pomt"].carrying == {}
     assert sorted(costs["tome"].carrying) == sorted({n - r for n, r in cost_points(17, 1, "tome", [17, 9])})
     assert costs["tome"].later != 0.0 and costs["pomt"].later == 0.0  # calibrated on the whole model: ToMe only
+    assert costs["pomt"].unit_ms == costs["tome"].unit_ms > 0  # the unpruned model's time in the same rounds
     single = measure_reducer_costs(model, torch.randn(2, 3, 64, 64), ["tome"], rounds=2, later=False)["tome"]
     assert single.later == 0.0 and single.carrying  # one pruning block (the step policy): no calibration asked
     assert all(isinstance(ms, float) for ms in costs["tome"].pruning.values())

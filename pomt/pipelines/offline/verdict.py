@@ -92,7 +92,7 @@ def charge_method_cost(request: Request, run: Run,
                              "measures the patched model there",)
     removals = verification_removals(ranking.ranked, config.verify_candidates)
     cost = method_cost(run.prepared.model, run.prepared.x, config.prune_block, config.method, removals,
-                       run.setup.device, workload.threads)
+                       run.setup.device, workload.threads, unpruned_ms=ranking.setting.baseline)
     setting = replace(ranking.setting, method_cost=cost_function(cost))
     return cost, rank(config, setting, ranking.search), ()
 
