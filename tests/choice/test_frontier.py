@@ -194,3 +194,21 @@ def test_the_bisection_shares_never_exceed_what_is_left_of_the_budget():
     shares = search.bisection_shares(plans)
     assert sum(shares.values()) == search.left == 5
     assert list(shares)[0] == "tome" and shares["tome"] >= MIN_BISECTION
+
+
+def test_a_blocks_larger_share_is_probed_only_where_its_smaller_one_stayed_within_the_searched_drops():
+    """l2norm loses 30 points wherever it cuts, far past drop_span times the 1-point goal: its probes stop at the
+    smaller share of each block, and what they did not spend goes to the other reducers."""
+
+    def accuracy(candidates):
+        return {c: Proportion(round((0.6 if c.method == "l2norm" else true_accuracy(c)) * 10**6), 10**6)
+                for c in candidates}
+
+    settings = SearchSettings(max_evals=80, max_accuracy_drop=1.0)
+    result = search_frontier(LATENCY, accuracy, settings)
+    probed = {m: [e.candidate for e in result.evaluated if e.family == f"probe-{m}"] for m in REDUCERS}
+    blocks = {b for c in probed["pomt"] for b, _ in c.removal}
+    assert len(probed["pomt"]) == len(blocks) * len(settings.probe_shares)  # cheap cuts: every share probed
+    assert len(probed["l2norm"]) == len({b for c in probed["l2norm"] for b, _ in c.removal}) == len(blocks)
+    smaller = min(r for c in probed["pomt"] for _, r in c.removal)
+    assert all(r == smaller for c in probed["l2norm"] for _, r in c.removal)
