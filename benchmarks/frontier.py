@@ -178,6 +178,8 @@ def report(item: Case, drop: float) -> None:
               + ("(the chosen schedule is that family's best)" if same else "(verified speedups, same rounds)"))
     elif CHOSEN not in speed:
         print("  no schedule shipped: the uniform families' best are listed for reference")
+    for note in item.result.notes:
+        print(f"  note: {note}")
 
 
 def recipe_of(args: argparse.Namespace) -> Recipe:

@@ -62,8 +62,8 @@ def rows(result: FrontierResult, baseline_ms: float, chosen: Candidate | None,
             for e in [result.baseline, *others]]
 
 
-def document(result: FrontierResult, table: Sequence[dict], facts: Mapping) -> dict:
+def document(result: FrontierResult, table: Sequence[dict], facts: Mapping, notes: Sequence[str]) -> dict:
     """The JSON document: what was searched and how (`facts`: model, goal, times, costs, best uniform),
-    the frontier's keys, the search's notes, and every row."""
-    return {"format": FORMAT, "version": VERSION, **facts, "evals": result.evals, "notes": list(result.notes),
+    the frontier's keys, the run's notes (the search's, the verification's), and every row."""
+    return {"format": FORMAT, "version": VERSION, **facts, "evals": result.evals, "notes": list(notes),
             "frontier": [e.candidate.key for e in result.frontier], "schedules": list(table)}

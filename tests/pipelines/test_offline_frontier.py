@@ -71,6 +71,7 @@ def test_the_frontier_run_writes_its_files_a_schedule_that_applies_and_resumes(t
         chosen = frontier["chosen"]  # where its held-out accuracy broke the search split's word, a note says so
         broke = not chosen["held_out_inside_search_interval"] or chosen["held_out_drop_points"] > 20
         assert ("note       held out, " in result.stdout) == broke, result.stdout
+        assert any(n.startswith("held out, ") for n in document["notes"]) == broke  # and the frontier file keeps it
         assert data["verified"]["speedup"] > 1.0
     else:
         assert code in {"not_faster", "not_in_fresh_process", "no_candidate"} and frontier["chosen"] is None

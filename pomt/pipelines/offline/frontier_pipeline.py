@@ -60,5 +60,6 @@ def choose_on_frontier(request: Request, run: Run, setup: FrontierSetup, latency
     floor = None if goal.max_drop_points is None else result.baseline.accuracy - goal.max_drop_points / 100
     title = (f"{run.geometry.model}, batch {run.setup.batch_size}, {kind} on {facts['search_images']} search "
              f"images: {result.evals} schedules measured")
-    return FrontierRun(found, verdict, findings, schedule, FrontierReport(table, document(result, table, facts),
-                                                                          floor, title))
+    notes = [*found.notes, *verdict.verdict.notes]
+    return FrontierRun(found, verdict, findings, schedule,
+                       FrontierReport(table, document(result, table, facts, notes), floor, title))
