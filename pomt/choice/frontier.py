@@ -180,7 +180,7 @@ class FrontierSearch:
         limit = s.drop_span * s.max_accuracy_drop / 100
         baseline = self.records[NONE].search
         by_block: dict[int, list[Candidate]] = {}
-        for candidate, (block, _) in sorted(probes.items(), key=lambda item: (item[1], item[0])):
+        for candidate, (block, _) in sorted(probes.items(), key=lambda item: item[1]):
             by_block.setdefault(block, []).append(candidate)
 
         def worth_a_larger_share(probed: Candidate) -> bool:
