@@ -67,7 +67,8 @@ def clocks_locked_gpu(gpu: Mapping[str, Any] | None, lock_targets: Iterable[str]
     NVML cannot report clocks locked with ``nvidia-smi -lgc`` on most versions, so the evidence is:
     True: NVML reports a locked clock range; or persistence mode is on and an active pomt lock covers
     the GPU (``nvidia``, or ``jetson`` where NVML is absent); or persistence mode is on and the SM clock
-    runs exactly at the applications clock (the target ``nvidia-smi -ac`` pins).
+    runs exactly at an applications clock below the maximum (the target ``nvidia-smi -ac`` pins: where the
+    applications clock is the maximum, as on an H100 by default, a free GPU boosting under load reads it too).
     None: NVML unavailable or the SM clock unreadable (and no Jetson lock).
     False: otherwise - the SM clock is free-running (boosting, or idling down) with no lock.
     """
@@ -80,10 +81,11 @@ def clocks_locked_gpu(gpu: Mapping[str, Any] | None, lock_targets: Iterable[str]
     persistence = gpu.get("persistence_mode")
     if persistence and "nvidia" in targets:
         return True
-    sm, app = gpu.get("sm_clock_mhz"), gpu.get("applications_clock_sm_mhz")
+    sm, app, top = gpu.get("sm_clock_mhz"), gpu.get("applications_clock_sm_mhz"), gpu.get("sm_clock_max_mhz")
     if sm is None:
         return None
-    return bool(persistence and app is not None and sm == app)
+    pinned_below_boost = app is not None and (top is None or app < top)
+    return bool(persistence and pinned_below_boost and sm == app)
 
 
 def clock_snapshot(device: str) -> dict[str, Any]:

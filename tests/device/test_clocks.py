@@ -42,6 +42,9 @@ GPU_FREE = {"sm_clock_mhz": 1980, "applications_clock_sm_mhz": 1755, "persistenc
     ({**GPU_FREE, "persistence_mode": True, "sm_clock_mhz": 1755}, (), True),
     ({**GPU_FREE, "persistence_mode": False, "sm_clock_mhz": 1755}, (), False),
     ({**GPU_FREE, "persistence_mode": True, "applications_clock_sm_mhz": None}, (), False),
+    # an H100 lent unlocked, read under load: boosting to its maximum, which is also its applications clock
+    ({**GPU_FREE, "persistence_mode": True, "applications_clock_sm_mhz": 1980, "sm_clock_max_mhz": 1980}, (), False),
+    ({**GPU_FREE, "persistence_mode": True, "sm_clock_mhz": 1755, "sm_clock_max_mhz": 1980}, (), True),
 ])
 def test_clocks_locked_gpu(gpu, targets, expected):
     assert clocks.clocks_locked_gpu(gpu, targets) is expected
