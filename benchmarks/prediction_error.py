@@ -26,6 +26,7 @@ Goal (issue 30): |error| <= 3% for multi-block schedules of every reducer.
 Usage: python benchmarks/prediction_error.py [--part multi] [--workloads deit_small:4:224 ...] [-- extra options]
 Tiny check: python benchmarks/prediction_error.py --part multi --workloads deit_tiny:1:64 --rounds 3 \
     --cost-rounds 2 --curve-points 6
+On a GPU (multi only): --device cuda --dtype float16 --workloads deit_base:64:224
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import time
 from pathlib import Path
 
 from pomt.device.allocator import ALLOCATORS
+from pomt.runtimes import DTYPES
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("deit_small:1:224", "deit_small:4:224", "deit_tiny:1:112")
@@ -85,7 +87,7 @@ def multi_block_schedules(num_tokens: int, prefix: int, depth: int) -> list:
 
 
 def paired_rounds(model, x, variants: dict, rounds: int, seed: int, threads: int | None,
-                  what: str) -> dict[str, list[float]]:
+                  what: str, device: str = "cpu") -> dict[str, list[float]]:
     """Per variant, one time (ms) per round: every round visits all variants in a seeded random order, each
     visit entering its context on `model` (a truncation, a patch), one untimed forward, then one timed."""
     import numpy as np
@@ -101,7 +103,7 @@ def paired_rounds(model, x, variants: dict, rounds: int, seed: int, threads: int
             for i in rng.permutation(len(names)):
                 with variants[names[i]]():
                     model(x)
-                    times[names[i]] += time_calls(lambda: model(x), "cpu", 1, used)
+                    times[names[i]] += time_calls(lambda: model(x), device, 1, used)
     return times
 
 
@@ -118,10 +120,13 @@ def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
     from pomt.models.registry import create_model
     from pomt.models.tokens import dropped_to, truncate_tokens
     from pomt.patching import patched
+    from pomt.runtimes import resolve_dtype
 
     model_name, batch, size = workload.split(":")
-    net = create_model(model_name, int(size)).eval()
+    dtype = resolve_dtype(args.dtype, args.device)
+    net = create_model(model_name, int(size)).eval().to(args.device, dtype)
     x = torch.randn(int(batch), 3, int(size), int(size), generator=torch.Generator().manual_seed(args.seed))
+    x = x.to(args.device, dtype)
     g = model_geometry(net)
     n, prefix, depth = g.num_tokens, g.prefix_tokens, g.depth
     schedules = multi_block_schedules(n, prefix, depth)
@@ -130,7 +135,8 @@ def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
     counts = sorted({*np.linspace(lowest, n, args.curve_points).round().astype(int).tolist(), n})
     start = time.perf_counter()
     rounds = {} if args.cost_rounds is None else {"rounds": args.cost_rounds}
-    costs = measure_reducer_costs(net, x, REDUCERS, threads=args.threads, seed=args.seed, **rounds)
+    costs = measure_reducer_costs(net, x, REDUCERS, device=args.device, threads=args.threads, seed=args.seed,
+                                  **rounds)
     cost_s = time.perf_counter() - start
 
     layouts = {c.key: tuple(probe.counts(c)[:depth]) for c in schedules}
@@ -138,13 +144,13 @@ def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
     variants.update({c.key: (lambda c=c: patched(net, c.method, c.as_dict())) for c in schedules})
     variants.update({f"drop{kept}": (lambda kept=kept: dropped_to(net, kept)) for kept in set(layouts.values())})
     times = paired_rounds(net, x, variants, args.rounds, args.seed + 1, args.threads,
-                          "curve and schedules, paired")
+                          "curve and schedules, paired", args.device)
     unpruned_times = times[f"L({n})"]
     unpruned = float(np.median(unpruned_times))
     curve = {c: float(np.median(times[f"L({c})"])) for c in counts}
     latency = LatencyModel(curve, n, prefix, depth, costs)
     blocks_alone = LatencyModel(curve, n, prefix, depth)
-    print(f"{workload} (multi-block): reducer costs in {cost_s:.0f} s; curve at "
+    print(f"{workload} ({args.device}, {args.dtype}, multi-block): reducer costs in {cost_s:.0f} s; curve at "
           f"{len(counts)} counts in [{counts[0]}, {n}] and {len(schedules)} schedules in the same "
           f"{args.rounds} paired rounds, {time.perf_counter() - start - cost_s:.0f} s; unpruned {unpruned:.3f} ms")
     errors, inside = [], 0
@@ -184,6 +190,8 @@ def main() -> None:
     parser.add_argument("--curve-points", type=int, default=24, help="multi: counts at which L(n) is measured")
     parser.add_argument("--threads", type=int, default=None, help="multi: CPU threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="multi: where the model is timed (cuda: CUDA events)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="multi: model and input dtype")
     parser.add_argument("--allocator", choices=ALLOCATORS, default="steady",
                         help="multi: the host allocator measured under (as the offline computation's --allocator)")
     parser.add_argument("extra", nargs="*", help="further offline_computation.py options (after --)")
