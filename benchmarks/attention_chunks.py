@@ -20,9 +20,9 @@ import argparse
 import torch
 from patch_overhead import twin
 
-from pomt.bench.profile import profile_forward
 from pomt.bench.resources import MB, peak_memory
 from pomt.device import resolve_device
+from pomt.measurement.profile import profile_forward
 from pomt.measurement.timing import interleaved
 from pomt.models.registry import create_model
 from pomt.patching import attention, patch

@@ -21,7 +21,6 @@ from pomt.bench.compare import compare
 from pomt.bench.flops import count_flops
 from pomt.bench.latency_match import Match, Timing, match_latency
 from pomt.bench.predict import Predictor, predictor
-from pomt.bench.profile import profile_forward
 from pomt.bench.resources import peak_memory, power_and_energy
 from pomt.bench.variants import (
     BASELINE,
@@ -39,6 +38,7 @@ from pomt.device import clock_snapshot
 from pomt.device.allocator import ALLOCATOR_HELP, ALLOCATORS
 from pomt.errors import DatasetError, ScheduleError, SettingError
 from pomt.formats.schedule import Schedule, load_schedule
+from pomt.measurement.profile import profile_forward
 from pomt.measurement.timing import fixed_threads, interleaved
 from pomt.models.registry import MAX_INPUT_SIZE
 from pomt.options import SEED_MAX, option
