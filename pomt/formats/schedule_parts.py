@@ -162,25 +162,33 @@ class VerificationRecord:
 @dataclass(frozen=True, kw_only=True)
 class Verified(VerificationRecord):
     """The schedule's `verified` object: the verification in the measuring process, the method's measured
-    cost at its block, and the same candidates verified in a fresh process (None: not run)."""
+    cost at its block, the same candidates verified in a fresh process (None: not run), and on a GPU the
+    shipped schedule's GPU work against its verified latency (`pomt.choice.launch_bound.GpuWork.to_dict`)."""
 
     method_cost_ms: dict[str, float] | None = None
     fresh_process: VerificationRecord | None = None
+    gpu_work: dict | None = None
 
     def to_dict(self) -> dict:
         fresh = None if self.fresh_process is None else self.fresh_process.to_dict()
-        return {**super().to_dict(), "method_cost_ms": self.method_cost_ms, "fresh_process": fresh}
+        return {**super().to_dict(), "method_cost_ms": self.method_cost_ms, "fresh_process": fresh,
+                "gpu_work": self.gpu_work}
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "verified") -> Verified:
         here = VerificationRecord.from_dict(data, where)
         fresh = data.get("fresh_process")
+        gpu_work = data.get("gpu_work")
+        if gpu_work is not None and not isinstance(gpu_work, dict):
+            raise ScheduleError(f"schedule field '{where}.gpu_work' must be an object, got {type(gpu_work).__name__}")
         return cls.of(here, data.get("method_cost_ms"),
-                      None if fresh is None else VerificationRecord.from_dict(fresh, f"{where}.fresh_process"))
+                      None if fresh is None else VerificationRecord.from_dict(fresh, f"{where}.fresh_process"),
+                      gpu_work)
 
     @classmethod
     def of(cls, here: VerificationRecord, method_cost_ms: dict[str, float] | None,
-           fresh_process: VerificationRecord | None) -> Verified:
-        """The record of this process's verification with the method's cost and the fresh process's record."""
+           fresh_process: VerificationRecord | None, gpu_work: dict | None = None) -> Verified:
+        """The record of this process's verification with the method's cost, the fresh process's record and
+        the GPU work."""
         values = {f.name: getattr(here, f.name) for f in fields(VerificationRecord)}
-        return cls(**values, method_cost_ms=method_cost_ms, fresh_process=fresh_process)
+        return cls(**values, method_cost_ms=method_cost_ms, fresh_process=fresh_process, gpu_work=gpu_work)

@@ -177,14 +177,17 @@ def test_the_typed_parts_round_trip_with_their_keys_in_order():
              "prediction_error": -0.012, "candidates": [{"remove": 56, "pruned_ms": 8.0, "speedup": 1.25}],
              "samples": 30, "rounds": 10, "reason": "measured", "drift": {"reference_tokens": 197},
              "device_fingerprint_hash": "abc"}  # in the order `Verification.record` writes
-    verified = {**fresh, "method_cost_ms": {"56": 0.1234}, "fresh_process": fresh}
+    gpu_work = {"unpruned_ms": 6.38, "pruned_ms": 3.31, "unpruned_kernels": 167.0, "pruned_kernels": 217.0,
+                "wall_ms": 4.96, "busy": 0.667, "gpu_speedup": 1.9275, "launch_bound": True}
+    verified = {**fresh, "method_cost_ms": {"56": 0.1234}, "fresh_process": fresh, "gpu_work": gpu_work}
     for part, data in ((SchedulePolicy, policy), (Prediction, predicted), (MeasurementRecord, measurement),
                        (VerificationRecord, fresh), (Verified, verified)):
         assert json.dumps(part.from_dict(data).to_dict()) == json.dumps(data), part.__name__
     loaded = Verified.from_dict(verified)
     assert loaded.speedup_ci == (1.2, 1.3) and loaded.candidates[0]["remove"] == 56
     assert loaded.fresh_process.device_fingerprint_hash == "abc" and loaded.fresh_process.reason == "measured"
-    assert list(Verified.from_dict(verified_record()).to_dict())[-2:] == ["method_cost_ms", "fresh_process"]
+    assert loaded.gpu_work == gpu_work
+    assert list(Verified.from_dict(verified_record()).to_dict())[-3:] == ["method_cost_ms", "fresh_process", "gpu_work"]
 
 
 @pytest.mark.parametrize(
@@ -197,6 +200,7 @@ def test_the_typed_parts_round_trip_with_their_keys_in_order():
         ({"device_fingerprint_hash": 3}, "needs a 'candidates' list and a 'device_fingerprint_hash'"),
         ({"fresh_process": {"speedup": 1.0}}, "'verified.fresh_process.unpruned_ms' must be a positive number"),
         ({"fresh_process": "yes"}, "'verified.fresh_process' must be an object"),
+        ({"gpu_work": [1.0]}, "'verified.gpu_work' must be an object, got list"),
     ],
 )
 def test_a_bad_verified_object_is_one_schedule_error(changes, message):

@@ -96,6 +96,7 @@ def test_a_removal_is_shipped_only_as_measured(tmp_path):
     assert verified["device_fingerprint_hash"] and verified["candidates"]
     assert "verified" in result.stdout and (tmp_path / f"{STEM}.verify.csv").exists()
     fresh = verified["fresh_process"]  # the candidates that qualified here, measured again in a new process
+    assert verified["gpu_work"] is None and "launch-bound" not in result.stdout  # a CPU is its own host
     if data["prune"]:
         assert verified["speedup_ci"][0] > 1 and verified["speedup"] >= 1 + data["policy"]["min_gain"]
         assert data["policy"]["reason_code"] == "verified" and verified["prediction_error"] is not None

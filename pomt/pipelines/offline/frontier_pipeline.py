@@ -18,6 +18,7 @@ from pomt.pipelines.offline.latency import Latency
 from pomt.pipelines.offline.prepare import Run
 from pomt.pipelines.offline.ranking import Ranking, policy_setting
 from pomt.pipelines.offline.records import Findings, final_schedule
+from pomt.pipelines.offline.verdict import with_gpu_work
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ def choose_on_frontier(request: Request, run: Run, setup: FrontierSetup, latency
     schedule = final_schedule(run, config, settings, findings)
     schedule = as_schedule(replace(schedule, predicted=replace(schedule.predicted, accuracy_kind=kind)),
                            found.latency, chosen, record)
+    schedule, launch = with_gpu_work(request, run, schedule)
+    if launch is not None:
+        verdict = replace(verdict, verdict=replace(verdict.verdict, notes=(*verdict.verdict.notes, launch)))
     table = rows(result, found.latency.baseline, chosen, verdict.measured, goal.confidence)
     facts = {"model": run.geometry.model, "stem": stem, "batch_size": run.setup.batch_size,
              "accuracy_kind": kind, "search_images": setup.calibration.size("search"),

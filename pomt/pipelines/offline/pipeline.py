@@ -29,7 +29,7 @@ from pomt.pipelines.offline.outputs import output_names, prepare_outputs, write_
 from pomt.pipelines.offline.prepare import Run, prepare_run
 from pomt.pipelines.offline.ranking import policy_setting, rank
 from pomt.pipelines.offline.records import Findings, final_schedule
-from pomt.pipelines.offline.verdict import decide, here_only_note
+from pomt.pipelines.offline.verdict import decide, here_only_note, with_gpu_work
 from pomt.workload.prepare import Workload, journalled
 
 
@@ -93,7 +93,7 @@ def measure_and_choose(request: Request, run: Run, sample: Sample | None) -> Off
     findings = Findings(latency, accuracy, ranking, verdict, measured_accuracy=sample is not None)
     if verdict.journal is not None:
         paths["verify"] = verdict.journal
-    schedule = final_schedule(run, config, settings, findings)
+    schedule, launch = with_gpu_work(request, run, final_schedule(run, config, settings, findings))
     paths |= write_outputs(Path(workload.output_dir), run, config, findings, schedule)
     note = here_only_note(run.setup.fingerprint, latency, verdict)
     return OfflineResult(
@@ -101,7 +101,7 @@ def measure_and_choose(request: Request, run: Run, sample: Sample | None) -> Off
         accuracy=accuracy, decision=verdict.decision, verification=verdict.verification,
         fresh_verification=verdict.fresh_verification, fresh_steps=list(latency.fresh_steps),
         method_cost=dict(verdict.method_cost), schedule=schedule, paths=paths, measure_seconds=latency.seconds,
-        notes=[*verdict.notes, *([note] if note else [])],
+        notes=[*verdict.notes, *(n for n in (note, launch) if n)],
     )
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pomt.choice.fresh import FreshJob, held_in_both, placement_hint, verify_in_fresh_process
+from pomt.choice.launch_bound import measure_gpu_work
 from pomt.choice.policy import Decision
 from pomt.choice.verify import CandidateResult, Verification, choose, cost_function, method_cost, schedule_forward_at
 from pomt.choice.verify import verify as verify_candidates
@@ -192,3 +193,15 @@ def here_only_note(fingerprint: Fingerprint, latency: Latency, verdict: Verdict)
             and verdict.verification.chosen is None:
         what.append("the removal")
     return placement_hint(fingerprint, " and ".join(what)) if what else None
+
+
+def with_gpu_work(request: Request, run: Run, schedule: Schedule) -> tuple[Schedule, str | None]:
+    """On a GPU, eager, where a schedule ships verified: the schedule with its GPU work against its verified
+    latency (`pomt.choice.launch_bound`) and a note where it was launch-bound here; elsewhere as it was."""
+    verified = schedule.verified
+    if not schedule.prune or verified is None or request.workload.backend != Backend.EAGER.value:
+        return schedule, None
+    work = measure_gpu_work(run.prepared.model, run.prepared.x, schedule, run.setup.device, verified.pruned_ms)
+    if work is None:
+        return schedule, None
+    return replace(schedule, verified=replace(verified, gpu_work=work.to_dict())), work.note(verified.speedup)
