@@ -55,7 +55,7 @@ def test_the_verified_record_joins_both_processes_and_the_method_cost():
     assert record.method_cost_ms == {"47": 0.1235, "46": -0.02} and record.fresh_process.reason == "fresh"
     here = fingerprint_hash(LIVE)
     assert record.to_dict() == {**HERE.record(here).to_dict(), "method_cost_ms": record.method_cost_ms,
-                                "fresh_process": fresh.record(here).to_dict()}
+                                "fresh_process": fresh.record(here).to_dict(), "gpu_work": None}
     alone = verified_record(LIVE, Verdict(RANKING.ranked[0], HERE))
     assert alone.method_cost_ms is None and alone.fresh_process is None
 
