@@ -9,8 +9,8 @@ from pomt.device import Fingerprint
 from pomt.measurement.search import SearchSettings
 from pomt.pipelines.offline.config import OfflineConfig, Request
 from pomt.pipelines.offline.latency import Latency
-from pomt.pipelines.offline.ranking import policy_setting, rank
-from pomt.pipelines.offline.verdict import FreshCheck, Verdict, decide, here_only_note, shipped
+from pomt.pipelines.offline.ranking import policy_setting, rank, verification_removals
+from pomt.pipelines.offline.verdict import FreshCheck, Verdict, decide, here_only_note, priced, shipped
 from pomt.workload.prepare import Workload
 
 from offline_data import GEOMETRY, N, make_run, search_result
@@ -84,3 +84,26 @@ def test_the_allocator_advice_names_what_held_here_only():
     assert here_only_note(cpu, latency, removal) == placement_hint(cpu, "1 of 2 steps within reach and the removal")
     assert here_only_note(cpu, quiet, shipped_both) is None
     assert here_only_note(Fingerprint(kind="cuda", allocator={}), latency, removal) is None
+
+
+def test_the_method_cost_is_measured_again_where_it_moved_verification():
+    """The cost is held beyond the removals it was measured at; where charging it sends verification to others,
+    they are measured too, so every removal verified is priced at its own cost."""
+    points = [replace(p, latency_ms=10.0 - 0.04 * (N - p.tokens), median_ms=10.0 - 0.04 * (N - p.tokens))
+              for p in search_result().points]
+    search = replace(search_result(), points=points, steps=[])
+    config = OfflineConfig(latency_budget_ms=9.0)
+    ranking = rank(config, policy_setting(config, GEOMETRY, search, None), search)
+    asked = []
+
+    def measure(removals):  # any cost sends the budget policy to larger removals than it was measured at
+        asked.append(removals)
+        return {r: 0.2 + 0.001 * r for r in removals}
+
+    cost, priced_ranking = priced(config, ranking, measure)
+    assert asked[0] == verification_removals(ranking.ranked, config.verify_candidates)
+    verified = verification_removals(priced_ranking.ranked, config.verify_candidates)
+    assert len(asked) >= 2 and verified and set(verified) <= set(cost)
+    assert all(priced_ranking.setting.predicted(N - r) <= 9.0 for r in verified[-1:])
+    _, once = priced(config, ranking, measure, passes=1)
+    assert not set(verification_removals(once.ranked, config.verify_candidates)) <= set(asked[0])
