@@ -8,7 +8,9 @@ from pathlib import Path
 from pomt.bench.compare import Comparison
 from pomt.bench.run import BenchResult, SweepResult
 from pomt.bench.variants import BASELINE
+from pomt.choice.launch_bound import BUSY_FLOOR, waits_on_host
 from pomt.io import atomic_write_csv, atomic_write_json, clear_stale, staged_set
+from pomt.measurement.profile import GPU_PROFILE
 from pomt.plots import plot_benchmark, plot_sweep
 
 COLUMNS = (
@@ -79,6 +81,16 @@ def slower_than_unpruned(rows: list[dict]) -> list[str]:
     ]
 
 
+def launch_bound(rows: list[dict]) -> list[str]:
+    """The variants whose GPU kernels filled less than `BUSY_FLOOR` of their median latency, each with the share:
+    their speed follows the host's (`pomt.choice.launch_bound`)."""
+    return [
+        f"{r['method']} ({r['device_time_ms'] / r['latency_ms']:.0%})" for r in rows
+        if r.get("profile_kind") == GPU_PROFILE and r.get("device_time_ms") and r.get("latency_ms")
+        and waits_on_host(r["device_time_ms"], r["latency_ms"])
+    ]
+
+
 def format_table(result: BenchResult) -> str:
     """The benchmark as an aligned text table with a title and notes."""
     header = [h for h, _, _ in _TABLE]
@@ -101,6 +113,9 @@ def format_table(result: BenchResult) -> str:
     slower = slower_than_unpruned(result.rows)
     if slower:
         notes.append(f"break-even not reached (slower than unpruned): {', '.join(slower)}")
+    if waiting := launch_bound(result.rows):
+        notes.append(f"launch-bound here, the GPU busy under {BUSY_FLOOR:.0%} of the forward: {', '.join(waiting)}; "
+                     "their speed follows how fast this host issues kernels")
     return "\n".join([title, aligned(header, body), *(f"note: {n}" for n in notes), *comparison_lines(meta)])
 
 

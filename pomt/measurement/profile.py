@@ -21,6 +21,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from pomt.measurement.timing import interleaved
 
+GPU_PROFILE = "gpu_kernels_device_time"  # ProfileSummary.kind on CUDA
+CPU_PROFILE = "aten_ops_cpu_self_time"  # elsewhere
 _KINETO_CHATTER = re.compile(r"^(USDT:|(INFO|WARNING|ERROR|STAGE):\d{4}-\d\d-\d\d )")
 
 
@@ -31,7 +33,7 @@ class ProfileSummary:
     ops_per_forward: float
     device_time_ms: float
     profiled_wall_ms: float
-    kind: str  # "aten_ops_cpu_self_time" or "gpu_kernels_device_time"
+    kind: str  # CPU_PROFILE or GPU_PROFILE
     forwards: int
 
 
@@ -88,10 +90,10 @@ def profile_forward(
         gpu = [e for e in events if e.device_type == DeviceType.CUDA]
         busy_us = sum(e.time_range.elapsed_us() for e in gpu)
         return ProfileSummary(
-            len(gpu) / forwards, busy_us / 1e3 / forwards, wall_ms, "gpu_kernels_device_time", forwards
+            len(gpu) / forwards, busy_us / 1e3 / forwards, wall_ms, GPU_PROFILE, forwards
         )
     aten = [e for e in events if e.name.startswith("aten::")]
     self_us = sum(e.self_cpu_time_total for e in events if e.device_type == DeviceType.CPU)
     return ProfileSummary(
-        len(aten) / forwards, self_us / 1e3 / forwards, wall_ms, "aten_ops_cpu_self_time", forwards
+        len(aten) / forwards, self_us / 1e3 / forwards, wall_ms, CPU_PROFILE, forwards
     )

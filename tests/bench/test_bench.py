@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pomt.bench.flops import count_flops, match_amount
-from pomt.bench.report import COLUMNS, slower_than_unpruned
+from pomt.bench.report import COLUMNS, launch_bound, slower_than_unpruned
 from pomt.bench.run import BenchConfig, resolve
 from pomt.bench.variants import flops_function, plan_reductions, tome_removal
 from pomt.checks import METHODS
@@ -21,6 +21,7 @@ from pomt.device import Fingerprint
 from pomt.errors import PatchError
 from pomt.formats.schedule import BlockRemoval, Schedule, load_schedule, save_schedule
 from pomt.formats.schedule_parts import Prediction
+from pomt.measurement.profile import CPU_PROFILE, GPU_PROFILE
 from pomt.models.geometry import model_geometry
 from pomt.models.registry import create_model
 from pomt.patching import patch, token_counts
@@ -129,6 +130,16 @@ def test_break_even_is_lost_only_by_variants_that_remove_tokens():
             {"method": "topk", "tokens_kept": 99, "speedup": 0.93},
             {"method": "tome", "tokens_kept": 101, "speedup": 1.2}]
     assert slower_than_unpruned(rows) == ["topk"]
+
+
+def test_a_variant_whose_kernels_leave_the_gpu_idle_is_named_launch_bound():
+    # the H100's benchmark of 2026-11-28 (machine A): the schedule 3.29 ms of GPU work in an 8.675 ms forward
+    rows = [{"method": "none", "latency_ms": 7.021, "device_time_ms": 6.409, "profile_kind": GPU_PROFILE},
+            {"method": "schedule", "latency_ms": 8.675, "device_time_ms": 3.293, "profile_kind": GPU_PROFILE},
+            {"method": "topk", "latency_ms": 3.2, "device_time_ms": 2.9, "profile_kind": GPU_PROFILE},
+            {"method": "tome", "latency_ms": 9.0, "device_time_ms": 1.0, "profile_kind": CPU_PROFILE},
+            {"method": "l2norm", "latency_ms": 9.0, "device_time_ms": None, "profile_kind": ""}]
+    assert launch_bound(rows) == ["schedule (38%)"]  # unpruned 91% and top-k 91% busy; a CPU is its own host
 
 
 def test_end_to_end_schedule_and_reducers(tmp_path, capsys):
