@@ -11,8 +11,10 @@
 #   frontier: the frontier search on the digits case with deit_base at 224 px, batch 64, float16 (issue 30,
 #            item 10; the model trains on the GPU first), then its schedule against top-k and ToMe tuned to its
 #            measured latency (benchmark.py --schedule, the default latency match);
+#   predict: the latency model against the patched model for multi-block schedules of every reducer
+#            (benchmarks/prediction_error.py --part multi, deit_base at batch 64, float16);
 # Everything it prints also goes to OUT/gpu_log_PART.txt; results land in OUT/bin.
-# Usage: bash benchmarks/gpu_check.sh [OUT] [setup|offline|bench|repro|frontier|all]
+# Usage: bash benchmarks/gpu_check.sh [OUT] [setup|offline|bench|repro|frontier|predict|all]
 #        (default OUT: bin/gpu_check, part: all; PYTHON overrides the interpreter; TESTS=0 leaves out setup's
 #        tests, which hide the GPU and so check the suite, not the CUDA paths)
 set -u
@@ -102,13 +104,20 @@ frontier() {
     --output-dir "$OUT/bin/frontier"
 }
 
+predict() {
+  step "prediction error: multi-block schedules, deit_base batch 64, float16"
+  timeout 150 "$PYTHON" benchmarks/prediction_error.py --part multi --device cuda --dtype float16 \
+    --workloads deit_base:64:224 --rounds 30 --curve-points 16
+}
+
 case "$PART" in
   setup) setup ;;
   offline) offline ;;
   bench) bench ;;
   repro) repro ;;
   frontier) frontier ;;
-  all) setup; offline; bench; repro; frontier ;;
-  *) echo "gpu_check.sh: unknown part '$PART' (setup, offline, bench, repro, frontier or all)"; exit 2 ;;
+  predict) predict ;;
+  all) setup; offline; bench; repro; frontier; predict ;;
+  *) echo "gpu_check.sh: unknown part '$PART' (setup, offline, bench, repro, frontier, predict or all)"; exit 2 ;;
 esac
 ls -la "$OUT/bin"
