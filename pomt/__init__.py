@@ -6,6 +6,7 @@ from pomt.formats.schedule import Schedule, load_schedule, save_schedule
 from pomt.models.geometry import Geometry, model_geometry
 from pomt.models.registry import create_model, resolve_model_name
 from pomt.patching import patch, unpatch
+from pomt.runtimes.cudagraph import cuda_graph
 
 __version__ = "0.1.0"
 
@@ -15,6 +16,7 @@ __all__ = [
     "UnverifiedScheduleWarning",
     "apply_schedule",
     "create_model",
+    "cuda_graph",
     "load_schedule",
     "model_geometry",
     "patch",

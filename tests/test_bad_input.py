@@ -168,6 +168,7 @@ CLI_CASES = [
     ("device-unknown", ["offline", "--device", "tpu"], ["unknown device"]),
     ("dtype-unknown", ["offline", "--dtype", "float64"], ["float64"]),
     ("backend-tensorrt-on-cpu", ["offline", "--device", "cpu", "--backend", "tensorrt"], ["tensorrt"]),
+    ("backend-cudagraph-on-cpu", ["offline", "--device", "cpu", "--backend", "cudagraph"], ["cudagraph", "NVIDIA GPU"]),
     ("method-unknown", ["offline", "--method", "magic"], ["magic"]),
     ("search-unknown", ["offline", "--search", "magic"], ["magic"]),
     ("latency-and-accuracy-only", ["offline", "--latency-only", "--accuracy-only"], ["exclude each other"]),

@@ -63,6 +63,7 @@ INFO = [
     case("logical CPUs", "device", "--threads", TOO_MANY_THREADS, id="device-threads-beyond-cpus"),
     case("unknown backend 'nosuch'", "backend", "nosuch", id="backend-unknown"),
     case("NVIDIA GPU", "backend", "tensorrt", id="backend-tensorrt-on-cpu"),
+    case("NVIDIA GPU", "backend", "cudagraph", id="backend-cudagraph-on-cpu"),
     case("unknown device 'tpu'", "backend", "eager", "--device", "tpu", id="backend-device-tpu"),
     case("No such command", "measure", id="unknown-command"),
 ]

@@ -75,7 +75,8 @@ class GpuWork:
                 f"{self.wall_ms:.2f} ms forward ({self.busy:.0%}; {self.pruned_kernels:.0f} kernels against "
                 f"{self.unpruned_kernels:.0f} unpruned), so its {verified_speedup:.2f}x follows how fast the host "
                 f"issues kernels: a slower or busier host serving it runs it slower; at the GPU's own pace "
-                f"(served from a CUDA graph) it would run up to {self.gpu_speedup:.2f}x")
+                f"(served from a CUDA graph: `pomt.cuda_graph`, measured with --backend cudagraph) it would run up "
+                f"to {self.gpu_speedup:.2f}x")
 
 
 def measure_gpu_work(model: nn.Module, x: torch.Tensor, schedule: Schedule, device: str,

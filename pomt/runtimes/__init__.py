@@ -1,4 +1,4 @@
-"""Timed forwards on the runtime that deploys: eager, torch.compile, ONNX Runtime, OpenVINO, TensorRT.
+"""Timed forwards on the runtime that deploys: eager, CUDA graphs, torch.compile, ONNX Runtime, OpenVINO, TensorRT.
 
 A latency curve measured in one runtime does not transfer to another, so pomt measures in the runtime
 that deploys: `build_forward` gives one closable callable per (model, input, runtime, kept tokens),
@@ -17,6 +17,7 @@ from pomt.runtimes.backend import (
     parse_backend,
     resolve_dtype,
 )
+from pomt.runtimes.cudagraph import GraphedForward, cuda_graph
 from pomt.runtimes.export import onnx_program
 from pomt.runtimes.forward import Forward, ProgramCache, build_forward, parameter_dtype
 from pomt.runtimes.onnxruntime import onnxruntime_session
@@ -27,10 +28,12 @@ __all__ = [
     "DTYPES",
     "Backend",
     "Forward",
+    "GraphedForward",
     "ProgramCache",
     "backend_info",
     "build_forward",
     "check_backend",
+    "cuda_graph",
     "onnx_program",
     "onnxruntime_session",
     "openvino_compiled",

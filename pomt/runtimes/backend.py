@@ -25,6 +25,7 @@ class Backend(str, Enum):
 
     EAGER = "eager"
     COMPILE = "compile"
+    CUDAGRAPH = "cudagraph"
     ONNXRUNTIME = "onnxruntime"
     OPENVINO = "openvino"
     TENSORRT = "tensorrt"
@@ -36,6 +37,7 @@ DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.flo
 PACKAGES: dict[Backend, tuple[str, ...]] = {
     Backend.EAGER: (),
     Backend.COMPILE: (),
+    Backend.CUDAGRAPH: (),
     Backend.ONNXRUNTIME: ("onnxruntime", "onnx", "onnxscript"),
     Backend.OPENVINO: ("openvino", "onnx", "onnxscript"),
     Backend.TENSORRT: ("tensorrt", "onnx", "onnxscript"),
@@ -116,8 +118,8 @@ def check_backend(backend: Backend | str, device: str) -> Backend:
     """Raise BackendError unless `backend` can run on `device` here (its packages import, the device fits)."""
     backend = parse_backend(backend)
     kind = device.split(":")[0]
-    if backend == Backend.TENSORRT and kind != "cuda":
-        raise BackendError(f"the tensorrt backend runs on an NVIDIA GPU (--device cuda), not on {device}")
+    if backend in (Backend.TENSORRT, Backend.CUDAGRAPH) and kind != "cuda":
+        raise BackendError(f"the {backend.value} backend runs on an NVIDIA GPU (--device cuda), not on {device}")
     if backend == Backend.OPENVINO and kind != "cpu":
         raise BackendError(f"the openvino backend runs on the CPU here, not on {device}")
     if backend == Backend.COMPILE and kind == "mps":
@@ -138,7 +140,7 @@ def backend_info(backend: Backend | str) -> dict:
     for package in PACKAGES[backend]:
         _import(package, backend)
     info: dict = {"name": backend.value}
-    if backend in (Backend.EAGER, Backend.COMPILE):
+    if backend in (Backend.EAGER, Backend.COMPILE, Backend.CUDAGRAPH):
         info["version"] = torch.__version__
         if backend == Backend.COMPILE:
             info["triton"] = package_version("triton")

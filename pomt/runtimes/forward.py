@@ -1,8 +1,9 @@
 """One forward of a model in one runtime, as a closable callable that pomt times like an eager forward.
 
 `build_forward` checks the runtime, then builds the forward of (model, input, runtime, kept tokens):
-eager runs the model itself; torch.compile, ONNX Runtime, OpenVINO and TensorRT run the static program
-of that token count, loaded from the program cache when it holds it. `ProgramCache` keeps the last few
+eager runs the model itself; cudagraph replays its forward captured as a CUDA graph; torch.compile, ONNX
+Runtime, OpenVINO and TensorRT run the static program of that token count, loaded from the program cache when it
+holds it. `ProgramCache` keeps the last few
 forwards open, so a measurement that goes back and forth between counts does not build them again.
 """
 
@@ -20,6 +21,7 @@ from pomt.errors import BackendError
 from pomt.models.geometry import model_geometry
 from pomt.runtimes.backend import Backend, check_backend, first_line
 from pomt.runtimes.compile import compile_run
+from pomt.runtimes.cudagraph import cudagraph_run
 from pomt.runtimes.eager import eager_run
 from pomt.runtimes.onnxruntime import onnxruntime_run
 from pomt.runtimes.openvino import openvino_run
@@ -100,6 +102,9 @@ def build_forward(
     if backend == Backend.EAGER:
         run, release = eager_run(model, example, tokens)
         return Forward(run, backend, tokens, release=release)
+    if backend == Backend.CUDAGRAPH:
+        graphed = cudagraph_run(model, example, tokens)
+        return Forward(graphed, backend, tokens, release=graphed.reset)
     cache = Path(cache_dir) if cache_dir is not None else None
     if backend == Backend.COMPILE:
         run, hit = compile_run(model, example, tokens, cache)

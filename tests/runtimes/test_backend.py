@@ -33,6 +33,9 @@ def test_backends_check_their_device_and_name():
         check_backend("tflite", "cpu")
     with pytest.raises(BackendError, match="NVIDIA GPU"):
         check_backend("tensorrt", "cpu")
+    with pytest.raises(BackendError, match="the cudagraph backend runs on an NVIDIA GPU"):
+        check_backend("cudagraph", "cpu")
+    assert backend_info("cudagraph") == {"name": "cudagraph", "version": torch.__version__}
     with pytest.raises(BackendError, match="CPU"):
         check_backend("openvino", "cuda")
     info = backend_info("onnxruntime")
@@ -55,3 +58,12 @@ def test_cli_backend_errors_are_one_line_exit_2():
     result = subprocess.run([sys.executable, "-c", preamble, "backend", "onnxruntime"], capture_output=True,
                             text=True, cwd=ROOT, timeout=300)
     assert_one_line_error(result, "onnxruntime package", "pomt[deploy]")
+
+
+def test_a_cuda_graph_is_captured_on_a_gpu_only():
+    import pomt
+    from pomt.models.registry import create_model
+
+    model = create_model("test_vit", input_size=96)
+    with pytest.raises(BackendError, match="runs on an NVIDIA GPU .* not on cpu"):
+        pomt.cuda_graph(model, torch.randn(2, 3, 96, 96))
