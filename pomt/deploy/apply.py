@@ -43,10 +43,15 @@ def _mismatch(message: str, strict: bool) -> None:
     warnings.warn(message, stacklevel=3)
 
 
-def eager_fingerprint(device: str = "cpu") -> Fingerprint:
-    """The fingerprint of this process running a model in PyTorch on `device`: the eager runtime, as the
-    offline computation records it for an eager run (so a schedule verified here hashes the same)."""
-    return replace(device_fingerprint(device), backend=backend_info(Backend.EAGER))
+# The runtimes a patched model runs in within this process: eager, or replayed as a CUDA graph (`pomt.cuda_graph`).
+IN_PROCESS = (Backend.EAGER.value, Backend.CUDAGRAPH.value)
+
+
+def eager_fingerprint(device: str = "cpu", backend: str = Backend.EAGER.value) -> Fingerprint:
+    """The fingerprint of this process running a model in PyTorch on `device` in `backend` (eager, or a CUDA
+    graph of it), as the offline computation records it for such a run (so a schedule verified here hashes
+    the same)."""
+    return replace(device_fingerprint(device), backend=backend_info(backend))
 
 
 def _timm_architecture(model: nn.Module) -> str | None:
@@ -76,9 +81,10 @@ def _check_verified(schedule: Schedule, model: nn.Module, strict: bool) -> None:
     if verified is None:
         message = ("schedule is unverified: its speedup was predicted, never measured on the patched model; "
                    "run the offline computation again to verify it")
-    else:
+    else:  # a schedule measured as a CUDA graph is served as one (`pomt.cuda_graph`) after this patch
         device = next((p.device for p in model.parameters()), None)
-        here = fingerprint_hash(eager_fingerprint(str(device) if device is not None else "cpu"))
+        runtime = schedule.backend_name if schedule.backend_name in IN_PROCESS else Backend.EAGER.value
+        here = fingerprint_hash(eager_fingerprint(str(device) if device is not None else "cpu", runtime))
         if here == verified.device_fingerprint_hash:
             return
         message = (f"schedule was verified on another device or runtime (fingerprint "

@@ -359,6 +359,28 @@ def test_an_unverified_or_foreign_schedule_warns_once_and_strict_refuses(models)
     unpatch(model)
 
 
+def test_a_schedule_measured_as_a_cuda_graph_is_checked_against_that_runtime(models):
+    """It is served as a CUDA graph of the patched model (`pomt.cuda_graph`), so its hash is this process's
+    with that runtime; a schedule of another runtime (compile) is served eager here, so it warns."""
+    from pomt.deploy.apply import eager_fingerprint
+    from pomt.device import fingerprint_hash
+
+    model = models["deit_small"]
+    graphed = fingerprint_hash(eager_fingerprint("cpu", "cudagraph"))
+    assert graphed != fingerprint_hash(eager_fingerprint("cpu"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        apply_schedule(model, _schedule(verified=verified_record(graphed), backend={"name": "cudagraph"}))
+    unpatch(model)
+    with pytest.warns(UnverifiedScheduleWarning, match="verified on another device or runtime"):
+        apply_schedule(model, _schedule(verified=verified_record(graphed)))  # an eager schedule with that hash
+    unpatch(model)
+    compiled = fingerprint_hash(eager_fingerprint("cpu", "compile"))
+    with pytest.warns(UnverifiedScheduleWarning, match="verified on another device or runtime"):
+        apply_schedule(model, _schedule(verified=verified_record(compiled), backend={"name": "compile"}))
+    unpatch(model)
+
+
 def test_apply_schedule_from_a_file(models, image, tmp_path):
     model = models["deit_small"]
     path = tmp_path / "s.schedule.json"
