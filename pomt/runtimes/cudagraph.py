@@ -45,7 +45,8 @@ class GraphedForward:
             with torch.cuda.graph(self.graph), torch.inference_mode():
                 self.output = model(example)
         except RuntimeError as exc:
-            self.graph.reset()
+            with contextlib.suppress(RuntimeError):  # a capture broken half-way may not reset cleanly
+                self.graph.reset()
             raise BackendError(f"cudagraph cannot capture this model's forward: {first_line(exc)}") from exc
 
     def __call__(self, x: torch.Tensor | None = None) -> torch.Tensor:
@@ -53,7 +54,8 @@ class GraphedForward:
             if x.shape != self.example.shape or x.dtype != self.example.dtype:
                 raise ValueError(f"the graph was captured for {tuple(self.example.shape)} {self.example.dtype} "
                                  f"inputs, not {tuple(x.shape)} {x.dtype}")
-            self.example.copy_(x)
+            with torch.inference_mode():  # the example may be an inference tensor: written only in that mode
+                self.example.copy_(x)
         self.graph.replay()
         return self.output
 
