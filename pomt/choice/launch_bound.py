@@ -17,16 +17,14 @@ speedup is at the GPU's own pace (the ceiling a CUDA graph of the forward approa
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from pomt.deploy.apply import apply_schedule
+from pomt.choice.verify import schedule_forward_at
 from pomt.formats.schedule import Schedule
 from pomt.measurement.profile import profile_forward
-from pomt.patching import unpatch
 
 BUSY_FLOOR = 0.85  # below this share of the verified forward spent in GPU work, the forward waits on its host
 
@@ -85,14 +83,10 @@ def measure_gpu_work(model: nn.Module, x: torch.Tensor, schedule: Schedule, devi
     None off CUDA. `wall_ms`: the schedule's verified latency here."""
     if not device.startswith("cuda"):
         return None
-    with torch.inference_mode():
-        unpruned = profile_forward(lambda: model(x), device)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the schedule is being verified
-            apply_schedule(model, schedule)
-        try:
-            pruned = profile_forward(lambda: model(x), device)
-        finally:
-            unpatch(model)
+    forward_at = schedule_forward_at(model, x, {schedule.kept_tokens: schedule}, device=device)
+    with forward_at(schedule.num_tokens) as forward:
+        unpruned = profile_forward(forward, device)
+    with forward_at(schedule.kept_tokens) as forward:  # patched through apply_schedule, unpatched after
+        pruned = profile_forward(forward, device)
     return GpuWork(unpruned.device_time_ms, pruned.device_time_ms, unpruned.ops_per_forward,
                    pruned.ops_per_forward, wall_ms)
