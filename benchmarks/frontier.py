@@ -15,7 +15,11 @@ fastest uniform schedule within the drop at batch 16, never slower at batch 1; t
 On a GPU (issue 30, item 10) the same search runs with `--device cuda --dtype float16`, and `--model`,
 `--input-size` and `--lr` make another digits recipe (trained on that device, cached by its recipe), e.g.
 `--model deit_base --input-size 224 --lr 1e-4 --batch-sizes 64`.
+`--also SCHEDULE ...` measures given schedules (e.g. `tome:0=10,7=15`) in the same rounds and on both splits,
+and prints each one's speedup over the fastest uniform schedule and its search-split drop bound; they are never
+chosen.
 Usage: python benchmarks/frontier.py [--batch-sizes 1 16] [--threads 2] [--drop 1.0] [--allocator inherit] [--smoke]
+       [--also tome:0=10,7=15 ...]
        [--device cuda --dtype float16 --model deit_base --input-size 224 --lr 1e-4]
 """
 
@@ -26,12 +30,13 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from pomt.checks import check_removals
 from pomt.choice.accuracy import eval_transform, open_image_folder, seeded_subset
 from pomt.choice.accuracy_journal import AccuracyJournal, model_identity
-from pomt.choice.calibration import HELD_OUT, Calibration
-from pomt.choice.candidates import NONE
+from pomt.choice.calibration import HELD_OUT, SEARCH, Calibration
+from pomt.choice.candidates import NONE, Candidate
 from pomt.choice.frontier_choice import best_by_family
-from pomt.choice.pareto import Evaluated
+from pomt.choice.pareto import Evaluated, drop_within
 from pomt.choice.verify import Verification, schedule_forward_at, verify
 from pomt.cli.app import fail
 from pomt.device.allocator import ALLOCATORS
@@ -49,6 +54,7 @@ from pomt.workload.prepare import Prepared, Workload, prepare
 
 SMOKE_SEARCH = SearchSettings(passes=3, visit_s=0.01, confirm_rounds=3)
 CHOSEN = "chosen"
+ALSO = "also"  # the family of the schedules --also names
 
 
 @dataclass(frozen=True)
@@ -64,8 +70,8 @@ class Case:
     seconds: dict[str, float]
 
 
-def offline(case: DigitsCase, batch: int, args: argparse.Namespace) -> tuple[Workload, OfflineConfig, OfflineResult]:
-    """The offline computation with the frontier policy on the digits calibration folder."""
+def offline_settings(case: DigitsCase, batch: int, args: argparse.Namespace) -> tuple[Workload, OfflineConfig]:
+    """The offline computation's workload and settings: the frontier policy on the digits calibration folder."""
     workload = Workload(model=case.recipe.model, batch_size=batch, input_size=case.recipe.data.size,
                         device=args.device, dtype=args.dtype, threads=args.threads, allocator=args.allocator,
                         output_dir=Path(args.output_dir) / f"bs{batch}", progress=args.progress)
@@ -73,7 +79,7 @@ def offline(case: DigitsCase, batch: int, args: argparse.Namespace) -> tuple[Wor
                            max_accuracy_drop=args.drop, max_evals=args.max_evals, accuracy_samples=100_000,
                            accuracy_confidence=args.confidence,
                            verify_rounds=args.rounds)
-    return workload, config, run_offline(workload, config, SMOKE_SEARCH if args.smoke else SearchSettings())
+    return workload, config
 
 
 def compared_schedules(result: OfflineResult, config: OfflineConfig) -> dict[str, Evaluated]:
@@ -85,16 +91,28 @@ def compared_schedules(result: OfflineResult, config: OfflineConfig) -> dict[str
     return ({CHOSEN: chosen} if chosen is not None else {}) | bests
 
 
-def held_out(prepared: Prepared, workload: Workload, config: OfflineConfig, case: DigitsCase,
-             compared: dict[str, Evaluated]) -> dict[str, object]:
-    """Held-out accuracy of the unpruned model and each compared schedule, through the run's journal."""
+def calibration_of(prepared: Prepared, workload: Workload, config: OfflineConfig, case: DigitsCase) -> Calibration:
+    """The offline run's calibration images, splits and journal, as it measured them."""
     model = prepared.model
     dataset, kind = open_image_folder(case.calibration_root, eval_transform(model, prepared.geometry.input_size))
     dataset = seeded_subset(dataset, config.accuracy_samples, workload.seed)
     journal = AccuracyJournal(journal_path(workload.output_dir, prepared.setup.stem), model_identity(model))
-    calibration = Calibration(model, dataset, kind, journal, held_out=config.held_out, seed=workload.seed,
-                              batch_size=config.accuracy_batch_size, device=prepared.setup.device,
-                              dtype=parameter_dtype(model))
+    return Calibration(model, dataset, kind, journal, held_out=config.held_out, seed=workload.seed,
+                       batch_size=config.accuracy_batch_size, device=prepared.setup.device,
+                       dtype=parameter_dtype(model))
+
+
+def also_schedules(result: OfflineResult, calibration: Calibration,
+                   candidates: list[Candidate]) -> dict[str, Evaluated]:
+    """The schedules --also names, priced by the run's latency model and measured on its search split: compared
+    side by side with the others, never chosen."""
+    latency = result.frontier.found.latency
+    search = calibration.measure(candidates, SEARCH)
+    return {f"{ALSO} {i}": Evaluated(c, ALSO, latency.predict(c), search[c]) for i, c in enumerate(candidates, 1)}
+
+
+def held_out(calibration: Calibration, compared: dict[str, Evaluated]) -> dict[str, object]:
+    """Held-out accuracy of the unpruned model and each compared schedule, through the run's journal."""
     measured = calibration.measure([NONE, *(p.candidate for p in compared.values())], HELD_OUT)
     return {"unpruned": measured[NONE]} | {name: measured[p.candidate] for name, p in compared.items()}
 
@@ -126,12 +144,18 @@ def paired(prepared: Prepared, workload: Workload, result: OfflineResult, compar
 def run_case(case: DigitsCase, batch: int, args: argparse.Namespace) -> Case:
     """One batch size: the offline run, then the side-by-side measurements."""
     started = time.perf_counter()
-    workload, config, result = offline(case, batch, args)
-    offline_s = time.perf_counter() - started
-    compared = compared_schedules(result, config)
+    workload, config = offline_settings(case, batch, args)
     prepared = prepare(workload, checkpoint=case.checkpoint)
+    geometry = prepared.geometry
+    for candidate in args.also:  # a removal the model cannot take: one line before anything is measured
+        check_removals(candidate.method, candidate.as_dict(), geometry.num_tokens, geometry.prefix_tokens,
+                       geometry.depth)
+    result = run_offline(workload, config, SMOKE_SEARCH if args.smoke else SearchSettings())
+    offline_s = time.perf_counter() - started
+    calibration = calibration_of(prepared, workload, config, case)
+    compared = compared_schedules(result, config) | also_schedules(result, calibration, args.also)
     started = time.perf_counter()
-    accuracy = held_out(prepared, workload, config, case, compared)
+    accuracy = held_out(calibration, compared)
     held_s = time.perf_counter() - started
     started = time.perf_counter()
     verification = paired(prepared, workload, result, compared, args.rounds)
@@ -147,7 +171,7 @@ def _interval(proportion) -> str:
     return f"{proportion.value:.3f} [{low:.3f}, {high:.3f}]"
 
 
-def report(item: Case, drop: float) -> None:
+def report(item: Case, drop: float, confidence: float) -> None:
     """The batch size's table (see the module docstring)."""
     found, seconds = item.result.frontier.found, item.seconds
     baseline = item.held_out.get("unpruned")
@@ -170,7 +194,16 @@ def report(item: Case, drop: float) -> None:
         print(f"  {point.candidate.key[:34]:34s} {name:16s} {found.latency.baseline / point.predicted_ms:8.3f}x "
               f"{measured.speedup:8.3f}x [{measured.speedup_ci[0]:.3f}, {measured.speedup_ci[1]:.3f}]    "
               f"{_interval(accuracy):>28s} {loss:8.2f}{spread:18s}")
-    uniform = {k: v for k, v in speed.items() if k != CHOSEN}
+    uniform = {k: v for k, v in speed.items() if k != CHOSEN and item.compared[k].family != ALSO}
+    also = {k: p for k, p in item.compared.items() if p.family == ALSO}
+    if uniform:
+        best = max(uniform, key=uniform.get)
+        for name, point in also.items():
+            bound = point.search.drop_bound(confidence)
+            meets = drop_within(point, found.result.baseline.accuracy, drop, confidence)
+            print(f"  {name} ({point.candidate.key}) / fastest uniform within {drop:g} points ({best}): "
+                  f"{speed[name] / uniform[best]:.3f}x; search-split drop bound {100 * bound:.2f} points "
+                  f"({'meets' if meets else 'misses'} the goal there)")
     if CHOSEN in speed and uniform:
         best = max(uniform, key=uniform.get)
         same = item.compared[best].candidate == item.compared[CHOSEN].candidate
@@ -202,6 +235,8 @@ def main() -> None:
     parser.add_argument("--confidence", type=float, default=OfflineConfig.accuracy_confidence,
                         help="confidence the drop is met at, on the search split (the offline default)")
     parser.add_argument("--max-evals", type=int, default=80)
+    parser.add_argument("--also", nargs="+", default=[], metavar="SCHEDULE",
+                        help="schedules to measure side by side too, e.g. tome:0=10,7=15 (never chosen)")
     parser.add_argument("--rounds", type=int, default=10, help="paired rounds of the verification")
     parser.add_argument("--output-dir", default="bin/frontier-bench")
     parser.add_argument("--progress", action="store_true")
@@ -215,8 +250,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.drop, args.max_evals, args.rounds = max(args.drop, 20.0), min(args.max_evals, 26), min(args.rounds, 3)
-    try:  # an unknown model or an absent device: one line before anything trains
+    try:  # an unknown model, an absent device or an unreadable schedule: one line before anything trains
         args.device, recipe = resolve_device(args.device), recipe_of(args)
+        args.also = list(dict.fromkeys(Candidate.parse(text) for text in args.also))
+        if any(c.unpruned for c in args.also):
+            raise PomtError("--also takes pruned schedules: the unpruned model is measured anyway")
     except PomtError as exc:
         fail(str(exc))
     started = time.perf_counter()
@@ -226,7 +264,11 @@ def main() -> None:
           f"{' (cached)' if case.reused else ''}; {args.dtype}; drop <= {args.drop:g} points at "
           f"{args.confidence:.0%} confidence")
     for batch in args.batch_sizes:
-        report(run_case(case, batch, args), args.drop)
+        try:
+            item = run_case(case, batch, args)
+        except PomtError as exc:  # e.g. an --also removal the model cannot take
+            fail(str(exc))
+        report(item, args.drop, args.confidence)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
 
 

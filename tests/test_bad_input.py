@@ -224,6 +224,10 @@ SCRIPT_CASES = [
      ["unknown model 'nonesuch'"]),
     ("frontier-benchmark-absent-device", "benchmarks/frontier.py", ["--device", "cuda:99", "--smoke"],
      ["cuda:99"]),
+    ("frontier-benchmark-unreadable-also", "benchmarks/frontier.py", ["--also", "tome:0", "--smoke"],
+     ["cannot read schedule 'tome:0'"]),
+    ("frontier-benchmark-also-unpruned", "benchmarks/frontier.py", ["--also", "none", "--smoke"],
+     ["--also takes pruned schedules"]),
 ]
 
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pomt.checks import check_method
+from pomt.errors import ScheduleError
 
 REDUCERS = ("pomt", "topk", "tome", "l2norm")
 UNPRUNED = "none"
@@ -52,6 +53,27 @@ class Candidate:
 
     def to_dict(self) -> dict:
         return {"method": self.method, "removal": {str(b): r for b, r in self.removal}}
+
+    @classmethod
+    def parse(cls, text: str) -> Candidate:
+        """The candidate named by `key` (e.g. `tome:0=10,7=15`, or `none`); ScheduleError, in one line, for
+        anything else."""
+        if text.strip() == UNPRUNED:
+            return cls(UNPRUNED)
+        method, colon, pairs = text.strip().partition(":")
+        try:
+            removal = {}
+            for pair in pairs.split(","):
+                block, remove = (int(v) for v in pair.split("="))
+                if block in removal or block < 0 or remove < 0:
+                    raise ValueError
+                removal[block] = remove
+        except ValueError:
+            removal = {}
+        if not colon or not removal:
+            raise ScheduleError(f"cannot read schedule {text!r}: write METHOD:BLOCK=REMOVE,... (e.g. tome:0=10,7=15), "
+                                "each block once, or none")
+        return cls.of(method, removal)
 
     @classmethod
     def from_dict(cls, data: Mapping) -> Candidate:
