@@ -196,14 +196,14 @@ def report(item: Case, drop: float, confidence: float) -> None:
               f"{_interval(accuracy):>28s} {loss:8.2f}{spread:18s}")
     uniform = {k: v for k, v in speed.items() if k != CHOSEN and item.compared[k].family != ALSO}
     also = {k: p for k, p in item.compared.items() if p.family == ALSO}
-    if uniform:
-        best = max(uniform, key=uniform.get)
-        for name, point in also.items():
-            bound = point.search.drop_bound(confidence)
-            meets = drop_within(point, found.result.baseline.accuracy, drop, confidence)
-            print(f"  {name} ({point.candidate.key}) / fastest uniform within {drop:g} points ({best}): "
-                  f"{speed[name] / uniform[best]:.3f}x; search-split drop bound {100 * bound:.2f} points "
-                  f"({'meets' if meets else 'misses'} the goal there)")
+    best = max(uniform, key=uniform.get) if uniform else None
+    for name, point in also.items():
+        bound = point.search.drop_bound(confidence)
+        meets = drop_within(point, found.result.baseline.accuracy, drop, confidence)
+        against = (f"fastest uniform within {drop:g} points ({best}): {speed[name] / uniform[best]:.3f}x" if best
+                   else f"no uniform schedule within {drop:g} points; against the unpruned model {speed[name]:.3f}x")
+        print(f"  {name} ({point.candidate.key}) / {against}; search-split drop bound {100 * bound:.2f} points "
+              f"({'meets' if meets else 'misses'} the goal there)")
     if CHOSEN in speed and uniform:
         best = max(uniform, key=uniform.get)
         same = item.compared[best].candidate == item.compared[CHOSEN].candidate
