@@ -45,7 +45,7 @@ from pomt.digits.model import FRONTIER, SMALL, DigitsCase, Recipe, digits_case
 from pomt.errors import PomtError
 from pomt.measurement.search import SearchSettings
 from pomt.measurement.sources import LiveSource, Session
-from pomt.models.registry import resolve_model_name
+from pomt.models.registry import geometry_of, resolve_model_name
 from pomt.pipelines.offline import OfflineConfig, OfflineResult, run_offline
 from pomt.pipelines.offline.frontier_schedule import as_schedule
 from pomt.pipelines.offline.frontier_setup import goal_of, journal_path
@@ -145,13 +145,9 @@ def run_case(case: DigitsCase, batch: int, args: argparse.Namespace) -> Case:
     """One batch size: the offline run, then the side-by-side measurements."""
     started = time.perf_counter()
     workload, config = offline_settings(case, batch, args)
-    prepared = prepare(workload, checkpoint=case.checkpoint)
-    geometry = prepared.geometry
-    for candidate in args.also:  # a removal the model cannot take: one line before anything is measured
-        check_removals(candidate.method, candidate.as_dict(), geometry.num_tokens, geometry.prefix_tokens,
-                       geometry.depth)
     result = run_offline(workload, config, SMOKE_SEARCH if args.smoke else SearchSettings())
     offline_s = time.perf_counter() - started
+    prepared = prepare(workload, checkpoint=case.checkpoint)
     calibration = calibration_of(prepared, workload, config, case)
     compared = compared_schedules(result, config) | also_schedules(result, calibration, args.also)
     started = time.perf_counter()
@@ -255,6 +251,10 @@ def main() -> None:
         args.also = list(dict.fromkeys(Candidate.parse(text) for text in args.also))
         if any(c.unpruned for c in args.also):
             raise PomtError("--also takes pruned schedules: the unpruned model is measured anyway")
+        geometry = geometry_of(recipe.model, recipe.data.size)  # on the meta device: nothing stays in memory
+        for candidate in args.also:  # a removal the model cannot take: one line before anything trains
+            check_removals(candidate.method, candidate.as_dict(), geometry.num_tokens, geometry.prefix_tokens,
+                           geometry.depth)
     except PomtError as exc:
         fail(str(exc))
     started = time.perf_counter()
@@ -264,11 +264,7 @@ def main() -> None:
           f"{' (cached)' if case.reused else ''}; {args.dtype}; drop <= {args.drop:g} points at "
           f"{args.confidence:.0%} confidence")
     for batch in args.batch_sizes:
-        try:
-            item = run_case(case, batch, args)
-        except PomtError as exc:  # e.g. an --also removal the model cannot take
-            fail(str(exc))
-        report(item, args.drop, args.confidence)
+        report(run_case(case, batch, args), args.drop, args.confidence)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
 
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from pomt.errors import InputSizeError, UnknownModelError, WeightsError
 from pomt.models.family import check_family, check_family_by_name
+from pomt.models.geometry import Geometry, model_geometry
 
 ALIASES: dict[str, str] = {
     "deit_tiny": "deit_tiny_patch16_224",
@@ -193,3 +194,10 @@ def check_divisible(size: tuple[int, int], model: nn.Module) -> None:
 def _patch_size(model: nn.Module) -> tuple[int, int]:
     patch = getattr(model.patch_embed, "patch_size", None) or model.patch_size
     return (patch, patch) if isinstance(patch, int) else tuple(patch)
+
+
+def geometry_of(name: str, input_size: int | tuple[int, int] | None = None) -> Geometry:
+    """The token geometry of timm's model `name` at `input_size`, built on the meta device: no weights, no
+    memory, nothing left behind in a process that times models afterwards."""
+    with torch.device("meta"):
+        return model_geometry(create_model(name, input_size))

@@ -2,7 +2,7 @@ import pytest
 
 from pomt.errors import GridError
 from pomt.models.geometry import model_geometry, transformer_blocks
-from pomt.models.registry import create_model
+from pomt.models.registry import create_model, geometry_of
 
 
 @pytest.mark.parametrize(
@@ -59,3 +59,8 @@ def test_check_tokens_range():
         geometry.check_tokens(2)
     with pytest.raises(GridError):
         geometry.check_tokens(19)
+
+
+@pytest.mark.parametrize(("name", "size"), [("deit_tiny", 112), ("test_vit", 64), ("deit_small", (224, 160))])
+def test_the_geometry_by_name_is_the_built_models_and_needs_no_weights(name, size):
+    assert geometry_of(name, size) == model_geometry(create_model(name, size))
