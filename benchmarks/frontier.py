@@ -201,7 +201,6 @@ def report(item: Case, drop: float, confidence: float) -> None:
         print(f"  {name} ({point.candidate.key}) / {against}; search-split drop bound {100 * bound:.2f} points "
               f"({'meets' if meets else 'misses'} the goal there)")
     if CHOSEN in speed and uniform:
-        best = max(uniform, key=uniform.get)
         same = item.compared[best].candidate == item.compared[CHOSEN].candidate
         print(f"  chosen / fastest uniform within {drop:g} points ({best}): {speed[CHOSEN] / uniform[best]:.3f}x "
               + ("(the chosen schedule is that family's best)" if same else "(verified speedups, same rounds)"))

@@ -12,7 +12,7 @@ import timm
 import torch
 from torch import nn
 
-from pomt.errors import InputSizeError, UnknownModelError, WeightsError
+from pomt.errors import InputSizeError, PomtError, UnknownModelError, WeightsError
 from pomt.models.family import check_family, check_family_by_name
 from pomt.models.geometry import Geometry, model_geometry
 
@@ -198,6 +198,12 @@ def _patch_size(model: nn.Module) -> tuple[int, int]:
 
 def geometry_of(name: str, input_size: int | tuple[int, int] | None = None) -> Geometry:
     """The token geometry of timm's model `name` at `input_size`, built on the meta device: no weights, no
-    memory, nothing left behind in a process that times models afterwards."""
-    with torch.device("meta"):
+    memory, nothing left behind in a process that times models afterwards (built for real only where an
+    entrypoint cannot run there)."""
+    try:
+        with torch.device("meta"):
+            return model_geometry(create_model(name, input_size))
+    except PomtError:
+        raise
+    except Exception:  # timm entrypoints fail on the meta device in many ways
         return model_geometry(create_model(name, input_size))
