@@ -51,8 +51,7 @@ def measured_schedules(path: Path) -> list[tuple[Candidate, str, float]]:
     """(candidate, family, predicted ms) of every schedule a frontier run measured."""
     found = []
     for row in json.loads(path.read_text(encoding="utf-8"))["schedules"]:
-        removal = dict(map(int, item.split("=")) for item in row["removal"].split(";") if item)
-        found.append((Candidate.of(row["method"], removal) if removal else NONE, row["family"], row["predicted_ms"]))
+        found.append((Candidate.parse(row["key"]), row["family"], row["predicted_ms"]))
     return found
 
 
