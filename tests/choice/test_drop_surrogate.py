@@ -1,10 +1,19 @@
-"""The additive stand-in for accuracy drop, fitted on single-block probes."""
+"""The additive stand-in for accuracy drop, fitted on single-block probes and refitted on measured schedules."""
 
+import numpy as np
 import pytest
 
 from pomt.choice.binomial import Proportion
 from pomt.choice.candidates import Candidate
-from pomt.choice.drop_surrogate import fit_surrogate, judged_drop, probe_candidates
+from pomt.choice.drop_surrogate import (
+    DropSurrogate,
+    fit_surrogate,
+    fit_to_schedules,
+    judged_drop,
+    probe_candidates,
+    refit_shares,
+)
+from pomt.patching.plan import token_counts
 
 
 def share(value: float, lost: int | None = None, gained: int | None = None) -> Proportion:
@@ -54,3 +63,27 @@ def test_a_probe_that_reshuffles_predictions_is_judged_by_its_bound_not_its_mean
 def test_the_bound_grows_with_the_images_changed_at_one_net_loss():
     few, many = share(0.899, lost=1, gained=0), share(0.899, lost=11, gained=10)
     assert judged_drop(many, BASELINE, 0.95) > judged_drop(few, BASELINE, 0.95) > 0.0
+
+
+def test_a_stand_in_refitted_on_multi_block_schedules_recovers_a_known_additive_drop():
+    """Drops that are additive on the grid are fitted back exactly from schedules cutting at several blocks,
+    none of them a probe; every cell stays >= 0 and non-decreasing in the share."""
+    n, p, depth = 17, 1, 4
+    blocks, shares = (0, 2), (0.125, 0.25, 0.5)
+    truth = DropSurrogate(blocks, shares, ((0.0, 0.01, 0.05), (0.002, 0.004, 0.03)))
+    rng = np.random.default_rng(0)
+    observed = []
+    for _ in range(40):
+        removal = {b: int(rng.integers(1, 9 if b == 0 else 5)) for b in range(3) if rng.random() < 0.7}
+        candidate = Candidate.of("pomt", removal or {0: 2})
+        counts = token_counts(n, p, depth, "pomt", candidate.as_dict())
+        observed.append((candidate, counts, truth.predict(counts, candidate, p)))
+    fitted = fit_to_schedules(blocks, shares, observed, p)
+    assert np.allclose(fitted.drops, truth.drops, atol=1e-9)
+    noisy = [(c, counts, d + rng.normal(0, 0.01)) for c, counts, d in observed]
+    rows = np.array(fit_to_schedules(blocks, shares, noisy, p).drops)
+    assert (rows >= 0).all() and (np.diff(rows, axis=1) >= -1e-12).all()
+
+
+def test_a_refitted_stand_in_adds_a_share_below_the_smallest_probed():
+    assert refit_shares((0.25, 0.5)) == (0.125, 0.25, 0.5)
