@@ -33,12 +33,12 @@ from the cache or not, so a resumed search takes the same decisions. The search:
    faster proposal within NEAR_MISS times the goal), and the fit takes it in; what a reducer leaves goes to
    the most promising one that can use it. The probes' stand-in sums single-block bounds, which overprices
    cuts spread over many blocks (uniform ToMe r = 3 at 2.35 points where its bound read 0.24 on the digits
-   case at batch 16), so its programme rarely proposes them. Replayed on 11 saved digits runs at 80
-   evaluations (latency models of seven runs at batch 16 and four at batch 1, accuracy from the real model),
-   the fastest schedule within the goal, predicted over the best uniform one, read 1.04-1.22x at batch 16
-   (six of seven at 1.10x or more) where the probes' stand-in alone read 1.00-1.11x and once 1.41x (a
-   schedule that lost 1.98 points held out), and 1.07-1.20x at batch 1 against 1.05-1.16x: faster on 9
-   runs, slower on those 2.
+   case at batch 16), so its programme rarely proposes them. Replayed on 14 saved digits runs at 80
+   evaluations (latency models of nine runs at batch 16 and five at batch 1, accuracy from the real model),
+   the fastest schedule within the goal, predicted over the best uniform one, read 1.00-1.22x at batch 16
+   (six of nine at 1.10x or more, none losing held out) where the probes' stand-in alone read 1.00-1.11x
+   (and once 1.41x, a schedule that lost 1.98 points held out), and 1.07-1.20x at batch 1 against
+   1.05-1.16x.
 
 Why this shape: a measured accuracy costs a pass over the calibration images, a predicted latency nothing.
 A greedy walk over blocks pays a measurement for every block it considers at every step (D per step);
