@@ -51,7 +51,7 @@ trusted; where the stand-in is exact (an additive accuracy), the bisection finds
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from pomt.checks import check_method
@@ -268,11 +268,7 @@ class FrontierSearch:
         measured so far (step 5 of the module docstring); what it leaves unspent is returned. Judged drops
         beyond what the programme searches closely (`drop_span` times the goal) are fitted as that much: how
         much worse a failed schedule is does not matter, and it would pull the fit away from the schedules near
-        the goal. Where no proposal within the goal by the refit is faster than the fastest measured within it,
-        the nearest faster proposal within NEAR_MISS times the goal is measured; where there is none, it stops.
-        Replayed on 11 saved digits runs, near misses within twice the goal found a faster schedule within the
-        goal than none on 9 of them (as fast on 2); within six times the goal they spent the evaluations on
-        pomt, top-k and l2norm schedules that lost 22-48 points."""
+        the goal. What is measured next: `refit_pick`; where it picks nothing, the refit stops."""
         s, lat = self.settings, self.latency
         baseline, cap = self.records[NONE].search, s.drop_span * s.max_accuracy_drop / 100
         near = NEAR_MISS * s.max_accuracy_drop / 100
@@ -283,16 +279,10 @@ class FrontierSearch:
                         for c, e in self.records.items() if c.method == method]
             surrogate = fit_to_schedules(plan.surrogate.blocks, shares, observed, lat.prefix_tokens)
             proposals, within = self.propose(method, surrogate)
-            best = self.fastest_within_goal_ms()
-            fresh = [c for c in within if c not in self.records and lat.predict(c) < best]
-            if fresh:
-                pick = min(fresh, key=lambda c: (lat.predict(c), c))
-            else:
-                faster = [c for c in proposals if c not in self.records and lat.predict(c) < best
-                          and surrogate.predict(lat.counts(c), c, lat.prefix_tokens) <= near]
-                if not faster:
-                    break
-                pick = max(faster, key=lambda c: (lat.predict(c), c))
+            pick = refit_pick(proposals, within, self.records, lat.predict, self.fastest_within_goal_ms(),
+                              lambda c, fit=surrogate: fit.predict(lat.counts(c), c, lat.prefix_tokens) <= near)
+            if pick is None:
+                break
             self.measure({pick: f"search-{method}"})
         return max(0, stop - self.asked)
 
@@ -328,6 +318,21 @@ class FrontierSearch:
             if self.asked >= stop:
                 break
             measured(i)
+
+
+def refit_pick(proposals: Sequence[Candidate], within: Sequence[Candidate], measured: Container[Candidate],
+               predict: Callable[[Candidate], float], best_ms: float,
+               near_miss: Callable[[Candidate], bool]) -> Candidate | None:
+    """The next schedule a refit measures: the fastest unmeasured one within the goal by the refit (`within`)
+    predicted faster than `best_ms`; else the nearest such proposal that is a `near_miss` (within NEAR_MISS
+    times the goal by the refit); else None. Replayed on 11 saved digits runs, near misses within twice the
+    goal found a faster schedule within the goal than none on 9 of them (as fast on 2); within six times the
+    goal they spent the evaluations on pomt, top-k and l2norm schedules that lost 22-48 points."""
+    fresh = [c for c in within if c not in measured and predict(c) < best_ms]
+    if fresh:
+        return min(fresh, key=lambda c: (predict(c), c))
+    faster = [c for c in proposals if c not in measured and predict(c) < best_ms and near_miss(c)]
+    return max(faster, key=lambda c: (predict(c), c), default=None)
 
 
 def search_frontier(latency: LatencyModel, oracle: Oracle,
