@@ -19,6 +19,7 @@ from pomt.choice.frontier import (
     FrontierSearch,
     ReducerPlan,
     SearchSettings,
+    refit_pick,
     search_frontier,
     with_held_out,
 )
@@ -240,3 +241,14 @@ def test_the_refitted_stand_in_finds_the_optimum_the_probes_alone_overprice(drop
     assert result.evals <= 40
     found = ordered(result.evaluated, result.baseline.accuracy, Goal(drop))[0]
     assert found.predicted_ms == pytest.approx(optimum)
+
+
+def test_the_refit_measures_the_fastest_within_the_goal_then_the_nearest_near_miss_then_stops():
+    a, b, c, d = (Candidate.of("tome", {0: r}) for r in (1, 2, 3, 4))
+    speed = {a: 9.0, b: 8.0, c: 7.0, d: 6.0}.__getitem__
+    assert refit_pick([a, b, c, d], [a, b, c], set(), speed, 10.0, lambda x: True) == c
+    assert refit_pick([a, b, c, d], [a, b, c], {c}, speed, 10.0, lambda x: True) == b
+    assert refit_pick([a, b, c, d], [a], {a}, speed, 10.0, lambda x: x != b) == c  # nearest near miss
+    assert refit_pick([a, b, c, d], [a], {a}, speed, 10.0, lambda x: False) is None
+    assert refit_pick([a, b, c, d], [a, b, c], set(), speed, 6.5, lambda x: True) == d  # only d beats 6.5
+    assert refit_pick([a, b, c, d], [a, b, c], set(), speed, 5.0, lambda x: True) is None  # nothing beats 5.0
