@@ -124,6 +124,12 @@ class Proportion:
             return None
         return paired_drop_bound(self.successes, self.lost, self.gained, self.trials, confidence)
 
+    def drop_floor(self, confidence: float) -> float | None:
+        """The lower one-sided bound of its drop against the unpruned model at `confidence` (a fraction; the
+        lower end of `drop_interval` at 2 x confidence - 1); None when it was not measured paired."""
+        interval = self.drop_interval(2 * confidence - 1) if self.paired else None
+        return None if interval is None else interval[0]
+
     def drop_interval(self, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
         """Two-sided interval of its drop against the unpruned model (the unpruned accuracy minus its, a
         fraction), paired (`paired_difference_interval`); None when it was not measured paired."""

@@ -93,6 +93,12 @@ class SearchSettings:
     buckets_per_drop: int = 16  # the programme's resolution: stand-in drop buckets per max_accuracy_drop
     drop_span: int = 6  # stand-in drops up to this many times max_accuracy_drop are searched closely
 
+    @property
+    def closely_searched(self) -> float:
+        """The largest drop (a fraction) the search tells apart: `drop_span` times the goal. A schedule beyond
+        it is fitted as that much, no larger share is probed past it, and its accuracy may stop early."""
+        return self.drop_span * self.max_accuracy_drop / 100
+
 
 @dataclass(frozen=True)
 class ReducerPlan:
@@ -211,8 +217,7 @@ class FrontierSearch:
         and l2norm probes lost 40-66 points at half the tokens: 10-12 of 80 evaluations spent on them where
         ToMe's bisection had 16, and replayed with 160, five of 14 runs' searches found faster schedules."""
         s = self.settings
-        limit = s.drop_span * s.max_accuracy_drop / 100
-        baseline = self.records[NONE].search
+        limit, baseline = s.closely_searched, self.records[NONE].search
         by_block: dict[int, list[Candidate]] = {}
         for candidate, (block, _) in sorted(probes.items(), key=lambda item: item[1]):
             by_block.setdefault(block, []).append(candidate)
@@ -270,7 +275,7 @@ class FrontierSearch:
         much worse a failed schedule is does not matter, and it would pull the fit away from the schedules near
         the goal. What is measured next: `refit_pick`; where it picks nothing, the refit stops."""
         s, lat = self.settings, self.latency
-        baseline, cap = self.records[NONE].search, s.drop_span * s.max_accuracy_drop / 100
+        baseline, cap = self.records[NONE].search, s.closely_searched
         near = NEAR_MISS * s.max_accuracy_drop / 100
         shares = refit_shares(plan.surrogate.shares)
         stop = min(self.asked + budget, s.max_evals)

@@ -10,7 +10,7 @@ held at a time. Other models run each candidate through its own patched forward.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from timm.models.vision_transformer import VisionTransformer
@@ -78,37 +78,53 @@ def candidate_logits(model: nn.Module, candidates: Sequence[Candidate], images: 
     return {c: predictions[c] for c in unique}
 
 
+def _outcomes_of_batch(model: nn.Module, candidates: Sequence[Candidate], images: torch.Tensor,
+                       labels: torch.Tensor, agreement: bool, device: str,
+                       dtype: torch.dtype | None) -> dict[Candidate, torch.Tensor]:
+    """{candidate: whether each image's top-1 is right} on one batch; `NONE` among the candidates."""
+    classes = getattr(model, "num_classes", None)
+    if not agreement and classes is not None and int(labels.max()) >= classes:
+        raise DatasetError(f"the images have more classes than the model's {classes} outputs; use a "
+                           "matching checkpoint or unlabelled images (agreement)")
+    logits = candidate_logits(model, candidates, images.to(device, dtype))
+    top1 = {c: out.argmax(dim=-1) for c, out in logits.items()}
+    target = top1[NONE] if agreement else labels.to(device)
+    return {c: (top1[c] == target).cpu() for c in candidates}
+
+
 def image_outcomes(model: nn.Module, candidates: Sequence[Candidate], batches: Iterable, agreement: bool,
-                   device: str = "cpu", dtype: torch.dtype | None = None) -> dict[Candidate, torch.Tensor]:
+                   device: str = "cpu", dtype: torch.dtype | None = None,
+                   stop: Callable[[Proportion], bool] | None = None) -> dict[Candidate, torch.Tensor]:
     """{candidate: for each image in order, whether its top-1 equals the label, or with `agreement` the
     unpruned model's top-1} over (images, labels) batches, one batch in memory at a time; the unpruned
-    model (`NONE`) always among them."""
+    model (`NONE`) always among them. After each batch a candidate whose counts so far (`paired_counts`)
+    `stop` accepts is measured no further: its outcomes are those of the images it saw."""
     wanted = list(dict.fromkeys([*candidates, NONE]))
     right: dict[Candidate, list[torch.Tensor]] = {c: [] for c in wanted}
-    classes = getattr(model, "num_classes", None)
+    active = list(wanted)
     with torch.inference_mode():
         for images, labels in batches:
-            if not agreement and classes is not None and int(labels.max()) >= classes:
-                raise DatasetError(f"the images have more classes than the model's {classes} outputs; use a "
-                                   "matching checkpoint or unlabelled images (agreement)")
-            logits = candidate_logits(model, wanted, images.to(device, dtype))
-            top1 = {c: out.argmax(dim=-1) for c, out in logits.items()}
-            target = top1[NONE] if agreement else labels.to(device)
-            for candidate in wanted:
-                right[candidate].append((top1[candidate] == target).cpu())
+            for candidate, outcome in _outcomes_of_batch(model, active, images, labels, agreement, device,
+                                                         dtype).items():
+                right[candidate].append(outcome)
+            if stop is not None:
+                seen = torch.cat(right[NONE])
+                active = [c for c in active if c.unpruned or not stop(paired_counts(torch.cat(right[c]), seen))]
     return {c: torch.cat(r) if r else torch.zeros(0, dtype=torch.bool) for c, r in right.items()}
 
 
 def paired_counts(outcomes: torch.Tensor, reference: torch.Tensor) -> Proportion:
     """Images right of those seen, with those lost and gained against the `reference` outcomes (the
-    unpruned model's on the same images)."""
+    unpruned model's on the same images; only as many of them as `outcomes` holds)."""
+    reference = reference[: len(outcomes)]
     return Proportion(int(outcomes.sum()), len(outcomes), int((reference & ~outcomes).sum()),
                       int((outcomes & ~reference).sum()))
 
 
 def count_correct(model: nn.Module, candidates: Sequence[Candidate], batches: Iterable, agreement: bool,
-                  device: str = "cpu", dtype: torch.dtype | None = None) -> dict[Candidate, Proportion]:
+                  device: str = "cpu", dtype: torch.dtype | None = None,
+                  stop: Callable[[Proportion], bool] | None = None) -> dict[Candidate, Proportion]:
     """{candidate: its `paired_counts` against the unpruned model} over (images, labels) batches
-    (`image_outcomes`)."""
-    right = image_outcomes(model, candidates, batches, agreement, device, dtype)
+    (`image_outcomes`, with its `stop`)."""
+    right = image_outcomes(model, candidates, batches, agreement, device, dtype, stop)
     return {c: paired_counts(right[c], right[NONE]) for c in dict.fromkeys(candidates)}

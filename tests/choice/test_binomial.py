@@ -107,6 +107,13 @@ def test_a_paired_proportion_states_its_drop_with_a_two_sided_interval():
     assert Proportion(318, 400).drop_interval() is None
 
 
+def test_the_drop_floor_is_the_lower_end_of_the_interval_at_twice_the_tail():
+    record = Proportion(318, 400, lost=21, gained=19)
+    assert record.drop_floor(0.975) == pytest.approx(record.drop_interval(0.95)[0])
+    assert record.drop_floor(0.999) < record.drop_floor(0.975) < 2 / 400 < record.drop_bound(0.975)
+    assert Proportion(318, 400).drop_floor(0.99) is None
+
+
 def test_a_paired_proportion_reports_what_it_changed():
     record = Proportion(318, 400, lost=21, gained=19).to_dict()
     assert record["lost"] == 21 and record["gained"] == 19

@@ -8,7 +8,15 @@ from torch.utils.data import TensorDataset
 
 from pomt.choice.accuracy import AGREEMENT, TOP1, eval_transform, open_image_folder
 from pomt.choice.accuracy_journal import AccuracyJournal, model_identity
-from pomt.choice.calibration import HELD_OUT, SEARCH, Calibration, dataset_digest, split_indices
+from pomt.choice.binomial import Proportion
+from pomt.choice.calibration import (
+    HELD_OUT,
+    SEARCH,
+    Calibration,
+    dataset_digest,
+    split_indices,
+    surely_dropped_more,
+)
 from pomt.choice.candidates import Candidate
 from pomt.choice.shared_prefix import count_correct
 from pomt.errors import AccuracyCacheError, DatasetError
@@ -109,3 +117,27 @@ def test_an_image_folder_is_named_by_its_files(model, tmp_path):
     before = dataset_digest(dataset)
     next(root.rglob("*.png")).write_bytes(next(reversed(sorted(root.rglob("*.png")))).read_bytes())
     assert dataset_digest(open_image_folder(root, eval_transform(model, (64, 64)))[0]) != before
+
+
+def test_a_drop_surely_beyond_the_limit_stops_and_counts_only_where_stopping_is_asked(model, images, tmp_path):
+    path = tmp_path / "acc.jsonl"
+    cal = calibration(model, images, path)
+    stopped = cal.measure(CANDIDATES, SEARCH, stop_above=-0.95)  # on 4 images, surely above -95 points
+    pruned, unpruned = CANDIDATES[:2], CANDIDATES[2]  # topk removing nothing is the unpruned model
+    assert all(stopped[c].trials == 4 for c in pruned)  # one batch of 4 of the 15 search images
+    assert stopped[unpruned].trials == 15  # the reference is never stopped
+    assert cal.images == 4 + 4 + 15 and cal.evaluated == 3
+    again = calibration(model, images, path)  # a resumed search that stops reads them back
+    assert again.measure(CANDIDATES, SEARCH, stop_above=-0.95) == stopped and again.evaluated == 0
+    full = again.measure(CANDIDATES[:1], SEARCH)  # without stopping: measured again on every image
+    assert full[CANDIDATES[0]].trials == 15 and again.evaluated == 1
+    assert again.measure(CANDIDATES, SEARCH)[CANDIDATES[0]] == full[CANDIDATES[0]]
+    assert again.evaluated == 2  # the other stopped one measured again, the complete unpruned one read back
+
+
+def test_surely_dropped_more_reads_the_lower_bound_of_the_drop():
+    assert surely_dropped_more(Proportion(30, 100, lost=40, gained=0), 0.06)  # 40 points lost of 100
+    assert not surely_dropped_more(Proportion(66, 100, lost=4, gained=0), 0.06)  # 4 points: maybe less than 6
+    assert not surely_dropped_more(Proportion(66, 100), 0.06)  # not paired: never stopped
+    assert surely_dropped_more(Proportion(60, 100, lost=10, gained=0), 0.03, confidence=0.9)
+    assert not surely_dropped_more(Proportion(60, 100, lost=10, gained=0), 0.03, confidence=0.9999)

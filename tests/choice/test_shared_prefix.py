@@ -64,6 +64,20 @@ def test_counts_against_labels_or_against_the_unpruned_model(model):
         assert agreeing[candidate].lost == 8 - agreeing[candidate].successes
 
 
+def test_a_candidate_that_stop_accepts_is_measured_no_further(model):
+    images = torch.randn(8, 3, 64, 64, generator=torch.Generator().manual_seed(2))
+    labels = torch.arange(8) % 10
+    batches = [(images[:5], labels[:5]), (images[5:], labels[5:])]
+    stopping = CANDIDATES[0]
+    counted = count_correct(model, CANDIDATES, batches, agreement=False,
+                            stop=lambda p, seen=[]: seen.append(p) or len(seen) == 1)  # the first asked stops
+    first = count_correct(model, CANDIDATES, batches[:1], agreement=False)
+    full = count_correct(model, CANDIDATES, batches, agreement=False)
+    assert counted[stopping] == first[stopping] and counted[stopping].trials == 5  # its counts on the first batch
+    assert all(counted[c] == full[c] for c in CANDIDATES[1:])  # the others: every image
+    assert counted[NONE] == full[NONE]  # the unpruned model is never stopped
+
+
 def test_what_a_candidate_lost_and_gained_is_counted_image_by_image(model):
     images = torch.randn(12, 3, 64, 64, generator=torch.Generator().manual_seed(3))
     labels = torch.arange(12) % 10

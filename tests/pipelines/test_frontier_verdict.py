@@ -15,7 +15,7 @@ from pomt.choice.verify import CandidateResult
 from pomt.device.fingerprint import Fingerprint
 from pomt.measurement.search import SearchSettings
 from pomt.pipelines.offline.config import OfflineConfig, Request
-from pomt.pipelines.offline.frontier_search import FrontierFound
+from pomt.pipelines.offline.frontier_search import FrontierFound, stopped_note
 from pomt.pipelines.offline.frontier_verdict import decide_frontier, prediction_note
 from pomt.workload.prepare import Workload
 
@@ -67,3 +67,12 @@ def test_a_prediction_missed_by_more_than_the_tolerance_is_said_with_the_allocat
     assert "up to +8.3%" in fixed and "--allocator" not in fixed
     assert "--allocator" not in prediction_note(missed, Fingerprint(kind="cuda", allocator={}))
     assert prediction_note([_measured(None, 5.0)], Fingerprint(kind="cpu")) is None  # nothing predicted
+
+
+def test_schedules_stopped_early_are_named_with_the_work_they_saved():
+    stopped = Evaluated(CUT, "search-topk", 1.0, Proportion(10, 40, lost=30, gained=0))
+    result = FrontierResult(UNPRUNED, (UNPRUNED, stopped), (UNPRUNED,), 2)
+    (note,) = stopped_note(result, 200, 0.06)
+    assert note == ("accuracy stopped early for 1 of 2 schedules (drop surely beyond 6 points): 160 of 400 image "
+                    "evaluations (40%) not run")
+    assert stopped_note(found(Goal()).result, 200, 0.06) == ()  # every schedule measured on every image

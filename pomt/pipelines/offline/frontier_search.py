@@ -88,7 +88,9 @@ def search(request: Request, run: Run, setup: FrontierSetup, latency: Latency) -
         steps=tuple(sorted({s.fast_tokens for s in latency.search.steps})),
     )
     started = time.perf_counter()
-    result = search_frontier(model, lambda cs: calibration.measure(cs, SEARCH), settings)
+    # past what the search tells apart an accuracy stops early, unless the goal reads accuracies that low
+    stop = settings.closely_searched if goal.latency_budget_ms is None and goal.min_accuracy is None else None
+    result = search_frontier(model, lambda cs: calibration.measure(cs, SEARCH, stop_above=stop), settings)
     verified = to_verify(result, goal, config.verify_candidates)  # what may ship, the best uniform one included
     wanted = [NONE, *(e.candidate for e in result.frontier), *(e.candidate for e in verified)]
     result = with_held_out(result, lambda cs: calibration.measure(cs, HELD_OUT), wanted)
@@ -96,6 +98,18 @@ def search(request: Request, run: Run, setup: FrontierSetup, latency: Latency) -
     seconds = {"reducer_costs": round(cost_s, 2), "accuracy": round(accuracy_s, 2),
                "latency": round(latency.seconds, 2)}
     by_candidate = {e.candidate: e for e in result.evaluated}  # the same schedules, held-out accuracy added
+    stopped = stopped_note(result, calibration.size(SEARCH), settings.closely_searched)
     return FrontierFound(result, model, tuple(preference(result, goal)), best_uniform(result, goal),
-                         latency.search.reps, calibration.evaluated, seconds, notes + result.notes,
+                         latency.search.reps, calibration.evaluated, seconds, notes + result.notes + stopped,
                          tuple(by_candidate[e.candidate] for e in verified))
+
+
+def stopped_note(result: FrontierResult, images: int, beyond: float) -> tuple[str, ...]:
+    """A note on the schedules whose search-split accuracy stopped early (`Calibration.measure`'s
+    `stop_above`), and the share of the images not run; none where none stopped."""
+    short = [e.search.trials for e in result.evaluated if e.search.trials < images]
+    if not short:
+        return ()
+    saved, total = len(short) * images - sum(short), len(result.evaluated) * images
+    return (f"accuracy stopped early for {len(short)} of {len(result.evaluated)} schedules (drop surely beyond "
+            f"{100 * beyond:g} points): {saved} of {total} image evaluations ({100 * saved / total:.0f}%) not run",)
