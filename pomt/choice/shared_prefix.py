@@ -98,10 +98,11 @@ def image_outcomes(model: nn.Module, candidates: Sequence[Candidate], batches: I
     """{candidate: for each image in order, whether its top-1 equals the label, or with `agreement` the
     unpruned model's top-1} over (images, labels) batches, one batch in memory at a time; the unpruned
     model (`NONE`) always among them. After each batch a candidate whose counts so far (`paired_counts`)
-    `stop` accepts is measured no further: its outcomes are those of the images it saw."""
+    `stop` accepts is measured no further: its outcomes are those of the images it saw; once every candidate
+    asked for has stopped, so does the pass."""
     wanted = list(dict.fromkeys([*candidates, NONE]))
     right: dict[Candidate, list[torch.Tensor]] = {c: [] for c in wanted}
-    active = list(wanted)
+    asked, active = set(candidates), list(wanted)
     with torch.inference_mode():
         for images, labels in batches:
             for candidate, outcome in _outcomes_of_batch(model, active, images, labels, agreement, device,
@@ -110,6 +111,8 @@ def image_outcomes(model: nn.Module, candidates: Sequence[Candidate], batches: I
             if stop is not None:
                 seen = torch.cat(right[NONE])
                 active = [c for c in active if c.unpruned or not stop(paired_counts(torch.cat(right[c]), seen))]
+                if not any(c in asked for c in active):  # the unpruned model ran only as their reference
+                    break
     return {c: torch.cat(r) if r else torch.zeros(0, dtype=torch.bool) for c, r in right.items()}
 
 

@@ -5,7 +5,7 @@ import torch
 
 from pomt.choice.binomial import Proportion
 from pomt.choice.candidates import NONE, Candidate
-from pomt.choice.shared_prefix import candidate_logits, count_correct, shares_prefix
+from pomt.choice.shared_prefix import candidate_logits, count_correct, image_outcomes, shares_prefix
 from pomt.errors import DatasetError
 from pomt.models.registry import create_model
 from pomt.patching import patch, patch_state, unpatch
@@ -76,6 +76,8 @@ def test_a_candidate_that_stop_accepts_is_measured_no_further(model):
     assert counted[stopping] == first[stopping] and counted[stopping].trials == 5  # its counts on the first batch
     assert all(counted[c] == full[c] for c in CANDIDATES[1:])  # the others: every image
     assert counted[NONE] == full[NONE]  # the unpruned model is never stopped
+    outcomes = image_outcomes(model, [stopping], batches, agreement=False, stop=lambda p: True)
+    assert len(outcomes[stopping]) == len(outcomes[NONE]) == 5  # all asked for stopped: so did the pass
 
 
 def test_what_a_candidate_lost_and_gained_is_counted_image_by_image(model):
