@@ -81,7 +81,6 @@ class Calibration:
             for name, idx in self.indices.items()
         }
         self.evaluated = 0  # candidates measured (not read from the journal) by this object
-        self.images = 0  # images those measurements ran on, candidate by candidate
         self.seconds = 0.0  # time those measurements took
 
     def size(self, split: str = SEARCH) -> int:
@@ -113,7 +112,6 @@ class Calibration:
             for candidate in missing:
                 self.journal.add(candidate, self.split_ids[split], counted[candidate])
             self.evaluated += len(missing)
-            self.images += sum(counted[c].trials for c in missing)
             self.seconds += time.perf_counter() - start
         return {c: self.cached(c, split, stopped) for c in unique}
 

@@ -126,7 +126,7 @@ def test_a_drop_surely_beyond_the_limit_stops_and_counts_only_where_stopping_is_
     pruned, unpruned = CANDIDATES[:2], CANDIDATES[2]  # topk removing nothing is the unpruned model
     assert all(stopped[c].trials == 4 for c in pruned)  # one batch of 4 of the 15 search images
     assert stopped[unpruned].trials == 15  # the reference is never stopped
-    assert cal.images == 4 + 4 + 15 and cal.evaluated == 3
+    assert cal.evaluated == 3
     again = calibration(model, images, path)  # a resumed search that stops reads them back
     assert again.measure(CANDIDATES, SEARCH, stop_above=-0.95) == stopped and again.evaluated == 0
     full = again.measure(CANDIDATES[:1], SEARCH)  # without stopping: measured again on every image
