@@ -130,6 +130,31 @@ class Proportion:
         interval = self.drop_interval(2 * confidence - 1) if self.paired else None
         return None if interval is None else interval[0]
 
+    def images_to_bound(self, max_drop: float, confidence: float, most: int = 1_000_000) -> int | None:
+        """Fewest images on which a schedule that lost, gained and kept right images at this one's rates would
+        have its drop bound (`drop_bound`) within `max_drop` (a fraction): how many images tell whether a drop
+        measured within the goal is there. Its own trials where it already is; None where it was not measured
+        paired, where its measured drop exceeds `max_drop` (more images would only show that) or beyond `most`."""
+        if not self.paired or not self.trials or (self.lost - self.gained) / self.trials > max_drop:
+            return None
+
+        def within(images: int) -> bool:
+            lost, gained = round(self.lost * images / self.trials), round(self.gained * images / self.trials)
+            both_right = min(round((self.successes - self.gained) * images / self.trials), images - lost - gained)
+            return paired_drop_bound(both_right + gained, lost, gained, images, confidence) <= max_drop
+
+        if within(self.trials):
+            return self.trials
+        low, high = self.trials, 2 * self.trials
+        while not within(high):  # the bound shrinks as the images grow at the same rates
+            if high > most:
+                return None
+            low, high = high, 2 * high
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if within(middle) else (middle, high)
+        return high if high <= most else None
+
     def drop_interval(self, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
         """Two-sided interval of its drop against the unpruned model (the unpruned accuracy minus its, a
         fraction), paired (`paired_difference_interval`); None when it was not measured paired."""

@@ -12,8 +12,9 @@ all meeting the goal) that qualified, the fastest measured, or with a latency bu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pomt.choice.binomial import CONFIDENCE
 from pomt.choice.candidates import REDUCERS
@@ -129,6 +130,69 @@ def verified_choice(order: Sequence[int], speedups: Mapping[int, float], qualifi
         return first_verified(order, qualified_here, held_fresh)
     eligible = qualified_in_both(order, qualified_here, held_fresh)
     return max(eligible, key=lambda i: (speedups[i], -order.index(i)), default=None)
+
+
+@dataclass(frozen=True)
+class Unresolved:
+    """Schedules the search split could not tell: predicted faster than the fastest that met the goal, within
+    the drop asked on their measured drop but not on its bound. `fastest` is the fastest of them; `images` the
+    search images that would bound its drop within the goal at the same rates (`Proportion.images_to_bound`;
+    None: more than a million)."""
+
+    count: int
+    fastest: Evaluated
+    images: int | None
+
+    def to_dict(self, baseline: Evaluated, confidence: float) -> dict:
+        """As the schedule's and the frontier file's `unresolved` object (drops in points)."""
+        search = self.fastest.search
+        return {"schedules": self.count, "key": self.fastest.candidate.key,
+                "predicted_speedup": round(baseline.predicted_ms / self.fastest.predicted_ms, 4),
+                "search_drop_points": round(100 * (search.lost - search.gained) / search.trials, 3),
+                "search_drop_bound_points": round(100 * search.drop_bound(confidence), 3),
+                "search_changed": search.lost + search.gained, "search_images": search.trials,
+                "search_images_to_bound": self.images}
+
+
+def unresolved(result: FrontierResult, goal: Goal) -> Unresolved | None:
+    """The schedules predicted faster than the fastest that met the goal (than the unpruned model where none
+    did) that meet it at a confidence of 0.5, on their measured drop, and not at the goal's: the images were
+    too few to tell whether they are within it (a drop bound narrows as the square root of the images). Only
+    for a drop asked alone (with `min_accuracy` the goal has two bounds, with a latency budget the most accurate
+    ships, not the fastest); None where there are none."""
+    if goal.max_drop_points is None or goal.min_accuracy is not None or goal.latency_budget_ms is not None \
+            or goal.confidence <= 0.5:
+        return None
+    met = ordered(result.evaluated, result.baseline.accuracy, goal)
+    faster_than = met[0].predicted_ms if met else result.baseline.predicted_ms
+    measured = replace(goal, confidence=0.5)
+    found = sorted((p for p in result.evaluated
+                    if not p.candidate.unpruned and p.predicted_ms < faster_than
+                    and measured.meets(p, result.baseline.accuracy) and not goal.meets(p, result.baseline.accuracy)),
+                   key=lambda p: (p.predicted_ms, p.candidate))
+    if not found:
+        return None
+    return Unresolved(len(found), found[0], found[0].search.images_to_bound(goal.max_drop_points / 100,
+                                                                           goal.confidence))
+
+
+def unresolved_note(found: Unresolved | None, baseline: Evaluated, goal: Goal,
+                    held_out_share: float) -> tuple[str, ...]:
+    """The run's note on what `unresolved` found: how many, the fastest, and the images (and the
+    `--accuracy-samples` at `held_out_share` held out) that would tell; none where it found none."""
+    if found is None:
+        return ()
+    point, search = found.fastest, found.fastest.search
+    drop, bound = 100 * (search.lost - search.gained) / search.trials, 100 * search.drop_bound(goal.confidence)
+    text = (f"{found.count} schedule(s) predicted faster than the fastest that met the goal met it on their "
+            f"measured drop, not on its bound at {goal.confidence:.0%}: too few search images to tell. The fastest, "
+            f"{point.candidate.key} (predicted {baseline.predicted_ms / point.predicted_ms:.2f}x, drop {drop:+.2f} "
+            f"points, {search.lost + search.gained} of {search.trials} images changed, bound {bound:.2f}), ")
+    if found.images is None:
+        return (text + "would need more than a million search images at the same rates",)
+    samples = math.ceil(found.images / (1 - held_out_share))
+    return (text + f"would be bounded within {goal.max_drop_points:g} points on about {found.images} search images "
+                   f"at the same rates (--accuracy-samples {samples} at this held-out share)",)
 
 
 def held_out_inside(point: Evaluated) -> bool | None:

@@ -118,3 +118,24 @@ def test_a_paired_proportion_reports_what_it_changed():
     record = Proportion(318, 400, lost=21, gained=19).to_dict()
     assert record["lost"] == 21 and record["gained"] == 19
     assert "lost" not in Proportion(318, 400).to_dict() and Proportion(318, 400).drop_bound(0.95) is None
+
+
+def test_images_to_bound_is_where_the_same_rates_would_meet_the_goal():
+    # a search split's schedule: 12 lost, 14 gained of 404 (measured -0.50 points), bound 1.59 at 95%
+    churn = Proportion(288, 404, 12, 14)
+    assert churn.drop_bound(0.95) > 0.01
+    needed = churn.images_to_bound(0.01, 0.95)
+    assert 404 < needed < 2000
+
+    def scaled(images: int) -> Proportion:  # the same rates on `images`
+        lost, gained = round(12 * images / 404), round(14 * images / 404)
+        return Proportion(round(274 * images / 404) + gained, images, lost, gained)
+
+    assert scaled(needed).drop_bound(0.95) <= 0.01 < scaled(needed - 1).drop_bound(0.95)
+    assert scaled(2 * needed).drop_bound(0.95) <= 0.01  # and the bound goes on shrinking
+    assert churn.images_to_bound(0.02, 0.95) == 404  # within the goal already: its own images
+    assert churn.images_to_bound(0.01, 0.5) == 404  # at 0.5 the bound is the measured drop
+    assert churn.images_to_bound(0.01, 0.95, most=500) is None  # beyond what was asked for
+    assert Proportion(280, 404, 10, 4).images_to_bound(0.01, 0.95) is None  # measured 1.49 points: more would show it
+    assert Proportion(286, 404, 6, 2).images_to_bound(0.01, 0.95) is None  # exactly the goal: never bounded within
+    assert Proportion(286, 404).images_to_bound(0.01, 0.95) is None  # not measured paired

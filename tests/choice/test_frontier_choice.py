@@ -23,6 +23,8 @@ from pomt.choice.frontier_choice import (
     held_out_note,
     preference,
     to_verify,
+    unresolved,
+    unresolved_note,
     verified_choice,
 )
 from pomt.choice.frontier_table import COLUMNS, document, row, rows
@@ -170,6 +172,36 @@ def test_the_record_and_a_note_say_where_the_held_out_split_broke_the_search_spl
     record = frontier_record("x.frontier.json", "top1", Goal(1.0), baseline, flattered, None, {}, 6)
     assert record["chosen"]["held_out_drop_points"] == 15.0
     assert record["chosen"]["held_out_inside_search_interval"] is False
+
+
+def test_faster_schedules_within_the_goal_only_on_their_measured_drop_are_reported_with_the_images_to_tell():
+    base = Evaluated(Candidate.of("pomt", {}), "unpruned", 10.0, Proportion(286, 404, 0, 0))
+    met = Evaluated(Candidate.of("tome", {0: 3}), "search-tome", 8.0, Proportion(286, 404, 2, 2))
+    churn = Evaluated(Candidate.of("tome", {0: 15, 1: 9}), "search-tome", 6.0, Proportion(288, 404, 12, 14))
+    churn2 = Evaluated(Candidate.of("tome", {0: 9, 1: 9}), "search-tome", 7.0, Proportion(286, 404, 10, 10))
+    lossy = Evaluated(Candidate.of("tome", {0: 20}), "search-tome", 5.0, Proportion(280, 404, 10, 4))
+    slower = Evaluated(Candidate.of("tome", {5: 3}), "search-tome", 9.0, Proportion(286, 404, 9, 9))
+    points = (base, met, churn, churn2, lossy, slower)
+    found = FrontierResult(base, points, tuple(pareto_front(points)), len(points))
+    assert preference(found, Goal(1.0))[0] == met  # the others' bounds are above 1 point
+    untold = unresolved(found, Goal(1.0))
+    assert untold.count == 2 and untold.fastest == churn  # lossy measured beyond the goal, slower not faster
+    assert untold.images == churn.search.images_to_bound(0.01, 0.95) == 743
+    note = unresolved_note(untold, base, Goal(1.0), held_out_share=0.5)[0]
+    assert note.startswith("2 schedule(s) predicted faster than the fastest that met the goal")
+    assert "tome:0=15,1=9 (predicted 1.67x, drop -0.50 points, 26 of 404 images changed, bound 1.59)" in note
+    assert "about 743 search images at the same rates (--accuracy-samples 1486 at this held-out share)" in note
+    assert unresolved_note(None, base, Goal(1.0), 0.5) == ()
+    for goal in (Goal(1.0, confidence=0.5), Goal(1.0, min_accuracy=0.5), Goal(1.0, latency_budget_ms=9.0),
+                 Goal(None, latency_budget_ms=9.0), Goal(4.0)):  # nothing to tell, or not the fastest that ships
+        assert unresolved(found, goal) is None
+    wider = unresolved(found, Goal(2.0))  # churn meets 2 points; lossy's 1.49 measured is bounded at 3.03
+    assert wider.count == 1 and wider.fastest == lossy and wider.images > 3000
+    record = frontier_record("x.frontier.json", "top1", Goal(1.0), base, met, None, {}, 6, untold)
+    assert record["unresolved"] == {"schedules": 2, "key": "tome:0=15,1=9", "predicted_speedup": 1.6667,
+                                    "search_drop_points": -0.495, "search_drop_bound_points": 1.591,
+                                    "search_changed": 26, "search_images": 404, "search_images_to_bound": 743}
+    assert frontier_record("x.frontier.json", "top1", Goal(1.0), base, met, None, {}, 6)["unresolved"] is None
 
 
 def test_a_schedule_that_does_not_verify_falls_back_to_the_next_or_to_nothing():

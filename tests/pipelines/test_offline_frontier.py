@@ -63,6 +63,13 @@ def test_the_frontier_run_writes_its_files_a_schedule_that_applies_and_resumes(t
         assert f"tokens at blocks {data['prune'][0]['block']}" in result.stdout or "blocks, " in result.stdout
     if frontier["best_uniform"]:  # its held-out drop is printed with its paired interval
         assert "points [" in result.stdout and "] paired" in result.stdout, result.stdout
+    untold = frontier["unresolved"]  # faster schedules within the goal measured, not bounded: the note says so
+    assert any("too few search images to tell" in n for n in document["notes"]) == (untold is not None)
+    assert document["unresolved"] == untold
+    if untold is not None:
+        assert untold["search_drop_points"] <= 20 < untold["search_drop_bound_points"]
+        needed = untold["search_images_to_bound"]
+        assert needed is None or needed > untold["search_images"] == 20
     # what ships depends on this machine's timings: every outcome must be reported as such
     code = data["policy"]["reason_code"]
     if data["prune"]:  # shipped: verified, and its held-out accuracy is reported

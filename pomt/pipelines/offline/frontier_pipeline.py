@@ -45,7 +45,7 @@ def choose_on_frontier(request: Request, run: Run, setup: FrontierSetup, latency
     kind, stem, result = setup.calibration.kind, run.setup.stem, found.result
     chosen = None if verdict.chosen is None else verdict.chosen.candidate
     record = frontier_record(f"{stem}.frontier.json", kind, goal, result.baseline, verdict.chosen, found.uniform,
-                             verdict.measured, result.evals)
+                             verdict.measured, result.evals, found.unresolved)
     schedule = final_schedule(run, config, settings, findings)
     schedule = as_schedule(replace(schedule, predicted=replace(schedule.predicted, accuracy_kind=kind)),
                            found.latency, chosen, record)
@@ -58,7 +58,7 @@ def choose_on_frontier(request: Request, run: Run, setup: FrontierSetup, latency
              "held_out_images": setup.calibration.size("held_out"), "max_accuracy_drop": goal.max_drop_points,
              "latency_budget_ms": goal.latency_budget_ms, "min_accuracy": goal.min_accuracy,
              "accuracy_confidence": goal.confidence, "chosen": None if chosen is None else chosen.key,
-             "best_uniform": record["best_uniform"],
+             "best_uniform": record["best_uniform"], "unresolved": record["unresolved"],
              "seconds": found.seconds, "journal": setup.journal.name,
              "reducer_costs": {m: c.to_dict() for m, c in found.latency.costs.items()}}
     floor = None if goal.max_drop_points is None else result.baseline.accuracy - goal.max_drop_points / 100

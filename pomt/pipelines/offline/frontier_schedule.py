@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from pomt.choice.candidates import Candidate
-from pomt.choice.frontier_choice import Goal, held_out_drop, held_out_inside
+from pomt.choice.frontier_choice import Goal, Unresolved, held_out_drop, held_out_inside
 from pomt.choice.pareto import Evaluated
 from pomt.choice.policy import Decision
 from pomt.choice.schedule_latency import LatencyModel
@@ -58,9 +58,11 @@ def candidate_schedule(run: Run, config: OfflineConfig, latency: LatencyModel, p
 
 
 def frontier_record(file: str, kind: str, goal: Goal, baseline: Evaluated, chosen: Evaluated | None,
-                    uniform: Evaluated | None, measured: Mapping[Candidate, CandidateResult], evals: int) -> dict:
+                    uniform: Evaluated | None, measured: Mapping[Candidate, CandidateResult], evals: int,
+                    unresolved: Unresolved | None = None) -> dict:
     """The schedule's `frontier` object (see the module docstring); speedups are the verification's, measured
-    in the same paired rounds, where the schedules were verified."""
+    in the same paired rounds, where the schedules were verified. `unresolved`: the faster schedules the
+    search split was too small to tell (`pomt.choice.frontier_choice.unresolved`)."""
 
     def accuracies(point: Evaluated | None) -> dict | None:
         if point is None:
@@ -93,4 +95,5 @@ def frontier_record(file: str, kind: str, goal: Goal, baseline: Evaluated, chose
              "search_drop_bound_points": drop_bound(chosen), "verified_speedup": speedup(chosen),
              "held_out_drop_points": None if (d := held_out_drop(chosen, baseline)) is None else round(d, 3),
              "held_out_inside_search_interval": held_out_inside(chosen)},
-            "best_uniform": beat}
+            "best_uniform": beat,
+            "unresolved": None if unresolved is None else unresolved.to_dict(baseline, goal.confidence)}

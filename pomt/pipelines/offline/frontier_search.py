@@ -15,7 +15,7 @@ from pomt.choice.calibration import HELD_OUT, SEARCH
 from pomt.choice.candidates import NONE, REDUCERS
 from pomt.choice.frontier import FrontierResult, search_frontier, with_held_out
 from pomt.choice.frontier import SearchSettings as FrontierSettings
-from pomt.choice.frontier_choice import best_uniform, preference, to_verify
+from pomt.choice.frontier_choice import Unresolved, best_uniform, preference, to_verify, unresolved, unresolved_note
 from pomt.choice.pareto import Evaluated
 from pomt.choice.reducer_costs import measure_reducer_costs
 from pomt.choice.schedule_latency import LatencyModel, ReducerCost
@@ -44,6 +44,7 @@ class FrontierFound:
     seconds: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     to_verify: tuple[Evaluated, ...] = ()
+    unresolved: Unresolved | None = None  # faster schedules the search split was too small to tell
 
 
 def costs_path(output_dir: str | Path, stem: str) -> Path:
@@ -99,9 +100,12 @@ def search(request: Request, run: Run, setup: FrontierSetup, latency: Latency) -
                "latency": round(latency.seconds, 2)}
     by_candidate = {e.candidate: e for e in result.evaluated}  # the same schedules, held-out accuracy added
     stopped = stopped_note(result, calibration.size(SEARCH), settings.closely_searched)
+    untold = unresolved(result, goal)
+    share = calibration.size(HELD_OUT) / (calibration.size(SEARCH) + calibration.size(HELD_OUT))
     return FrontierFound(result, model, tuple(preference(result, goal)), best_uniform(result, goal),
-                         latency.search.reps, calibration.evaluated, seconds, notes + result.notes + stopped,
-                         tuple(by_candidate[e.candidate] for e in verified))
+                         latency.search.reps, calibration.evaluated, seconds,
+                         notes + result.notes + stopped + unresolved_note(untold, result.baseline, goal, share),
+                         tuple(by_candidate[e.candidate] for e in verified), untold)
 
 
 def stopped_note(result: FrontierResult, images: int, beyond: float) -> tuple[str, ...]:
