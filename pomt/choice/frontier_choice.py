@@ -135,23 +135,36 @@ def verified_choice(order: Sequence[int], speedups: Mapping[int, float], qualifi
 @dataclass(frozen=True)
 class Unresolved:
     """Schedules the search split could not tell: predicted faster than the fastest that met the goal, within
-    the drop asked on their measured drop but not on its bound. `fastest` is the fastest of them; `images` the
-    search images that would bound its drop within the goal at the same rates (`Proportion.images_to_bound`;
-    None: more than a million)."""
+    the drop asked on their measured drop but not on its bound; each with the search images that would bound
+    its drop within the goal at the same rates (`Proportion.images_to_bound`; None: more than a million),
+    fastest predicted first."""
 
-    count: int
-    fastest: Evaluated
-    images: int | None
+    schedules: tuple[tuple[Evaluated, int | None], ...]
+
+    @property
+    def fastest(self) -> tuple[Evaluated, int | None]:
+        return self.schedules[0]
+
+    @property
+    def fewest_images(self) -> tuple[Evaluated, int | None]:
+        """The one the fewest images would tell (on a tie the faster): near the goal's edge the fastest may
+        need tens of thousands."""
+        return min(self.schedules, key=lambda s: math.inf if s[1] is None else s[1])
 
     def to_dict(self, baseline: Evaluated, confidence: float) -> dict:
         """As the schedule's and the frontier file's `unresolved` object (drops in points)."""
-        search = self.fastest.search
-        return {"schedules": self.count, "key": self.fastest.candidate.key,
-                "predicted_speedup": round(baseline.predicted_ms / self.fastest.predicted_ms, 4),
-                "search_drop_points": round(100 * (search.lost - search.gained) / search.trials, 3),
-                "search_drop_bound_points": round(100 * search.drop_bound(confidence), 3),
-                "search_changed": search.lost + search.gained, "search_images": search.trials,
-                "search_images_to_bound": self.images}
+
+        def one(point: Evaluated, images: int | None) -> dict:
+            search = point.search
+            return {"key": point.candidate.key,
+                    "predicted_speedup": round(baseline.predicted_ms / point.predicted_ms, 4),
+                    "search_drop_points": round(100 * (search.lost - search.gained) / search.trials, 3),
+                    "search_drop_bound_points": round(100 * search.drop_bound(confidence), 3),
+                    "search_changed": search.lost + search.gained, "search_images": search.trials,
+                    "search_images_to_bound": images}
+
+        return {"schedules": len(self.schedules), "fastest": one(*self.fastest),
+                "fewest_images": one(*self.fewest_images)}
 
 
 def unresolved(result: FrontierResult, goal: Goal) -> Unresolved | None:
@@ -172,27 +185,35 @@ def unresolved(result: FrontierResult, goal: Goal) -> Unresolved | None:
                    key=lambda p: (p.predicted_ms, p.candidate))
     if not found:
         return None
-    return Unresolved(len(found), found[0], found[0].search.images_to_bound(goal.max_drop_points / 100,
-                                                                           goal.confidence))
+    return Unresolved(tuple((p, p.search.images_to_bound(goal.max_drop_points / 100, goal.confidence))
+                            for p in found))
 
 
 def unresolved_note(found: Unresolved | None, baseline: Evaluated, goal: Goal,
                     held_out_share: float) -> tuple[str, ...]:
-    """The run's note on what `unresolved` found: how many, the fastest, and the images (and the
-    `--accuracy-samples` at `held_out_share` held out) that would tell; none where it found none."""
+    """The run's note on what `unresolved` found: how many, the fastest and the one the fewest images would
+    tell, and those images (the `--accuracy-samples` at `held_out_share` held out); none where it found none."""
     if found is None:
         return ()
-    point, search = found.fastest, found.fastest.search
-    drop, bound = 100 * (search.lost - search.gained) / search.trials, 100 * search.drop_bound(goal.confidence)
-    text = (f"{found.count} schedule(s) predicted faster than the fastest that met the goal met it on their "
-            f"measured drop, not on its bound at {goal.confidence:.0%}: too few search images to tell. The fastest, "
-            f"{point.candidate.key} (predicted {baseline.predicted_ms / point.predicted_ms:.2f}x, drop {drop:+.2f} "
-            f"points, {search.lost + search.gained} of {search.trials} images changed, bound {bound:.2f}), ")
-    if found.images is None:
-        return (text + "would need more than a million search images at the same rates",)
-    samples = math.ceil(found.images / (1 - held_out_share))
-    return (text + f"would be bounded within {goal.max_drop_points:g} points on about {found.images} search images "
-                   f"at the same rates (--accuracy-samples {samples} at this held-out share)",)
+
+    def said(point: Evaluated, images: int | None) -> str:
+        search = point.search
+        drop, bound = 100 * (search.lost - search.gained) / search.trials, 100 * search.drop_bound(goal.confidence)
+        text = (f"{point.candidate.key} (predicted {baseline.predicted_ms / point.predicted_ms:.2f}x, drop "
+                f"{drop:+.2f} points, {search.lost + search.gained} of {search.trials} images changed, bound "
+                f"{bound:.2f}) ")
+        if images is None:
+            return text + "would need more than a million search images at the same rates"
+        return (text + f"would be bounded within {goal.max_drop_points:g} points on about {images} search images at "
+                       f"the same rates (--accuracy-samples {math.ceil(images / (1 - held_out_share))} at this "
+                       "held-out share)")
+
+    text = (f"{len(found.schedules)} schedule(s) predicted faster than the fastest that met the goal met it on "
+            f"their measured drop, not on its bound at {goal.confidence:.0%}: too few search images to tell. The "
+            f"fastest, {said(*found.fastest)}")
+    if found.fewest_images[0] != found.fastest[0]:
+        text += f"; the one the fewest would tell, {said(*found.fewest_images)}"
+    return (text,)
 
 
 def held_out_inside(point: Evaluated) -> bool | None:

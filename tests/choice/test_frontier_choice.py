@@ -15,6 +15,7 @@ from pomt.choice.candidates import Candidate
 from pomt.choice.frontier import FrontierResult
 from pomt.choice.frontier_choice import (
     Goal,
+    Unresolved,
     best_by_family,
     best_uniform,
     first_verified,
@@ -177,30 +178,37 @@ def test_the_record_and_a_note_say_where_the_held_out_split_broke_the_search_spl
 def test_faster_schedules_within_the_goal_only_on_their_measured_drop_are_reported_with_the_images_to_tell():
     base = Evaluated(Candidate.of("pomt", {}), "unpruned", 10.0, Proportion(286, 404, 0, 0))
     met = Evaluated(Candidate.of("tome", {0: 3}), "search-tome", 8.0, Proportion(286, 404, 2, 2))
+    edge = Evaluated(Candidate.of("tome", {0: 16, 1: 9}), "search-tome", 5.5, Proportion(283, 404, 10, 7))
     churn = Evaluated(Candidate.of("tome", {0: 15, 1: 9}), "search-tome", 6.0, Proportion(288, 404, 12, 14))
     churn2 = Evaluated(Candidate.of("tome", {0: 9, 1: 9}), "search-tome", 7.0, Proportion(286, 404, 10, 10))
     lossy = Evaluated(Candidate.of("tome", {0: 20}), "search-tome", 5.0, Proportion(280, 404, 10, 4))
     slower = Evaluated(Candidate.of("tome", {5: 3}), "search-tome", 9.0, Proportion(286, 404, 9, 9))
-    points = (base, met, churn, churn2, lossy, slower)
+    points = (base, met, edge, churn, churn2, lossy, slower)
     found = FrontierResult(base, points, tuple(pareto_front(points)), len(points))
     assert preference(found, Goal(1.0))[0] == met  # the others' bounds are above 1 point
-    untold = unresolved(found, Goal(1.0))
-    assert untold.count == 2 and untold.fastest == churn  # lossy measured beyond the goal, slower not faster
-    assert untold.images == churn.search.images_to_bound(0.01, 0.95) == 743
+    untold = unresolved(found, Goal(1.0))  # lossy measured beyond the goal, slower is not faster
+    assert [p for p, _ in untold.schedules] == [edge, churn, churn2]
+    assert untold.fastest == (edge, edge.search.images_to_bound(0.01, 0.95))  # 0.74 points measured: many
+    assert untold.fewest_images == (churn, 743) and untold.fastest[1] > 10_000
     note = unresolved_note(untold, base, Goal(1.0), held_out_share=0.5)[0]
-    assert note.startswith("2 schedule(s) predicted faster than the fastest that met the goal")
-    assert "tome:0=15,1=9 (predicted 1.67x, drop -0.50 points, 26 of 404 images changed, bound 1.59)" in note
-    assert "about 743 search images at the same rates (--accuracy-samples 1486 at this held-out share)" in note
+    assert note.startswith("3 schedule(s) predicted faster than the fastest that met the goal")
+    assert "The fastest, tome:0=16,1=9 (predicted 1.82x, drop +0.74 points, 17 of 404 images changed" in note
+    assert ("the one the fewest would tell, tome:0=15,1=9 (predicted 1.67x, drop -0.50 points, 26 of 404 images "
+            "changed, bound 1.59) would be bounded within 1 points on about 743 search images at the same rates "
+            "(--accuracy-samples 1486 at this held-out share)") in note
     assert unresolved_note(None, base, Goal(1.0), 0.5) == ()
     for goal in (Goal(1.0, confidence=0.5), Goal(1.0, min_accuracy=0.5), Goal(1.0, latency_budget_ms=9.0),
                  Goal(None, latency_budget_ms=9.0), Goal(4.0)):  # nothing to tell, or not the fastest that ships
         assert unresolved(found, goal) is None
-    wider = unresolved(found, Goal(2.0))  # churn meets 2 points; lossy's 1.49 measured is bounded at 3.03
-    assert wider.count == 1 and wider.fastest == lossy and wider.images > 3000
+    wider = unresolved(found, Goal(2.0))  # churn meets 2 points; edge is bounded at 2.44, lossy at 3.03
+    assert wider.schedules == ((lossy, 3586), (edge, 768)) and wider.fewest_images == (edge, 768)
+    alone = Unresolved(((churn, 743),))
+    assert "the one the fewest" not in unresolved_note(alone, base, Goal(1.0), 0.5)[0]  # the fastest is that one
     record = frontier_record("x.frontier.json", "top1", Goal(1.0), base, met, None, {}, 6, untold)
-    assert record["unresolved"] == {"schedules": 2, "key": "tome:0=15,1=9", "predicted_speedup": 1.6667,
-                                    "search_drop_points": -0.495, "search_drop_bound_points": 1.591,
-                                    "search_changed": 26, "search_images": 404, "search_images_to_bound": 743}
+    assert record["unresolved"]["schedules"] == 3 and record["unresolved"]["fastest"]["key"] == "tome:0=16,1=9"
+    assert record["unresolved"]["fewest_images"] == {
+        "key": "tome:0=15,1=9", "predicted_speedup": 1.6667, "search_drop_points": -0.495,
+        "search_drop_bound_points": 1.591, "search_changed": 26, "search_images": 404, "search_images_to_bound": 743}
     assert frontier_record("x.frontier.json", "top1", Goal(1.0), base, met, None, {}, 6)["unresolved"] is None
 
 
