@@ -212,7 +212,8 @@ def plot_frontier(path: str | Path, title: str, rows: Sequence[Mapping], floor: 
     """Accuracy (search split, Wilson interval) against speedup over the unpruned model, one series per
     family (a reducer's per-block search is one): hollow at the predicted speedup, filled with its interval
     where verified; the frontier as a line, the chosen schedule as a star, the unpruned accuracy less the drop asked
-    (`floor`) as a dashed line. Rows as `pomt.choice.frontier_table.rows` gives them."""
+    (`floor`) as a dashed line, and a ring round each schedule the search images were too few to tell (within the
+    drop measured, not on its bound). Rows as `pomt.choice.frontier_table.rows` gives them."""
     figure, ax = plt.subplots(figsize=(9, 5.4))
     def series(r: Mapping) -> str:  # probes and proposals of one reducer's per-block search are one series
         return f"{r['method']} per block" if r["family"].startswith(("probe-", "search-")) else r["family"]
@@ -236,6 +237,10 @@ def plot_frontier(path: str | Path, title: str, rows: Sequence[Mapping], floor: 
     if front:
         ax.step([r["predicted_speedup"] for r in front], [r["search_accuracy"] for r in front], where="post",
                 color="black", lw=1.0, label="frontier (predicted)")
+    untold = [r for r in rows if (r.get("search_images_to_bound") or 0) > (r["search_images"] or 0)]
+    if untold:
+        ax.plot([r["predicted_speedup"] for r in untold], [r["search_accuracy"] for r in untold], "o", mfc="none",
+                mec="0.25", ms=11, mew=0.8, label="within the drop measured, not on its bound (images too few)")
     for r in rows:
         if r["chosen"]:
             x = r["verified_speedup"] if r["verified_speedup"] is not None else r["predicted_speedup"]

@@ -1,7 +1,9 @@
 """Every schedule a frontier search evaluated, as table rows and as one JSON document (pure): reducer,
 removals, predicted latency, measured latency and speedup with their interval where verified, accuracy with
 its Wilson interval on each split measured, the images it lost and gained against the unpruned model there,
-and the bound its search-split drop was judged on (`pomt.choice.pareto.drop_within`)."""
+the bound its search-split drop was judged on (`pomt.choice.pareto.drop_within`), and the search images at which
+its rates would bound its drop within the goal (`Proportion.images_to_bound`: more than it had where its measured
+drop met the goal and its bound did not, the images were too few to tell)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ COLUMNS = (
     "search_accuracy", "search_low", "search_high", "search_images", "search_lost", "search_gained",
     "search_drop_bound_points",
     "held_out_accuracy", "held_out_low", "held_out_high", "held_out_images", "held_out_lost", "held_out_gained",
+    "search_images_to_bound",
 )
 
 
@@ -34,9 +37,12 @@ def _split(prefix: str, proportion: Proportion | None) -> dict:
 
 
 def row(point: Evaluated, baseline_ms: float, on_frontier: bool, chosen: bool,
-        measured: CandidateResult | None, confidence: float = CONFIDENCE) -> dict:
-    """One evaluated schedule as a table row (COLUMNS); its drop bound at `confidence`."""
+        measured: CandidateResult | None, confidence: float = CONFIDENCE, max_drop_points: float | None = None) -> dict:
+    """One evaluated schedule as a table row (COLUMNS); its drop bound at `confidence`, and where a drop was
+    asked (`max_drop_points`) the search images that would bound it within that drop."""
     bound = point.search.drop_bound(confidence)
+    images = None if max_drop_points is None or point.candidate.unpruned else \
+        point.search.images_to_bound(max_drop_points / 100, confidence)
     return {
         "key": point.candidate.key, "family": point.family, "method": point.candidate.method,
         "removal": ";".join(f"{b}={r}" for b, r in point.candidate.removal),
@@ -48,18 +54,20 @@ def row(point: Evaluated, baseline_ms: float, on_frontier: bool, chosen: bool,
         "verified_speedup_high": None if measured is None else round(measured.speedup_ci[1], 5),
         **_split("search", point.search), **_split("held_out", point.held_out),
         "search_drop_bound_points": None if bound is None else round(100 * bound, 4),
+        "search_images_to_bound": images,
     }
 
 
 def rows(result: FrontierResult, baseline_ms: float, chosen: Candidate | None,
-         measured: Mapping[Candidate, CandidateResult], confidence: float = CONFIDENCE) -> list[dict]:
+         measured: Mapping[Candidate, CandidateResult], confidence: float = CONFIDENCE,
+         max_drop_points: float | None = None) -> list[dict]:
     """Every evaluated schedule (the unpruned one first), fastest predicted first after it; drop bounds at
-    `confidence`."""
+    `confidence`, the images to bound each within `max_drop_points` where asked."""
     front = {e.candidate for e in result.frontier}
     others = sorted((e for e in result.evaluated if not e.candidate.unpruned),
                     key=lambda e: (e.predicted_ms, e.candidate))
-    return [row(e, baseline_ms, e.candidate in front, e.candidate == chosen, measured.get(e.candidate), confidence)
-            for e in [result.baseline, *others]]
+    return [row(e, baseline_ms, e.candidate in front, e.candidate == chosen, measured.get(e.candidate), confidence,
+                max_drop_points) for e in [result.baseline, *others]]
 
 
 def document(result: FrontierResult, table: Sequence[dict], facts: Mapping, notes: Sequence[str]) -> dict:

@@ -130,6 +130,11 @@ def test_the_table_has_every_schedule_its_intervals_and_what_was_verified():
     assert record["search_lost"] == 21 and record["search_gained"] == 19 and record["held_out_lost"] is None
     assert record["search_drop_bound_points"] == pytest.approx(3.125, abs=1e-3)  # at 95%; 0.5 reads the drop
     assert row(paired, 10.0, False, False, None, confidence=0.5)["search_drop_bound_points"] == pytest.approx(0.5)
+    assert record["search_images_to_bound"] is None  # no drop asked
+    told = row(paired, 10.0, False, False, None, max_drop_points=1.0)["search_images_to_bound"]  # 0.5 measured
+    assert told == paired.search.images_to_bound(0.01, 0.95) > 400
+    assert row(paired, 10.0, False, False, None, max_drop_points=4.0)["search_images_to_bound"] == 400  # met
+    assert rows(found, 10.0, chosen, verified, max_drop_points=1.0)[0]["search_images_to_bound"] is None  # unpruned
     doc = document(found, table, {"model": "m"}, ["the search's note", "the verification's note"])
     assert doc["format"] == "pomt.frontier" and doc["model"] == "m" and len(doc["schedules"]) == len(POINTS) + 1
     assert doc["notes"] == ["the search's note", "the verification's note"]

@@ -52,7 +52,7 @@ def choose_on_frontier(request: Request, run: Run, setup: FrontierSetup, latency
     schedule, launch = with_gpu_work(request, run, schedule)
     if launch is not None:
         verdict = replace(verdict, verdict=replace(verdict.verdict, notes=(*verdict.verdict.notes, launch)))
-    table = rows(result, found.latency.baseline, chosen, verdict.measured, goal.confidence)
+    table = rows(result, found.latency.baseline, chosen, verdict.measured, goal.confidence, goal.max_drop_points)
     facts = {"model": run.geometry.model, "stem": stem, "batch_size": run.setup.batch_size,
              "accuracy_kind": kind, "search_images": setup.calibration.size("search"),
              "held_out_images": setup.calibration.size("held_out"), "max_accuracy_drop": goal.max_drop_points,
