@@ -130,12 +130,18 @@ class Proportion:
         interval = self.drop_interval(2 * confidence - 1) if self.paired else None
         return None if interval is None else interval[0]
 
+    @property
+    def drop(self) -> float | None:
+        """Its measured drop against the unpruned model, (lost - gained) / trials (a fraction); None when it was
+        not measured paired."""
+        return (self.lost - self.gained) / self.trials if self.paired and self.trials else None
+
     def images_to_bound(self, max_drop: float, confidence: float, most: int = 1_000_000) -> int | None:
         """Fewest images on which a schedule that lost, gained and kept right images at this one's rates would
         have its drop bound (`drop_bound`) within `max_drop` (a fraction): how many images tell whether a drop
         measured within the goal is there. Its own trials where it already is; None where it was not measured
         paired, where its measured drop exceeds `max_drop` (more images would only show that) or beyond `most`."""
-        if not self.paired or not self.trials or (self.lost - self.gained) / self.trials > max_drop:
+        if self.drop is None or self.drop > max_drop:
             return None
 
         def within(images: int) -> bool:

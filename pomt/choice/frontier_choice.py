@@ -153,18 +153,19 @@ class Unresolved:
 
     def to_dict(self, baseline: Evaluated, confidence: float) -> dict:
         """As the schedule's and the frontier file's `unresolved` object (drops in points)."""
+        return {"schedules": len(self.schedules), "fastest": told(*self.fastest, baseline, confidence),
+                "fewest_images": told(*self.fewest_images, baseline, confidence)}
 
-        def one(point: Evaluated, images: int | None) -> dict:
-            search = point.search
-            return {"key": point.candidate.key,
-                    "predicted_speedup": round(baseline.predicted_ms / point.predicted_ms, 4),
-                    "search_drop_points": round(100 * (search.lost - search.gained) / search.trials, 3),
-                    "search_drop_bound_points": round(100 * search.drop_bound(confidence), 3),
-                    "search_changed": search.lost + search.gained, "search_images": search.trials,
-                    "search_images_to_bound": images}
 
-        return {"schedules": len(self.schedules), "fastest": one(*self.fastest),
-                "fewest_images": one(*self.fewest_images)}
+def told(point: Evaluated, images: int | None, baseline: Evaluated, confidence: float) -> dict:
+    """What `Unresolved` says of one schedule: its predicted speedup, measured drop and bound (points), the
+    images it changed of those it saw, and the search images that would bound its drop within the goal."""
+    search = point.search
+    return {"key": point.candidate.key, "predicted_speedup": round(baseline.predicted_ms / point.predicted_ms, 4),
+            "search_drop_points": round(100 * search.drop, 3),
+            "search_drop_bound_points": round(100 * search.drop_bound(confidence), 3),
+            "search_changed": search.lost + search.gained, "search_images": search.trials,
+            "search_images_to_bound": images}
 
 
 def unresolved(result: FrontierResult, goal: Goal) -> Unresolved | None:
@@ -197,20 +198,20 @@ def unresolved_note(found: Unresolved | None, baseline: Evaluated, goal: Goal,
         return ()
 
     def said(point: Evaluated, images: int | None) -> str:
-        search = point.search
-        drop, bound = 100 * (search.lost - search.gained) / search.trials, 100 * search.drop_bound(goal.confidence)
-        text = (f"{point.candidate.key} (predicted {baseline.predicted_ms / point.predicted_ms:.2f}x, drop "
-                f"{drop:+.2f} points, {search.lost + search.gained} of {search.trials} images changed, bound "
-                f"{bound:.2f}) ")
+        facts = told(point, images, baseline, goal.confidence)
+        text = (f"{facts['key']} (predicted {facts['predicted_speedup']:.2f}x, drop {100 * point.search.drop:+.2f} "
+                f"points, {facts['search_changed']} of {facts['search_images']} images changed, bound "
+                f"{facts['search_drop_bound_points']:.2f}) ")
         if images is None:
             return text + "would need more than a million search images at the same rates"
         return (text + f"would be bounded within {goal.max_drop_points:g} points on about {images} search images at "
                        f"the same rates (--accuracy-samples {math.ceil(images / (1 - held_out_share))} at this "
                        "held-out share)")
 
-    text = (f"{len(found.schedules)} schedule(s) predicted faster than the fastest that met the goal met it on "
-            f"their measured drop, not on its bound at {goal.confidence:.0%}: too few search images to tell. The "
-            f"fastest, {said(*found.fastest)}")
+    count = len(found.schedules)
+    text = (f"{count} schedule{'s' if count > 1 else ''} predicted faster than the fastest that met the goal "
+            f"{'meet' if count > 1 else 'meets'} it on the measured drop, not on its bound at {goal.confidence:.0%}: "
+            f"too few search images to tell. The fastest, {said(*found.fastest)}")
     if found.fewest_images[0] != found.fastest[0]:
         text += f"; the one the fewest would tell, {said(*found.fewest_images)}"
     return (text,)

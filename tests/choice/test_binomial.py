@@ -139,3 +139,8 @@ def test_images_to_bound_is_where_the_same_rates_would_meet_the_goal():
     assert Proportion(280, 404, 10, 4).images_to_bound(0.01, 0.95) is None  # measured 1.49 points: more would show it
     assert Proportion(286, 404, 6, 2).images_to_bound(0.01, 0.95) is None  # exactly the goal: never bounded within
     assert Proportion(286, 404).images_to_bound(0.01, 0.95) is None  # not measured paired
+
+
+def test_the_measured_drop_is_lost_less_gained_over_the_images():
+    assert Proportion(288, 404, 12, 14).drop == pytest.approx(-2 / 404)
+    assert Proportion(288, 404).drop is None
