@@ -9,8 +9,9 @@ cuts compound across blocks; the search measures the candidates it proposes, so 
 order them.
 
 A probe's d is the drop as the goal judges it (`pomt.choice.pareto.drop_within`): the upper one-sided bound
-of its paired drop at the search's confidence, less the bound of a schedule that changed no image (which
-every schedule pays once, not once a block), floored at 0 and made non-decreasing in the share. A schedule
+of its paired drop, at the stand-in's confidence (`SearchSettings.stand_in_confidence`, below the goal's so that
+the margins of the blocks a schedule cuts add up to its own), less the bound of a schedule that changed no
+image (which every schedule pays once, not once a block), floored at 0 and made non-decreasing in the share. A schedule
 that reshuffles predictions, losing as many images as it gains, has no mean drop but a bound that grows
 with the images it changed; on its mean drop it looked free. On the digits case at batch 1 every
 late-block ToMe probe read a mean drop of 0 (tome:6=24 lost 12 images and gained 14), so the programme

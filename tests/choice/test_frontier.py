@@ -12,7 +12,7 @@ from pomt.choice.accuracy_journal import AccuracyJournal, model_identity
 from pomt.choice.binomial import Proportion
 from pomt.choice.calibration import HELD_OUT, SEARCH, Calibration
 from pomt.choice.candidates import NONE, REDUCERS, Candidate
-from pomt.choice.drop_surrogate import DropSurrogate
+from pomt.choice.drop_surrogate import DropSurrogate, judged_drop
 from pomt.choice.families import uniform_families
 from pomt.choice.frontier import (
     MIN_BISECTION,
@@ -252,3 +252,16 @@ def test_the_refit_measures_the_fastest_within_the_goal_then_the_nearest_near_mi
     assert refit_pick([a, b, c, d], [a], {a}, speed, 10.0, lambda x: False) is None
     assert refit_pick([a, b, c, d], [a, b, c], set(), speed, 6.5, lambda x: True) == d  # only d beats 6.5
     assert refit_pick([a, b, c, d], [a, b, c], set(), speed, 5.0, lambda x: True) is None  # nothing beats 5.0
+
+
+def test_the_stand_in_judges_drops_so_four_blocks_doubt_adds_up_to_one_schedules():
+    settings = SearchSettings()
+    assert settings.stand_in_confidence == pytest.approx(0.7946, abs=1e-4)  # the normal quantile 1.645 / 2
+    assert SearchSettings(confidence=0.5).stand_in_confidence == 0.5  # the measured drop either way
+    assert SearchSettings(stand_in_blocks=1).stand_in_confidence == pytest.approx(0.95)
+    baseline = Proportion(286, 404, 0, 0)
+    for probe, schedule in [(Proportion(284, 404, 5, 3), Proportion(278, 404, 20, 12)),  # four blocks' changes
+                            (Proportion(286, 404, 4, 4), Proportion(286, 404, 16, 16))]:
+        summed = 4 * judged_drop(probe, baseline, settings.stand_in_confidence)
+        assert summed == pytest.approx(judged_drop(schedule, baseline, settings.confidence), rel=0.01)
+        assert 4 * judged_drop(probe, baseline, settings.confidence) > 1.35 * summed  # at the goal's: overpriced
