@@ -237,7 +237,7 @@ def plot_frontier(path: str | Path, title: str, rows: Sequence[Mapping], floor: 
     if front:
         ax.step([r["predicted_speedup"] for r in front], [r["search_accuracy"] for r in front], where="post",
                 color="black", lw=1.0, label="frontier (predicted)")
-    untold = [r for r in rows if (r.get("search_images_to_bound") or 0) > (r["search_images"] or 0)]
+    untold = [r for r in rows if r.get("search_untold")]
     if untold:
         ax.plot([r["predicted_speedup"] for r in untold], [r["search_accuracy"] for r in untold], "o", mfc="none",
                 mec="0.25", ms=11, mew=0.8, label="within the drop measured, not on its bound (images too few)")

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pomt.choice.binomial import CONFIDENCE
 from pomt.choice.candidates import REDUCERS
 from pomt.choice.families import FAMILIES
 from pomt.choice.frontier import FrontierResult
-from pomt.choice.pareto import Evaluated, accuracy_at_least, drop_within, pareto_front
+from pomt.choice.pareto import Evaluated, accuracy_at_least, drop_untold, drop_within, pareto_front
 
 
 @dataclass(frozen=True)
@@ -179,10 +179,9 @@ def unresolved(result: FrontierResult, goal: Goal) -> Unresolved | None:
         return None
     met = ordered(result.evaluated, result.baseline.accuracy, goal)
     faster_than = met[0].predicted_ms if met else result.baseline.predicted_ms
-    measured = replace(goal, confidence=0.5)
     found = sorted((p for p in result.evaluated
                     if not p.candidate.unpruned and p.predicted_ms < faster_than
-                    and measured.meets(p, result.baseline.accuracy) and not goal.meets(p, result.baseline.accuracy)),
+                    and drop_untold(p, result.baseline.accuracy, goal.max_drop_points, goal.confidence)),
                    key=lambda p: (p.predicted_ms, p.candidate))
     if not found:
         return None

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pomt.choice.binomial import CONFIDENCE, Proportion
 from pomt.choice.candidates import Candidate
 from pomt.choice.frontier import FrontierResult
-from pomt.choice.pareto import Evaluated
+from pomt.choice.pareto import Evaluated, drop_untold
 from pomt.choice.verify import CandidateResult
 
 FORMAT = "pomt.frontier"
@@ -23,7 +23,7 @@ COLUMNS = (
     "search_accuracy", "search_low", "search_high", "search_images", "search_lost", "search_gained",
     "search_drop_bound_points",
     "held_out_accuracy", "held_out_low", "held_out_high", "held_out_images", "held_out_lost", "held_out_gained",
-    "search_images_to_bound",
+    "search_untold", "search_images_to_bound",
 )
 
 
@@ -37,12 +37,14 @@ def _split(prefix: str, proportion: Proportion | None) -> dict:
 
 
 def row(point: Evaluated, baseline_ms: float, on_frontier: bool, chosen: bool,
-        measured: CandidateResult | None, confidence: float = CONFIDENCE, max_drop_points: float | None = None) -> dict:
+        measured: CandidateResult | None, confidence: float = CONFIDENCE, max_drop_points: float | None = None,
+        baseline_accuracy: float | None = None) -> dict:
     """One evaluated schedule as a table row (COLUMNS); its drop bound at `confidence`, and where a drop was
-    asked (`max_drop_points`) the search images that would bound it within that drop."""
+    asked (`max_drop_points`, from `baseline_accuracy`) whether the images were too few to tell if it is within
+    it (`drop_untold`) and the search images that would bound it within that drop."""
     bound = point.search.drop_bound(confidence)
-    images = None if max_drop_points is None or point.candidate.unpruned else \
-        point.search.images_to_bound(max_drop_points / 100, confidence)
+    asked = max_drop_points is not None and baseline_accuracy is not None and not point.candidate.unpruned
+    images = point.search.images_to_bound(max_drop_points / 100, confidence) if asked else None
     return {
         "key": point.candidate.key, "family": point.family, "method": point.candidate.method,
         "removal": ";".join(f"{b}={r}" for b, r in point.candidate.removal),
@@ -54,6 +56,7 @@ def row(point: Evaluated, baseline_ms: float, on_frontier: bool, chosen: bool,
         "verified_speedup_high": None if measured is None else round(measured.speedup_ci[1], 5),
         **_split("search", point.search), **_split("held_out", point.held_out),
         "search_drop_bound_points": None if bound is None else round(100 * bound, 4),
+        "search_untold": drop_untold(point, baseline_accuracy, max_drop_points, confidence) if asked else None,
         "search_images_to_bound": images,
     }
 
@@ -67,7 +70,7 @@ def rows(result: FrontierResult, baseline_ms: float, chosen: Candidate | None,
     others = sorted((e for e in result.evaluated if not e.candidate.unpruned),
                     key=lambda e: (e.predicted_ms, e.candidate))
     return [row(e, baseline_ms, e.candidate in front, e.candidate == chosen, measured.get(e.candidate), confidence,
-                max_drop_points) for e in [result.baseline, *others]]
+                max_drop_points, result.baseline.accuracy) for e in [result.baseline, *others]]
 
 
 def document(result: FrontierResult, table: Sequence[dict], facts: Mapping, notes: Sequence[str]) -> dict:

@@ -57,6 +57,13 @@ def drop_within(point: Evaluated, baseline_accuracy: float, max_drop_points: flo
     return drop <= max_drop_points / 100 + EPSILON
 
 
+def drop_untold(point: Evaluated, baseline_accuracy: float, max_drop_points: float, confidence: float) -> bool:
+    """Whether the images were too few to tell if the point is within `max_drop_points`: within it on its
+    measured drop (`drop_within` at 0.5), not on its bound at `confidence`."""
+    return drop_within(point, baseline_accuracy, max_drop_points, 0.5) and \
+        not drop_within(point, baseline_accuracy, max_drop_points, confidence)
+
+
 def accuracy_at_least(point: Evaluated, min_accuracy: float, confidence: float) -> bool:
     """Whether the point's search-split accuracy is at least `min_accuracy`, on its lower one-sided Wilson
     bound at `confidence`."""

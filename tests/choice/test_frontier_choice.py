@@ -130,11 +130,17 @@ def test_the_table_has_every_schedule_its_intervals_and_what_was_verified():
     assert record["search_lost"] == 21 and record["search_gained"] == 19 and record["held_out_lost"] is None
     assert record["search_drop_bound_points"] == pytest.approx(3.125, abs=1e-3)  # at 95%; 0.5 reads the drop
     assert row(paired, 10.0, False, False, None, confidence=0.5)["search_drop_bound_points"] == pytest.approx(0.5)
-    assert record["search_images_to_bound"] is None  # no drop asked
-    told = row(paired, 10.0, False, False, None, max_drop_points=1.0)["search_images_to_bound"]  # 0.5 measured
-    assert told == paired.search.images_to_bound(0.01, 0.95) > 400
-    assert row(paired, 10.0, False, False, None, max_drop_points=4.0)["search_images_to_bound"] == 400  # met
-    assert rows(found, 10.0, chosen, verified, max_drop_points=1.0)[0]["search_images_to_bound"] is None  # unpruned
+    assert record["search_images_to_bound"] is None and record["search_untold"] is None  # no drop asked
+    asked = row(paired, 10.0, False, False, None, max_drop_points=1.0, baseline_accuracy=0.8)  # 0.5 measured
+    assert asked["search_untold"] and asked["search_images_to_bound"] == paired.search.images_to_bound(0.01, 0.95)
+    assert asked["search_images_to_bound"] > 400
+    met = row(paired, 10.0, False, False, None, max_drop_points=4.0, baseline_accuracy=0.8)
+    assert met["search_images_to_bound"] == 400 and met["search_untold"] is False
+    edge = Evaluated(Candidate.of("tome", {0: 3}), "search-tome", 6.0, Proportion(388, 404, 12, 8))  # 0.99 measured
+    at_edge = row(edge, 10.0, False, False, None, max_drop_points=1.0, baseline_accuracy=392 / 404)
+    assert at_edge["search_untold"] and at_edge["search_images_to_bound"] is None  # beyond a million images
+    both = rows(found, 10.0, chosen, verified, max_drop_points=1.0)[0]
+    assert both["search_images_to_bound"] is None and both["search_untold"] is None  # the unpruned model
     doc = document(found, table, {"model": "m"}, ["the search's note", "the verification's note"])
     assert doc["format"] == "pomt.frontier" and doc["model"] == "m" and len(doc["schedules"]) == len(POINTS) + 1
     assert doc["notes"] == ["the search's note", "the verification's note"]

@@ -67,12 +67,15 @@ def test_the_frontier_run_writes_its_files_a_schedule_that_applies_and_resumes(t
     assert any("too few search images to tell" in n for n in document["notes"]) == (untold is not None)
     assert document["unresolved"] == untold
     by_key = {r["key"]: r for r in rows}
-    assert by_key["none"]["search_images_to_bound"] == ""  # the table says the same of every row
+    assert by_key["none"]["search_images_to_bound"] == by_key["none"]["search_untold"] == ""
+    untold_rows = [r for r in rows if r["search_untold"] == "True"]  # the table says the same of every row
+    assert bool(untold_rows) or untold is None
     for told in ([] if untold is None else [untold["fastest"], untold["fewest_images"]]):
         assert told["search_drop_points"] <= 20 < told["search_drop_bound_points"]
         needed = told["search_images_to_bound"]
         assert needed is None or needed > told["search_images"] == 20
         assert by_key[told["key"]]["search_images_to_bound"] == ("" if needed is None else str(needed))
+        assert by_key[told["key"]]["search_untold"] == "True"
     # what ships depends on this machine's timings: every outcome must be reported as such
     code = data["policy"]["reason_code"]
     if data["prune"]:  # shipped: verified, and its held-out accuracy is reported
