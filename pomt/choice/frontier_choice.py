@@ -80,6 +80,34 @@ def best_by_family(points: Sequence[Evaluated], baseline_accuracy: float, goal: 
     return best
 
 
+def next_faster_missing(points: Sequence[Evaluated], baseline_accuracy: float, goal: Goal,
+                        families: Sequence[str] = FAMILIES) -> dict[str, Evaluated]:
+    """{family: its slowest schedule predicted faster than its best that meets the goal (than the unpruned
+    model's latency where none meets it), that misses the goal}: the family's next step up, and why the
+    best stops where it does. A family that has none is left out."""
+    best = best_by_family(points, baseline_accuracy, goal, families)
+    unpruned = next((p.predicted_ms for p in points if p.candidate.unpruned), math.inf)
+    found = {}
+    for family in families:
+        ceiling = best[family].predicted_ms if family in best else unpruned
+        missing = [p for p in points if p.family == family and p.predicted_ms < ceiling
+                   and not goal.meets(p, baseline_accuracy)]
+        if missing:
+            found[family] = max(missing, key=lambda p: (p.predicted_ms, p.candidate))
+    return found
+
+
+def next_step_note(family: str, point: Evaluated, baseline_ms: float, confidence: float) -> str:
+    """`point`, a family's next step up (`next_faster_missing`), in words: its predicted speedup over
+    `baseline_ms` and its search-split drop, with the images it changed and the drop's bound at `confidence`."""
+    search = point.search
+    told = "unpaired" if not search.paired else (
+        f"drop {100 * search.drop:+.2f} points ({search.lost} lost, {search.gained} gained of {search.trials}), "
+        f"bound {100 * search.drop_bound(confidence):.2f}")
+    return (f"{family}'s next step up misses the goal: {point.candidate.key} (predicted "
+            f"{baseline_ms / point.predicted_ms:.3f}x), search split {told}")
+
+
 def best_uniform(result: FrontierResult, goal: Goal) -> Evaluated | None:
     """The best schedule of any uniform family that meets the goal (None: none does): the one to beat."""
     found = ordered((p for p in result.evaluated if p.family in FAMILIES), result.baseline.accuracy, goal)
@@ -230,6 +258,20 @@ def held_out_drop(point: Evaluated, baseline: Evaluated) -> float | None:
     if point.held_out is None or baseline.held_out is None:
         return None
     return 100 * (baseline.held_out.value - point.held_out.value)
+
+
+def fastest_held_out_by_family(points: Sequence[Evaluated], baseline: Evaluated, max_drop_points: float,
+                               families: Sequence[str] = FAMILIES) -> dict[str, Evaluated]:
+    """{family: its fastest predicted schedule whose measured held-out drop is at most `max_drop_points`}, for
+    each family that has one among the points measured held out: the uniform schedules judged as the
+    shipped one is reported (its held-out drop), where `best_by_family` judges them as the search does."""
+    best = {}
+    for family in families:
+        within = [p for p in points if p.family == family and (drop := held_out_drop(p, baseline)) is not None
+                  and drop <= max_drop_points]
+        if within:
+            best[family] = min(within, key=lambda p: (p.predicted_ms, p.candidate))
+    return best
 
 
 def held_out_note(chosen: Evaluated | None, baseline: Evaluated, goal: Goal) -> str | None:

@@ -18,10 +18,13 @@ from pomt.choice.frontier_choice import (
     Unresolved,
     best_by_family,
     best_uniform,
+    fastest_held_out_by_family,
     first_verified,
     held_out_drop,
     held_out_inside,
     held_out_note,
+    next_faster_missing,
+    next_step_note,
     preference,
     to_verify,
     unresolved,
@@ -110,6 +113,37 @@ def test_the_uniform_schedule_to_beat_is_the_best_uniform_one_within_the_goal():
     best = best_by_family(list(result().evaluated), 0.9, Goal(10.0))
     assert {f: p.candidate.key for f, p in best.items()} == {"tome-constant": "tome:0=4,1=4",
                                                              "topk-rate": "topk:3=30"}
+
+
+def test_each_family_names_its_next_step_up_that_misses_the_goal():
+    faster_still = point("tome", {0: 6, 1: 6}, "tome-constant", 6.2, 70)
+    evaluated = list(result([*POINTS, faster_still]).evaluated)
+    missing = next_faster_missing(evaluated, 0.9, Goal(1.0))
+    # the nearest faster one, not the fastest; top-k has no best, so its step up is any faster one that misses
+    assert {f: p.candidate.key for f, p in missing.items()} == {"tome-constant": "tome:0=4,1=4",
+                                                                "topk-rate": "topk:3=30"}
+    loose = next_faster_missing(evaluated, 0.9, Goal(10.0))  # tome:0=4,1=4 and top-k meet it now
+    assert {f: p.candidate.key for f, p in loose.items()} == {"tome-constant": "tome:0=6,1=6"}
+    assert next_faster_missing(evaluated, 0.9, Goal(40.0)) == {}
+    assert next_step_note("topk-rate", missing["topk-rate"], 10.0, 0.95) == \
+        "topk-rate's next step up misses the goal: topk:3=30 (predicted 1.538x), search split unpaired"
+    paired = Evaluated(Candidate.of("tome", dict.fromkeys(range(12), 3)), "tome-constant", 8.0,
+                       Proportion(281, 404, 7, 1))
+    note = next_step_note("tome-constant", paired, 10.0, 0.95)
+    assert note.endswith("(predicted 1.250x), search split drop +1.49 points (7 lost, 1 gained of 404), bound "
+                         f"{100 * paired.search.drop_bound(0.95):.2f}")
+
+
+def test_the_fastest_uniform_schedule_within_the_drop_held_out_is_judged_on_its_held_out_drop():
+    base = UNPRUNED.with_held_out(Proportion(180, 200))
+    held = {"tome:0=2,1=2": 180, "tome:0=4,1=4": 179, "topk:3=30": 140}  # tome:0=4,1=4 misses on search only
+    points = [p.with_held_out(Proportion(held[p.candidate.key], 200)) if p.candidate.key in held else p
+              for p in POINTS]
+    best = fastest_held_out_by_family(points, base, 1.0)
+    assert {f: p.candidate.key for f, p in best.items()} == {"tome-constant": "tome:0=4,1=4"}
+    assert {f: p.candidate.key for f, p in fastest_held_out_by_family(points, base, 0.25).items()} == \
+        {"tome-constant": "tome:0=2,1=2"}
+    assert fastest_held_out_by_family(points, UNPRUNED, 1.0) == {}  # the unpruned model not measured held out
 
 
 def test_the_table_has_every_schedule_its_intervals_and_what_was_verified():

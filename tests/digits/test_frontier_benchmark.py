@@ -27,3 +27,9 @@ def test_an_also_schedule_the_model_cannot_take_is_one_line_before_anything_is_m
                         cwd=tmp_path)
     assert_one_line_error(result, "ToMe merges at most half")
     assert not list((tmp_path / "bin" / "frontier-bench").glob("bs4/*.curve.csv"))
+
+
+def test_a_curve_budget_outside_the_grid_is_one_line_before_anything_trains(tmp_path):
+    result = run_script("benchmarks/frontier.py", "--smoke", "--batch-sizes", "4", "--budget", "1.5", cwd=tmp_path)
+    assert_one_line_error(result, "--budget must lie in (0, 1]")
+    assert not (tmp_path / "bin").exists()  # nothing trained, nothing written
