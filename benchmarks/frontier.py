@@ -217,12 +217,13 @@ def report(item: Case, drop: float, confidence: float) -> None:
           f"then held-out {seconds['held_out']:.0f} s and side by side {seconds['side_by_side']:.0f} s")
     print(f"  {'schedule':34s} {'family':16s} {'predicted':>9s} {'verified [95% CI]':>26s} "
           f"{'held-out ' + kind + ' [95% CI]':>28s} {'drop pts [95% CI, paired]':>26s}")
-    speed, number = {}, {p.candidate: i for i, p in enumerate(distinct_points(item.compared), start=1)}
+    speed, losses = {}, {}
+    number = {p.candidate: i for i, p in enumerate(distinct_points(item.compared), start=1)}
     for name, point in item.compared.items():
         measured = next(c for c in item.verification.candidates if c.remove == number[point.candidate])
         speed[name] = measured.speedup
         accuracy = item.held_out[name]
-        loss = 100 * (baseline.value - accuracy.value) if baseline is not None else float("nan")
+        loss = losses[name] = 100 * (baseline.value - accuracy.value) if baseline is not None else float("nan")
         paired = accuracy.drop_interval() if accuracy is not None else None
         spread = f" [{100 * paired[0]:+.2f}, {100 * paired[1]:+.2f}]" if paired else ""
         print(f"  {point.candidate.key[:34]:34s} {name:16s} {found.latency.baseline / point.predicted_ms:8.3f}x "
@@ -232,8 +233,7 @@ def report(item: Case, drop: float, confidence: float) -> None:
                if k != CHOSEN and item.compared[k].family != ALSO and not k.endswith(HELD)}
     held = {k: v for k, v in speed.items() if k.endswith(HELD)}  # with each family whose best holds held out
     for family in FAMILIES:
-        if family in speed and family + HELD not in held and baseline is not None \
-                and 100 * (baseline.value - item.held_out[family].value) <= drop:
+        if family in speed and family + HELD not in held and losses[family] <= drop:
             held[family] = speed[family]
     also = {k: p for k, p in item.compared.items() if p.family == ALSO}
     best = max(uniform, key=uniform.get) if uniform else None
