@@ -73,7 +73,8 @@ HELD = "*"  # marks a uniform family's fastest within the drop held out (`held_o
 class Case:
     """What one batch size measured: the offline run, the schedules compared, their paired verification
     (candidate i is the i-th schedule), held-out accuracies, the seconds each part took, and each uniform
-    family's next step up, which misses the goal (`next_faster_missing`)."""
+    family's next step up, which misses the goal (`next_faster_missing`), and each family's fastest within the
+    drop on the held-out split (`held_out_uniform`)."""
 
     batch: int
     result: OfflineResult
@@ -82,6 +83,7 @@ class Case:
     held_out: dict[str, object]
     seconds: dict[str, float]
     missing: dict[str, Evaluated]
+    held_best: dict[str, Evaluated]
 
 
 def offline_settings(case: DigitsCase, batch: int, args: argparse.Namespace) -> tuple[Workload, OfflineConfig]:
@@ -125,22 +127,19 @@ def also_schedules(result: OfflineResult, calibration: Calibration,
     return {f"{ALSO} {i}": Evaluated(c, ALSO, latency.predict(c), search[c]) for i, c in enumerate(candidates, 1)}
 
 
-def held_out_uniform(result: OfflineResult, calibration: Calibration, drop: float,
-                     searched: dict[str, Evaluated]) -> dict[str, Evaluated]:
-    """{family + HELD: its fastest schedule within `drop` points on the held-out split}, every uniform schedule
-    the search measured being measured there too (through the run's journal), where it is not the family's best
-    in `searched`: the uniform schedules judged as the chosen one is reported, where `compared_schedules` judges
-    them as the search does. On the digits model of 2026-11-28 uniform ToMe r = 3 lost 7 and gained 1 of the
-    404 search images (bound 2.67 points) and held its accuracy on the held-out ones. This judgement favours the
-    uniform schedules: they are picked on the split that judges them (the fastest of about 20 whose measured
-    drop happens to stay within it), where the chosen schedule was picked on the search split."""
+def held_out_uniform(result: OfflineResult, calibration: Calibration, drop: float) -> dict[str, Evaluated]:
+    """{family: its fastest schedule within `drop` points on the held-out split}, every uniform schedule the
+    search measured being measured there too (through the run's journal): the uniform schedules judged as the
+    chosen one is reported, where `compared_schedules` judges them as the search does. On the digits model of
+    2026-11-28 uniform ToMe r = 3 lost 7 and gained 1 of the 404 search images (bound 2.67 points) and held its
+    accuracy on the held-out ones. This judgement favours the uniform schedules: they are picked on the split
+    that judges them (the fastest of about 20 whose measured drop happens to stay within it), where the chosen
+    schedule was picked on the search split."""
     found = result.frontier.found.result
     uniform = [e for e in found.evaluated if e.family in FAMILIES]
     measured = calibration.measure([NONE, *(e.candidate for e in uniform)], HELD_OUT)
     points = [e.with_held_out(measured[e.candidate]) for e in uniform]
-    best = fastest_held_out_by_family(points, found.baseline.with_held_out(measured[NONE]), drop)
-    return {family + HELD: point for family, point in best.items()
-            if family not in searched or point.candidate != searched[family].candidate}
+    return fastest_held_out_by_family(points, found.baseline.with_held_out(measured[NONE]), drop)
 
 
 def held_out(calibration: Calibration, compared: dict[str, Evaluated]) -> dict[str, object]:
@@ -186,7 +185,9 @@ def run_case(case: DigitsCase, batch: int, args: argparse.Namespace) -> Case:
     calibration = calibration_of(prepared, workload, config, case)
     compared = compared_schedules(result, config) | also_schedules(result, calibration, args.also)
     started = time.perf_counter()
-    compared |= held_out_uniform(result, calibration, args.drop, compared)
+    held_best = held_out_uniform(result, calibration, args.drop)
+    compared |= {family + HELD: point for family, point in held_best.items()  # a row where not already one
+                 if family not in compared or compared[family].candidate != point.candidate}
     accuracy = held_out(calibration, compared)
     held_s = time.perf_counter() - started
     started = time.perf_counter()
@@ -195,7 +196,7 @@ def run_case(case: DigitsCase, batch: int, args: argparse.Namespace) -> Case:
                                                       "side_by_side": time.perf_counter() - started}
     found = result.frontier.found.result
     missing = next_faster_missing(found.evaluated, found.baseline.accuracy, goal_of(config))
-    return Case(batch, result, compared, verification, accuracy, seconds, missing)
+    return Case(batch, result, compared, verification, accuracy, seconds, missing, held_best)
 
 
 def _interval(proportion) -> str:
@@ -217,13 +218,12 @@ def report(item: Case, drop: float, confidence: float) -> None:
           f"then held-out {seconds['held_out']:.0f} s and side by side {seconds['side_by_side']:.0f} s")
     print(f"  {'schedule':34s} {'family':16s} {'predicted':>9s} {'verified [95% CI]':>26s} "
           f"{'held-out ' + kind + ' [95% CI]':>28s} {'drop pts [95% CI, paired]':>26s}")
-    speed, losses = {}, {}
-    number = {p.candidate: i for i, p in enumerate(distinct_points(item.compared), start=1)}
+    speed, number = {}, {p.candidate: i for i, p in enumerate(distinct_points(item.compared), start=1)}
     for name, point in item.compared.items():
         measured = next(c for c in item.verification.candidates if c.remove == number[point.candidate])
         speed[name] = measured.speedup
         accuracy = item.held_out[name]
-        loss = losses[name] = 100 * (baseline.value - accuracy.value) if baseline is not None else float("nan")
+        loss = 100 * (baseline.value - accuracy.value) if baseline is not None else float("nan")
         paired = accuracy.drop_interval() if accuracy is not None else None
         spread = f" [{100 * paired[0]:+.2f}, {100 * paired[1]:+.2f}]" if paired else ""
         print(f"  {point.candidate.key[:34]:34s} {name:16s} {found.latency.baseline / point.predicted_ms:8.3f}x "
@@ -231,10 +231,9 @@ def report(item: Case, drop: float, confidence: float) -> None:
               f"{_interval(accuracy):>28s} {loss:8.2f}{spread:18s}")
     uniform = {k: v for k, v in speed.items()
                if k != CHOSEN and item.compared[k].family != ALSO and not k.endswith(HELD)}
-    held = {k: v for k, v in speed.items() if k.endswith(HELD)}  # with each family whose best holds held out
-    for family in FAMILIES:
-        if family in speed and family + HELD not in held and losses[family] <= drop:
-            held[family] = speed[family]
+    verified = {c.remove: c.speedup for c in item.verification.candidates}
+    held = {family + (HELD if family + HELD in item.compared else ""): verified[number[point.candidate]]
+            for family, point in item.held_best.items()}  # named as its row in the table
     also = {k: p for k, p in item.compared.items() if p.family == ALSO}
     best = max(uniform, key=uniform.get) if uniform else None
     for name, point in also.items():
