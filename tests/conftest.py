@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -84,22 +85,41 @@ def run_script(script: str, *args: str, cwd: Path | None = None, timeout: int = 
     )
 
 
-def run_in_process(*args: str) -> subprocess.CompletedProcess:
-    """`pomt ...` through `pomt.cli.main` in this process (no interpreter to start): its exit code, stdout and
-    stderr as a subprocess would give them; an exception that escapes main is written to stderr as the
-    traceback a user would see."""
+def _in_this_process(call, argv: list[str]) -> subprocess.CompletedProcess:
+    """`call()` with stdout and stderr captured: the exit code, stdout and stderr a subprocess running `argv`
+    would give; an exception that escapes is written to stderr as the traceback a user would see."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
         warnings.simplefilter("default")
         try:
-            main(list(args))
+            call()
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         except BaseException:
             traceback.print_exc(file=err)
             code = 1
-    return subprocess.CompletedProcess(["pomt", *args], code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+def run_in_process(*args: str) -> subprocess.CompletedProcess:
+    """`pomt ...` through `pomt.cli.main` in this process (no interpreter to start), as `_in_this_process`."""
+    return _in_this_process(lambda: main(list(args)), ["pomt", *args])
+
+
+def run_script_in_process(script: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """A top-level script run as `python SCRIPT ARGS` runs it (as `__main__`, its folder first on sys.path,
+    from `cwd`), in this process: starting an interpreter and importing torch and timm costs 5-8 s a test on
+    a 2-core VM. Each entry point keeps one test through a real subprocess (`run_script`)."""
+    path = ROOT / script
+    saved_argv, saved_path, saved_cwd = sys.argv[:], sys.path[:], os.getcwd()
+    sys.argv, sys.path[:0] = [str(path), *args], [str(path.parent)]
+    os.chdir(cwd or ROOT)
+    try:
+        return _in_this_process(lambda: runpy.run_path(str(path), run_name="__main__"), [sys.executable, *sys.argv])
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        os.chdir(saved_cwd)
 
 
 def schedule_dict(model: str = "deit_tiny_patch16_224", size: int = 224, **changes) -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bad_files_second import TRACE, make_bad_files
-from conftest import ROOT, assert_one_line_error, run_in_process, run_script
+from conftest import ROOT, assert_one_line_error, run_in_process, run_script_in_process
 
 TINY = ("--model", "deit_tiny", "--input-size", "64", "--batch-size", "1")
 TOO_MANY_THREADS = str((os.cpu_count() or 1) + 1)
@@ -195,7 +195,8 @@ def test_bad_input_is_one_line_and_exit_2(args, fragment, bad, tmp_path):
          "bench-script-deep-json"],
 )
 def test_the_scripts_themselves_say_it_in_one_line(script, args, fragment, bad, tmp_path):
-    result = run_script(script, *fill(args, bad, tmp_path), "--output-dir", str(tmp_path / "out"), cwd=tmp_path)
+    out = str(tmp_path / "out")
+    result = run_script_in_process(script, *fill(args, bad, tmp_path), "--output-dir", out, cwd=tmp_path)
     assert_one_line_error(result, fragment)
 
 

@@ -27,7 +27,7 @@ from pomt.models.registry import create_model
 from pomt.patching import patch, token_counts
 from pomt.runtimes import BACKENDS, DTYPES
 
-from conftest import assert_one_line_error, run_script
+from conftest import assert_one_line_error, run_script_in_process
 from flops_oracle import vit_flops
 
 PATCH, DEPTH = 16, 12  # deit_tiny
@@ -235,7 +235,7 @@ def test_sweep_table_and_heatmap(tmp_path, capsys):
 
 def test_missing_schedule_file_is_one_line(tmp_path):
     absent = str(tmp_path / "absent.json")
-    result = run_script("benchmark.py", "--schedule", absent, "--output-dir", str(tmp_path))
+    result = run_script_in_process("benchmark.py", "--schedule", absent, "--output-dir", str(tmp_path))
     assert_one_line_error(result, "schedule file not found")
 
 

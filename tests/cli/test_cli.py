@@ -1,6 +1,6 @@
 import json
 
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli, run_in_process
 
 
 def test_help_lists_commands():
@@ -11,7 +11,7 @@ def test_help_lists_commands():
 
 
 def test_device_json_has_clock_verdict():
-    result = run_cli("device", "--json")
+    result = run_in_process("device", "--json")
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     assert info["kind"] == "cpu"
@@ -20,7 +20,7 @@ def test_device_json_has_clock_verdict():
 
 
 def test_model_json_geometry():
-    result = run_cli("model", "deit_small", "--input-size", "448", "--json")
+    result = run_in_process("model", "deit_small", "--input-size", "448", "--json")
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     assert info["resolved"] == "deit_small_patch16_224"
@@ -28,12 +28,12 @@ def test_model_json_geometry():
 
 
 def test_unknown_model_is_one_line_exit_2():
-    assert_one_line_error(run_cli("model", "deit_smal"), "unknown model", "deit_small")
+    assert_one_line_error(run_in_process("model", "deit_smal"), "unknown model", "deit_small")
 
 
 def test_input_size_not_divisible_is_one_line_exit_2():
-    assert_one_line_error(run_cli("model", "deit_small", "--input-size", "230"), "not divisible")
+    assert_one_line_error(run_in_process("model", "deit_small", "--input-size", "230"), "not divisible")
 
 
 def test_unknown_option_is_one_line_exit_2():
-    assert_one_line_error(run_cli("model", "deit_small", "--bogus"), "--bogus")
+    assert_one_line_error(run_in_process("model", "deit_small", "--bogus"), "--bogus")

@@ -25,7 +25,7 @@ from pomt.models.geometry import model_geometry
 from pomt.models.registry import create_model
 from pomt.runtimes import onnxruntime_session
 
-from conftest import ROOT, assert_one_line_error, run_cli
+from conftest import ROOT, assert_one_line_error, run_cli, run_in_process
 
 try:
     import openvino
@@ -122,7 +122,7 @@ def test_cli_writes_openvino_ir_and_a_card(tmp_path, checkpoint):
 
 def test_bad_format_is_one_line_exit_2(tmp_path):
     schedule_path = _schedule(tmp_path, "pomt")
-    assert_one_line_error(run_cli("export", str(schedule_path), "--format", "tflite"), "unknown export format",
+    assert_one_line_error(run_in_process("export", str(schedule_path), "--format", "tflite"), "unknown export format",
                           "onnx, openvino")
 
 
@@ -146,6 +146,6 @@ def test_missing_package_is_one_line_exit_2(tmp_path):
 def test_unexportable_method_names_the_operation(tmp_path):
     """`random` draws from a torch.Generator inside the graph, which torch's exporter cannot carry."""
     schedule_path = _schedule(tmp_path, "random")
-    result = run_cli("export", str(schedule_path), "--no-pretrained")
+    result = run_in_process("export", str(schedule_path), "--no-pretrained")
     assert_one_line_error(result, "random schedule cannot be exported", "aten.rand")
     assert not default_output(schedule_path, "onnx").exists()

@@ -2,7 +2,7 @@
 
 import json
 
-from conftest import assert_one_line_error, run_script
+from conftest import assert_one_line_error, run_script, run_script_in_process
 
 
 def test_the_frontier_benchmark_measures_given_schedules_side_by_side(tmp_path):
@@ -23,13 +23,14 @@ def test_the_frontier_benchmark_measures_given_schedules_side_by_side(tmp_path):
 
 
 def test_an_also_schedule_the_model_cannot_take_is_one_line_before_anything_is_measured(tmp_path):
-    result = run_script("benchmarks/frontier.py", "--smoke", "--batch-sizes", "4", "--also", "tome:0=40",
-                        cwd=tmp_path)
+    result = run_script_in_process("benchmarks/frontier.py", "--smoke", "--batch-sizes", "4", "--also", "tome:0=40",
+                                   cwd=tmp_path)
     assert_one_line_error(result, "ToMe merges at most half")
     assert not list((tmp_path / "bin" / "frontier-bench").glob("bs4/*.curve.csv"))
 
 
 def test_a_curve_budget_outside_the_grid_is_one_line_before_anything_trains(tmp_path):
-    result = run_script("benchmarks/frontier.py", "--smoke", "--batch-sizes", "4", "--budget", "1.5", cwd=tmp_path)
+    result = run_script_in_process("benchmarks/frontier.py", "--smoke", "--batch-sizes", "4", "--budget", "1.5",
+                                   cwd=tmp_path)
     assert_one_line_error(result, "--budget must lie in (0, 1]")
     assert not (tmp_path / "bin").exists()  # nothing trained, nothing written

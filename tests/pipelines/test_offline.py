@@ -18,7 +18,7 @@ from pomt.formats.trace import read_trace
 from pomt.models.geometry import transformer_blocks
 from pomt.models.registry import create_model
 
-from conftest import DATA, ROOT, assert_one_line_error, run_cli, run_script
+from conftest import DATA, ROOT, assert_one_line_error, run_in_process, run_script, run_script_in_process
 from tiny_data import MODEL, SIZE
 
 STEM = "test_vit_cpu_bs2_is96"
@@ -48,7 +48,7 @@ def _offline(*args, out):
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path, args, fragments):
-    result = run_script("offline_computation.py", *args, "--output-dir", str(tmp_path), "--no-progress")
+    result = run_script_in_process("offline_computation.py", *args, "--output-dir", str(tmp_path), "--no-progress")
     assert_one_line_error(result, *fragments)
 
 
@@ -198,15 +198,16 @@ def test_a_bad_trace_is_one_line_exit_2(tmp_path):
     broken = tmp_path / "broken.csv"
     broken.write_text("tokens,pass,rep,t_s,ms\n197,0,0,0.0,oops\n")
     shutil.copy(DATA / "deit_tiny_bs1_shuffled.json", tmp_path / "broken.json")
-    assert_one_line_error(run_script("offline_computation.py", "--replay", str(broken), "--no-progress"),
+    assert_one_line_error(run_script_in_process("offline_computation.py", "--replay", str(broken), "--no-progress"),
                           "not a number")
     mismatched = tmp_path / "mismatched.csv"
     shutil.copy(DATA / "deit_tiny_bs1_shuffled.csv", mismatched)
     sidecar = json.loads((DATA / "deit_tiny_bs1_shuffled.json").read_text())
     (tmp_path / "mismatched.json").write_text(json.dumps({**sidecar, "model": "dinov2_small"}))
-    assert_one_line_error(run_script("offline_computation.py", "--replay", str(mismatched), "--no-progress"),
+    assert_one_line_error(run_script_in_process("offline_computation.py", "--replay", str(mismatched), "--no-progress"),
                           "N=197", "N=257")
-    assert_one_line_error(run_cli("record", "--model", "deit_tiny", "--passes", "1", "--no-progress"), "--passes")
+    record = run_in_process("record", "--model", "deit_tiny", "--passes", "1", "--no-progress")
+    assert_one_line_error(record, "--passes")
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import torch
 from pomt.errors import BackendError
 from pomt.runtimes.backend import BACKENDS, DTYPES, Backend, backend_info, check_backend, dtype_name, resolve_dtype
 
-from conftest import ROOT, assert_one_line_error, run_cli
+from conftest import ROOT, assert_one_line_error, run_in_process
 
 
 def test_dtypes_resolve_or_fail_in_one_line():
@@ -53,7 +53,7 @@ def test_missing_package_is_a_backend_error(monkeypatch):
 
 @pytest.mark.slow
 def test_cli_backend_errors_are_one_line_exit_2():
-    assert_one_line_error(run_cli("backend", "tflite"), "unknown backend 'tflite'")
+    assert_one_line_error(run_in_process("backend", "tflite"), "unknown backend 'tflite'")
     preamble = "import sys; sys.modules['onnxruntime'] = None; from pomt.cli import main; main(sys.argv[1:])"
     result = subprocess.run([sys.executable, "-c", preamble, "backend", "onnxruntime"], capture_output=True,
                             text=True, cwd=ROOT, timeout=300)

@@ -6,7 +6,7 @@ from pomt.device import device_fingerprint
 from pomt.errors import BatchSizeError, DeviceError, InputSizeError, UnknownModelError
 from pomt.workload.setup import output_stem, prepare_run
 
-from conftest import assert_one_line_error, run_script
+from conftest import assert_one_line_error, run_script_in_process
 
 
 def test_stem_names_model_device_batch_and_size():
@@ -45,7 +45,7 @@ def test_prepare_run_rejects_bad_settings(kwargs, error):
 def test_both_entry_points_refuse_unlocked_clocks(script, tmp_path):
     if device_fingerprint("cpu").clocks_locked is True:
         pytest.skip("this machine's CPU clocks are locked")
-    result = run_script(script, "--model", "deit_tiny", "--device", "cpu", "--require-locked-clocks",
+    result = run_script_in_process(script, "--model", "deit_tiny", "--device", "cpu", "--require-locked-clocks",
                         "--output-dir", str(tmp_path))
     assert_one_line_error(result, "clocks")
     assert not any(tmp_path.iterdir())
