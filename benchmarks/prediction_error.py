@@ -23,7 +23,14 @@ read 12% in one minute and 29% in another. Printed per schedule: the predicted a
 error of the predicted latency, both at this run's unpruned median.
 Goal (issue 30): |error| <= 3% for multi-block schedules of every reducer.
 
-Usage: python benchmarks/prediction_error.py [--part multi] [--workloads deit_small:4:224 ...] [-- extra options]
+ops: where the curve fails to add up. For each multi-block schedule's token counts (no reducer: the counts
+dropped), one forward a round is profiled (torch.profiler, self CPU time per operator) beside the whole
+model at each count in the layout, in the same paired rounds. Printed per layout: its profiled excess over
+the blocks' sum, sum_b op(L(n_b)) / D for each operator, and the operators that carry it. On the 2-core Intel
+VM the counts dropped ran 3.5-6.8% slower than the blocks' sum while the AMD VM read -2.1% to +1.8%; this
+part says in which operators the difference lies (CPU only).
+
+Usage: python benchmarks/prediction_error.py [--part multi|ops] [--workloads deit_small:4:224 ...] [-- extra options]
 Tiny check: python benchmarks/prediction_error.py --part multi --workloads deit_tiny:1:64 --rounds 3 \
     --cost-rounds 2 --curve-points 6
 On a GPU (multi only): --device cuda --dtype float16 --workloads deit_base:64:224
@@ -87,9 +94,10 @@ def multi_block_schedules(num_tokens: int, prefix: int, depth: int) -> list:
 
 
 def paired_rounds(model, x, variants: dict, rounds: int, seed: int, threads: int | None,
-                  what: str, device: str = "cpu") -> dict[str, list[float]]:
-    """Per variant, one time (ms) per round: every round visits all variants in a seeded random order, each
-    visit entering its context on `model` (a truncation, a patch), one untimed forward, then one timed."""
+                  what: str, device: str = "cpu", measure=None) -> dict[str, list]:
+    """Per variant, one reading per round: every round visits all variants in a seeded random order, each
+    visit entering its context on `model` (a truncation, a patch), one untimed forward, then one measured:
+    its time (ms) by default, or `measure(forward)`."""
     import numpy as np
     import torch
     from tqdm import tqdm
@@ -97,14 +105,84 @@ def paired_rounds(model, x, variants: dict, rounds: int, seed: int, threads: int
     from pomt.measurement.timing import fixed_threads, time_calls
 
     rng, names = np.random.default_rng(seed), list(variants)
-    times: dict[str, list[float]] = {name: [] for name in names}
+    readings: dict[str, list] = {name: [] for name in names}
     with fixed_threads(threads) as used, torch.inference_mode():
         for _ in tqdm(range(rounds), desc=what, unit="round", leave=False):
             for i in rng.permutation(len(names)):
                 with variants[names[i]]():
                     model(x)
-                    times[names[i]] += time_calls(lambda: model(x), device, 1, used)
-    return times
+                    if measure is None:
+                        readings[names[i]] += time_calls(lambda: model(x), device, 1, used)
+                    else:
+                        readings[names[i]].append(measure(lambda: model(x)))
+    return readings
+
+
+def operator_ms(forward) -> dict[str, float]:
+    """Self CPU time (ms) of each operator in one profiled call of `forward` (the profiler's own start and stop
+    lines, which its C++ side writes to stderr at every call, are dropped)."""
+    import os
+
+    from torch.profiler import ProfilerActivity, profile
+
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            forward()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+    return {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages()}
+
+
+def mixed_ops(workload: str, args: argparse.Namespace) -> None:
+    """Per multi-block layout (counts dropped, no reducer): its profiled excess over the blocks' sum and the
+    operators that carry it."""
+    import numpy as np
+    import torch
+
+    from pomt.choice.schedule_latency import LatencyModel
+    from pomt.models.geometry import model_geometry
+    from pomt.models.registry import create_model
+    from pomt.models.tokens import dropped_to, truncate_tokens
+
+    model_name, batch, size = workload.split(":")
+    net = create_model(model_name, int(size)).eval()
+    x = torch.randn(int(batch), 3, int(size), int(size), generator=torch.Generator().manual_seed(args.seed))
+    g = model_geometry(net)
+    probe = LatencyModel({g.num_tokens: 1.0, g.prefix_tokens + 1: 1.0}, g.num_tokens, g.prefix_tokens, g.depth)
+    layouts: dict[tuple[int, ...], list[str]] = {}
+    for c in multi_block_schedules(g.num_tokens, g.prefix_tokens, g.depth):
+        layouts.setdefault(tuple(probe.counts(c)[:g.depth]), []).append(c.key)
+    counts = sorted({n for layout in layouts for n in layout})
+    variants = {f"L({n})": (lambda n=n: truncate_tokens(net, n)) for n in counts}
+    variants.update({f"drop{layout}": (lambda layout=layout: dropped_to(net, layout)) for layout in layouts})
+    readings = paired_rounds(net, x, variants, args.rounds, args.seed + 1, args.threads,
+                             "curve and layouts, profiled", measure=operator_ms)
+    ops = sorted({op for per_round in readings.values() for reading in per_round for op in reading})
+    median = {name: {op: float(np.median([r.get(op, 0.0) for r in per_round])) for op in ops}
+              for name, per_round in readings.items()}
+    print(f"{workload} (cpu, operators' self time, {args.rounds} paired rounds): {len(counts)} counts, "
+          f"{len(layouts)} layouts")
+    shares: dict[str, list[float]] = {op: [] for op in ops}
+    for layout, keys in layouts.items():
+        dropped = median[f"drop{layout}"]
+        blocks = {op: sum(median[f"L({n})"][op] for n in layout) / g.depth for op in ops}
+        excess = {op: dropped[op] - blocks[op] for op in ops}
+        total, expected = sum(dropped.values()), sum(blocks.values())
+        for op in ops:
+            shares[op].append(excess[op] / expected)
+        top = sorted(ops, key=lambda op: -abs(excess[op]))[:4]
+        print(f"  {', '.join(keys)}: profiled {total:.3f} ms against the blocks' sum {expected:.3f} ms "
+              f"({100 * (total / expected - 1):+.2f}%); by operator: " + ", ".join(
+                  f"{op} {excess[op]:+.3f} ms ({100 * excess[op] / max(blocks[op], 1e-9):+.0f}%)" for op in top))
+    mean = {op: float(np.mean(v)) for op, v in shares.items()}
+    top = sorted(ops, key=lambda op: -abs(mean[op]))[:6]
+    print("  mean share of the blocks' sum, over the layouts: " + ", ".join(f"{op} {100 * mean[op]:+.2f}%"
+                                                                           for op in top)
+          + f"; all operators {100 * sum(mean.values()):+.2f}%")
 
 
 def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
@@ -180,8 +258,10 @@ def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), help="model:batch:input_size")
-    parser.add_argument("--part", choices=("single", "multi", "both"), default="both",
-                        help="single: the offline computation's shipped schedules; multi: multi-block schedules")
+    parser.add_argument("--part", choices=("single", "multi", "ops", "both"), default="both",
+                        help="single: the offline computation's shipped schedules; multi: multi-block schedules; "
+                             "ops: the multi-block layouts' excess over the blocks' sum, by operator (CPU); "
+                             "both: single and multi")
     parser.add_argument("--budget", type=float, default=0.9, help="latency budget as a fraction of unpruned")
     # at batch 1 twenty rounds left each measured speedup an interval of +-2-4%, too wide to tell a 3% error
     parser.add_argument("--rounds", type=int, default=60, help="multi: paired rounds (curve and schedules)")
@@ -196,10 +276,17 @@ def main() -> None:
                         help="multi: the host allocator measured under (as the offline computation's --allocator)")
     parser.add_argument("extra", nargs="*", help="further offline_computation.py options (after --)")
     args = parser.parse_args()
-    if args.part in ("multi", "both"):
+    if args.part in ("multi", "ops", "both"):
         from pomt.device.allocator import allocator_words, use_allocator
 
         print(f"allocator: {allocator_words(use_allocator(args.allocator))}")
+    if args.part == "ops":
+        if args.device != "cpu":
+            parser.error("--part ops profiles the CPU only")
+        for workload in args.workloads:
+            mixed_ops(workload, args)
+        return
+    if args.part in ("multi", "both"):
         errors = [e for workload in args.workloads for e in multi_block(workload, args)]
         met = all(e <= GOAL for e in errors)
         print(f"multi-block: largest |error| {100 * max(errors):.2f}% over {len(errors)} schedules "
