@@ -264,25 +264,27 @@ def main() -> None:
                              "both: single and multi")
     parser.add_argument("--budget", type=float, default=0.9, help="latency budget as a fraction of unpruned")
     # at batch 1 twenty rounds left each measured speedup an interval of +-2-4%, too wide to tell a 3% error
-    parser.add_argument("--rounds", type=int, default=60, help="multi: paired rounds (curve and schedules)")
+    parser.add_argument("--rounds", type=int, default=60, help="multi, ops: paired rounds (curve and schedules)")
     parser.add_argument("--cost-rounds", type=int, default=None,
                         help="multi: rounds of the reducer-cost measurement (default: the offline computation's)")
     parser.add_argument("--curve-points", type=int, default=24, help="multi: counts at which L(n) is measured")
-    parser.add_argument("--threads", type=int, default=None, help="multi: CPU threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=None, help="multi, ops: CPU threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="multi: where the model is timed (cuda: CUDA events)")
     parser.add_argument("--dtype", default="float32", choices=DTYPES, help="multi: model and input dtype")
     parser.add_argument("--allocator", choices=ALLOCATORS, default="steady",
-                        help="multi: the host allocator measured under (as the offline computation's --allocator)")
+                        help="multi, ops: the host allocator measured under (as the offline computation's --allocator)")
     parser.add_argument("extra", nargs="*", help="further offline_computation.py options (after --)")
     args = parser.parse_args()
+    if args.part == "ops" and args.device != "cpu":
+        from pomt.cli.app import fail
+
+        fail("--part ops profiles the CPU only")
     if args.part in ("multi", "ops", "both"):
         from pomt.device.allocator import allocator_words, use_allocator
 
         print(f"allocator: {allocator_words(use_allocator(args.allocator))}")
     if args.part == "ops":
-        if args.device != "cpu":
-            parser.error("--part ops profiles the CPU only")
         for workload in args.workloads:
             mixed_ops(workload, args)
         return
