@@ -114,8 +114,8 @@ def run_script_in_process(script: str, *args: str, cwd: Path | None = None) -> s
     path = ROOT / script
     saved_argv, saved_path, saved_cwd = sys.argv[:], sys.path[:], os.getcwd()
     sys.argv, sys.path[:0] = [str(path), *args], [str(path.parent)]
-    os.chdir(cwd or ROOT)
     try:
+        os.chdir(cwd or ROOT)
         return _in_this_process(lambda: runpy.run_path(str(path), run_name="__main__"), [sys.executable, *sys.argv])
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
