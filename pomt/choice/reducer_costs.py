@@ -55,7 +55,8 @@ from torch import nn
 
 from pomt.choice.candidates import Candidate
 from pomt.choice.families import FAMILY_POINTS, tome_constant, tome_values
-from pomt.choice.schedule_latency import ReducerCost
+from pomt.choice.schedule_latency import MixedCounts, ReducerCost
+from pomt.measurement.paired import paired_effect
 from pomt.measurement.sources import calibrate_reps
 from pomt.measurement.timing import fixed_threads, synchronize, time_calls
 from pomt.models.geometry import model_geometry
@@ -202,6 +203,27 @@ def _whole_model_tome(model: nn.Module, x: torch.Tensor, cost: ReducerCost, poin
     priced = sum(cost.at_block(counts[b], counts[b] - counts[b + 1], b > merges[0]) for b in range(depth))
     measured = float(np.median(np.subtract(times["uniform"], times["uniform dropped"])))
     return replace(cost, later=(measured - priced) / (len(merges) - 1))
+
+
+def mixed_layout(num_tokens: int, prefix_tokens: int, depth: int) -> tuple[int, ...]:
+    """The counts entering each block of uniform ToMe (`repeat_schedule`): a layout that changes its count at
+    every block, whose excess over the curve calibrates `MixedCounts`."""
+    uniform = repeat_schedule(num_tokens, prefix_tokens, depth)
+    return tuple(token_counts(num_tokens, prefix_tokens, depth, "tome", uniform.as_dict())[:depth])
+
+
+def measure_mixed_counts(model: nn.Module, x: torch.Tensor, *, device: str = "cpu", threads: int | None = None,
+                         rounds: int = COST_ROUNDS, reps: int | None = None, seed: int = 0) -> MixedCounts:
+    """`mixed_layout`'s counts dropped (no reducer) against the unpruned model, in `rounds` paired rounds of
+    `reps` forwards a visit (None: `visit_reps`): the latency model's calibration of mixed counts
+    (`pomt.choice.schedule_latency`, Mixed counts)."""
+    geometry = model_geometry(model)
+    layout = mixed_layout(geometry.num_tokens, geometry.prefix_tokens, geometry.depth)
+    reps = visit_reps(model, x, device, threads) if reps is None else reps
+    contexts = {UNPRUNED: contextlib.nullcontext, "mixed": partial(dropped_to, model, layout)}
+    times = _paired_rounds(model, x, contexts, device, threads, rounds, reps, seed)
+    effect = paired_effect(times[UNPRUNED], times["mixed"])
+    return MixedCounts(layout, effect.ratio, effect.ci)
 
 
 def paired_variants(method: str, block: int, tokens: int, remove: int) -> tuple[Variant, Variant]:

@@ -13,11 +13,13 @@ from pomt.choice.reducer_costs import (
     _variant,
     at_unit_speed,
     cost_points,
+    measure_mixed_counts,
     measure_reducer_costs,
+    mixed_layout,
     paired_variants,
     repeat_schedule,
 )
-from pomt.choice.schedule_latency import LatencyModel, ReducerCost, has_trend
+from pomt.choice.schedule_latency import LatencyModel, MixedCounts, ReducerCost, count_changes, has_trend
 from pomt.choice.verify import cost_function
 from pomt.models.registry import create_model
 
@@ -126,6 +128,41 @@ def test_costs_are_charged_at_the_curves_speed_not_the_speed_they_were_measured_
     assert ReducerCost.from_dict(cost.to_dict()) == cost
     old = {k: v for k, v in cost.to_dict().items() if k != "unit_ms"}  # a costs file written before the unit
     assert ReducerCost.from_dict(old).unit_ms is None
+
+
+def test_mixed_counts_are_charged_by_the_square_root_of_the_changes_as_the_run_calibrated_them():
+    """The calibration layout (11 count changes) measured 3.3% over the curve's sum of its blocks: a schedule that
+    changes its count once pays 3.3% / sqrt(11) of its blocks' sum, twice sqrt(2) times that; the unpruned model
+    and a removal at the last block (no block sees another count) pay nothing."""
+    layout = mixed_layout(N, P, D)
+    assert count_changes(layout, D) == 11
+    plain = LatencyModel(CURVE, N, P, D)
+    predicted = plain.predict_counts(layout)
+    assert predicted == pytest.approx(sum(block(n) for n in layout) / CURVE[N])
+    mixed = MixedCounts(layout, predicted * 1.033, (predicted * 1.01, predicted * 1.06))
+    model = LatencyModel(CURVE, N, P, D, mixed=mixed)
+    kappa = 0.033 / np.sqrt(11)
+    assert model.kappa == pytest.approx(kappa)
+    once, twice = Candidate.of("pomt", {3: 8}), Candidate.of("pomt", {3: 8, 7: 8})
+    for candidate, changes in ((once, 1), (twice, 2)):
+        blocks = plain.predict(candidate)
+        assert model.predict(candidate) == pytest.approx(blocks * (1 + kappa * np.sqrt(changes)))
+    assert model.baseline == plain.baseline
+    last = Candidate.of("pomt", {D - 1: 8})
+    assert count_changes(model.counts(last), D) == 0 and model.predict(last) == plain.predict(last)
+    assert MixedCounts.from_dict(mixed.to_dict()) == mixed
+    held = MixedCounts(layout, predicted * 1.033, (predicted * 0.99, predicted * 1.06))  # its interval holds it
+    assert LatencyModel(CURVE, N, P, D, mixed=held).kappa == 0.0
+    faster = MixedCounts(layout, predicted * 0.98, (predicted * 0.97, predicted * 0.99))  # a machine that gains
+    assert LatencyModel(CURVE, N, P, D, mixed=faster).predict(once) < plain.predict(once)
+
+
+def test_the_mixed_counts_calibration_times_its_layout_against_the_unpruned_model():
+    model = create_model("test_vit", 64).eval()  # 17 tokens, 6 blocks
+    x = torch.randn(1, 3, 64, 64)
+    mixed = measure_mixed_counts(model, x, rounds=2)
+    assert mixed.layout == mixed_layout(17, 1, 6) and count_changes(mixed.layout, 6) == 5
+    assert mixed.ci[0] <= mixed.ratio <= mixed.ci[1] and mixed.ratio > 0
 
 
 def test_each_rounds_times_are_divided_by_that_rounds_speed():

@@ -53,6 +53,9 @@ def test_the_frontier_run_writes_its_files_a_schedule_that_applies_and_resumes(t
     assert document["format"] == "pomt.frontier" and document["accuracy_kind"] == "top1"
     assert set(document["seconds"]) == {"latency", "reducer_costs", "accuracy"}
     assert set(document["reducer_costs"]) == {"pomt", "topk", "tome", "l2norm"}
+    mixed = document["mixed_counts"]  # the latency model's calibration of mixed counts, measured in the run
+    assert len(mixed["layout"]) == 6 and mixed["ci"][0] <= mixed["ratio"] <= mixed["ci"][1]
+    assert isinstance(mixed["kappa"], float)
 
     data = json.loads((tmp_path / f"{STEM}.schedule.json").read_text())
     assert data["policy"]["name"] == "frontier" and data["predicted"]["accuracy_kind"] == "top1"
@@ -104,6 +107,9 @@ def test_the_frontier_run_writes_its_files_a_schedule_that_applies_and_resumes(t
     assert f"{len(lines) - 11} accuracies measured now" in again.stdout
     assert sorted(_journal_lines(tmp_path)[1:]) == sorted(lines[1:])
     assert _rows(tmp_path, "search_accuracy") == [(r["key"], r["search_accuracy"]) for r in rows]
+    again_document = json.loads((tmp_path / f"{STEM}.frontier.json").read_text())
+    for priced_by in ("reducer_costs", "mixed_counts"):  # as the killed run measured them, not measured anew
+        assert again_document[priced_by] == document[priced_by]
     resumed = json.loads((tmp_path / f"{STEM}.schedule.json").read_text())
     if resumed["policy"]["reason_code"] != "no_candidate":  # --no-verify ships the best frontier schedule
         assert resumed["prune"] and resumed["frontier"]["chosen"]["held_out"]["images"] == 20

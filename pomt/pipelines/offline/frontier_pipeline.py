@@ -60,7 +60,9 @@ def choose_on_frontier(request: Request, run: Run, setup: FrontierSetup, latency
              "accuracy_confidence": goal.confidence, "chosen": None if chosen is None else chosen.key,
              "best_uniform": record["best_uniform"], "unresolved": record["unresolved"],
              "seconds": found.seconds, "journal": setup.journal.name,
-             "reducer_costs": {m: c.to_dict() for m, c in found.latency.costs.items()}}
+             "reducer_costs": {m: c.to_dict() for m, c in found.latency.costs.items()},
+             "mixed_counts": None if found.latency.mixed is None else {**found.latency.mixed.to_dict(),
+                                                                       "kappa": round(found.latency.kappa, 6)}}
     floor = None if goal.max_drop_points is None else result.baseline.accuracy - goal.max_drop_points / 100
     title = (f"{run.geometry.model}, batch {run.setup.batch_size}, {kind} on {facts['search_images']} search "
              f"images: {result.evals} schedules measured")

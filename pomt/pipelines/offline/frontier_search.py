@@ -17,8 +17,8 @@ from pomt.choice.frontier import FrontierResult, search_frontier, with_held_out
 from pomt.choice.frontier import SearchSettings as FrontierSettings
 from pomt.choice.frontier_choice import Unresolved, best_uniform, preference, to_verify, unresolved, unresolved_note
 from pomt.choice.pareto import Evaluated
-from pomt.choice.reducer_costs import measure_reducer_costs
-from pomt.choice.schedule_latency import LatencyModel, ReducerCost
+from pomt.choice.reducer_costs import measure_mixed_counts, measure_reducer_costs
+from pomt.choice.schedule_latency import LatencyModel, MixedCounts, ReducerCost
 from pomt.io import atomic_write_json
 from pomt.pipelines.offline.config import DEFAULT_DROP, Request
 from pomt.pipelines.offline.frontier_setup import FrontierSetup
@@ -52,36 +52,38 @@ def costs_path(output_dir: str | Path, stem: str) -> Path:
     return Path(output_dir) / f"{stem}.{COSTS}"
 
 
-def reducer_costs(request: Request, run: Run) -> tuple[dict[str, ReducerCost], tuple[str, ...]]:
-    """Each reducer's own cost inside the model (eager, live runs), kept beside the outputs so that a resumed
-    run prices every schedule as the killed one did (and so takes the same decisions); elsewhere none, with
-    a note."""
+def reducer_costs(request: Request, run: Run) -> tuple[dict[str, ReducerCost], MixedCounts | None, tuple[str, ...]]:
+    """Each reducer's own cost inside the model and the calibration of mixed counts (eager, live runs), kept
+    beside the outputs so that a resumed run prices every schedule as the killed one did (and so takes the
+    same decisions); elsewhere none, with a note."""
     workload = request.workload
     if run.replay is not None or run.prepared.x is None:
-        return {}, ("replayed trace: reducer costs not measured, schedules priced from the curve alone",)
+        return {}, None, ("replayed trace: reducer costs not measured, schedules priced from the curve alone",)
     if workload.backend != Backend.EAGER.value:
-        return {}, (f"reducer costs not measured on {workload.backend} (eager blocks only)",)
+        return {}, None, (f"reducer costs not measured on {workload.backend} (eager blocks only)",)
     path = costs_path(workload.output_dir, run.setup.stem)
     if workload.resume and path.is_file():
         try:
             saved = json.loads(path.read_text(encoding="utf-8"))
-            return {m: ReducerCost.from_dict(c) for m, c in saved.items()}, ()
+            return ({m: ReducerCost.from_dict(c) for m, c in saved["reducers"].items()},
+                    MixedCounts.from_dict(saved["mixed_counts"]), ())
         except (ValueError, KeyError, TypeError):
-            pass  # unreadable: measured again
-    costs = measure_reducer_costs(run.prepared.model, run.prepared.x, REDUCERS, device=run.setup.device,
-                                  threads=workload.threads, seed=workload.seed)
-    atomic_write_json(path, {m: c.to_dict() for m, c in costs.items()})
-    return costs, ()
+            pass  # unreadable or written before the mixed counts: measured again
+    model, x, device = run.prepared.model, run.prepared.x, run.setup.device
+    costs = measure_reducer_costs(model, x, REDUCERS, device=device, threads=workload.threads, seed=workload.seed)
+    mixed = measure_mixed_counts(model, x, device=device, threads=workload.threads, seed=workload.seed + 2)
+    atomic_write_json(path, {"reducers": {m: c.to_dict() for m, c in costs.items()}, "mixed_counts": mixed.to_dict()})
+    return costs, mixed, ()
 
 
 def search(request: Request, run: Run, setup: FrontierSetup, latency: Latency) -> FrontierFound:
     """Costs, latency model, search, held-out accuracies and the shippable schedules (module docstring)."""
     config, geometry, calibration, goal = request.config, run.geometry, setup.calibration, setup.goal
     started = time.perf_counter()
-    costs, notes = reducer_costs(request, run)
+    costs, mixed, notes = reducer_costs(request, run)
     cost_s = time.perf_counter() - started
     model = LatencyModel({p.tokens: p.latency_ms for p in latency.search.points}, geometry.num_tokens,
-                         geometry.prefix_tokens, geometry.depth, costs)
+                         geometry.prefix_tokens, geometry.depth, costs, mixed)
     settings = FrontierSettings(
         max_evals=config.max_evals, latency_budget_ms=config.latency_budget_ms,
         max_accuracy_drop=goal.max_drop_points if goal.max_drop_points is not None else DEFAULT_DROP,
