@@ -215,7 +215,8 @@ def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
     rounds = {} if args.cost_rounds is None else {"rounds": args.cost_rounds}
     costs = measure_reducer_costs(net, x, REDUCERS, device=args.device, threads=args.threads, seed=args.seed,
                                   **rounds)
-    mixed = measure_mixed_counts(net, x, device=args.device, threads=args.threads, seed=args.seed + 2, **rounds)
+    mixed = measure_mixed_counts(net, x, device=args.device, threads=args.threads, seed=args.seed + 2,
+                                 **{k: 2 * v for k, v in rounds.items()})
     cost_s = time.perf_counter() - start
 
     layouts = {c.key: tuple(probe.counts(c)[:depth]) for c in schedules}

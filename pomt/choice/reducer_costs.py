@@ -70,6 +70,8 @@ MEASURED_BLOCKS = 2  # the cut model's depth: one plain block, then the last blo
 MIN_VISIT_MS = 5.0  # a visit's forwards last about this long (`visit_reps`)
 MAX_REPS = 32
 COST_ROUNDS = 21  # paired rounds of the costs (module docstring)
+MIXED_ROUNDS = 2 * COST_ROUNDS  # of the mixed counts' calibration: two whole-model variants, charged only where
+# significant (at 21 rounds its interval spanned +-4% in a noisy stretch on the Intel VM and held a +2.3% excess)
 SPEED_WINDOW = 5  # rounds over which the unpruned model's time is smoothed into a round's speed
 UNPRUNED = "unpruned"  # the whole model, unpatched: each round's speed
 
@@ -213,7 +215,7 @@ def mixed_layout(num_tokens: int, prefix_tokens: int, depth: int) -> tuple[int, 
 
 
 def measure_mixed_counts(model: nn.Module, x: torch.Tensor, *, device: str = "cpu", threads: int | None = None,
-                         rounds: int = COST_ROUNDS, reps: int | None = None, seed: int = 0) -> MixedCounts:
+                         rounds: int = MIXED_ROUNDS, reps: int | None = None, seed: int = 0) -> MixedCounts:
     """`mixed_layout`'s counts dropped (no reducer) against the unpruned model, in `rounds` paired rounds of
     `reps` forwards a visit (None: `visit_reps`): the latency model's calibration of mixed counts
     (`pomt.choice.schedule_latency`, Mixed counts)."""

@@ -171,7 +171,7 @@ class MixedCounts:
     ci: tuple[float, float]
 
     def to_dict(self) -> dict:
-        return {"layout": list(self.layout), "ratio": self.ratio, "ci": list(self.ci)}  # unrounded: a resume prices alike
+        return {"layout": list(self.layout), "ratio": self.ratio, "ci": list(self.ci)}  # a resume prices alike
 
     @classmethod
     def from_dict(cls, data: Mapping) -> MixedCounts:
