@@ -23,6 +23,12 @@ read 12% in one minute and 29% in another. Printed per schedule: the predicted a
 error of the predicted latency, both at this run's unpruned median.
 Goal (issue 30): |error| <= 3% for multi-block schedules of every reducer.
 
+changes: how the excess grows with the count changes. Layouts whose blocks average about the same count m (about
+three quarters of the patch tokens) with 1 to depth - 1 changes, dropped, against the uniform model at m and the
+line's check (L(N) + L(2m - N)) / 2 against L(m), in the same paired rounds (CPU only). On the Intel VM (deit_tiny
+at 112 px, batch 16, 120 rounds) one change read +0.5% to +2.8%, eleven +5.6%: the form the latency model charges
+(`pomt.choice.schedule_latency`, Mixed counts).
+
 ops: where the curve fails to add up. For each multi-block schedule's token counts (no reducer: the counts
 dropped), one forward a round is profiled (torch.profiler, self CPU time per operator) beside the whole
 model at each count in the layout, in the same paired rounds. Printed per layout: its profiled excess over
@@ -30,7 +36,8 @@ the blocks' sum, sum_b op(L(n_b)) / D for each operator, and the operators that 
 VM the counts dropped ran 3.5-6.8% slower than the blocks' sum while the AMD VM read -2.1% to +1.8%; this
 part says in which operators the difference lies (CPU only).
 
-Usage: python benchmarks/prediction_error.py [--part multi|ops] [--workloads deit_small:4:224 ...] [-- extra options]
+Usage: python benchmarks/prediction_error.py [--part multi|ops|changes] [--workloads deit_small:4:224 ...]
+       [-- extra options]
 Tiny check: python benchmarks/prediction_error.py --part multi --workloads deit_tiny:1:64 --rounds 3 \
     --cost-rounds 2 --curve-points 6
 On a GPU (multi only): --device cuda --dtype float16 --workloads deit_base:64:224
@@ -185,6 +192,58 @@ def mixed_ops(workload: str, args: argparse.Namespace) -> None:
           + f"; all operators {100 * sum(mean.values()):+.2f}%")
 
 
+def equal_mean_layouts(num_tokens: int, prefix: int, depth: int) -> tuple[int, dict[str, tuple[int, ...]]]:
+    """A mean count m (about three quarters of the patch tokens) and layouts whose blocks average about m:
+    k levels from N down to 2m - N over equal runs of blocks (k - 1 count changes) for k = 2, 3, 6 and depth,
+    and one change after block 0."""
+    import numpy as np
+
+    mean = prefix + round(0.75 * (num_tokens - prefix))
+    layouts = {}
+    for k in sorted({2, 3, min(6, depth), depth}):
+        levels = np.linspace(num_tokens, 2 * mean - num_tokens, k).round().astype(int)
+        runs = np.array_split(np.arange(depth), k)
+        layouts[f"{k} levels"] = tuple(int(levels[i]) for i, run in enumerate(runs) for _ in run)
+    rest = round((depth * mean - num_tokens) / (depth - 1))
+    layouts["one change after block 0"] = (num_tokens, *[rest] * (depth - 1))
+    return mean, layouts
+
+
+def count_changes_excess(workload: str, args: argparse.Namespace) -> None:
+    """Layouts of about the same mean count m with 1 to depth - 1 count changes (counts dropped, no reducer)
+    against the uniform model at m, in the same paired rounds: how the excess over the blocks' sum grows with
+    the changes (the form `pomt.choice.schedule_latency` charges, Mixed counts)."""
+    import numpy as np
+    import torch
+
+    from pomt.choice.schedule_latency import count_changes
+    from pomt.measurement.paired import paired_effect
+    from pomt.models.geometry import model_geometry
+    from pomt.models.registry import create_model
+    from pomt.models.tokens import dropped_to, truncate_tokens
+
+    model_name, batch, size = workload.split(":")
+    net = create_model(model_name, int(size)).eval()
+    x = torch.randn(int(batch), 3, int(size), int(size), generator=torch.Generator().manual_seed(args.seed))
+    g = model_geometry(net)
+    mean, layouts = equal_mean_layouts(g.num_tokens, g.prefix_tokens, g.depth)
+    low = 2 * mean - g.num_tokens
+    variants = {f"L({n})": (lambda n=n: truncate_tokens(net, n)) for n in (g.num_tokens, mean, low)}
+    variants.update({name: (lambda layout=layout: dropped_to(net, layout)) for name, layout in layouts.items()})
+    times = paired_rounds(net, x, variants, args.rounds, args.seed + 1, args.threads, "layouts, paired")
+    at_mean = times[f"L({mean})"]
+    ends = np.add(times[f"L({g.num_tokens})"], times[f"L({low})"]) / 2
+    line = paired_effect(at_mean, ends)
+    print(f"{workload} (cpu, {args.rounds} paired rounds): layouts averaging about {mean} tokens against the "
+          f"uniform model at {mean}; linearity: (L({g.num_tokens}) + L({low})) / 2 over L({mean}) "
+          f"{100 * (line.ratio - 1):+.2f}% [{100 * (line.ci[0] - 1):+.2f}, {100 * (line.ci[1] - 1):+.2f}]")
+    for name, layout in layouts.items():
+        effect = paired_effect(at_mean, times[name])
+        print(f"  {name:<26s} {count_changes(layout, g.depth):>2d} changes, mean {np.mean(layout):.2f} "
+              f"({'-'.join(map(str, layout))}): {100 * (effect.ratio - 1):+.2f}% "
+              f"[{100 * (effect.ci[0] - 1):+.2f}, {100 * (effect.ci[1] - 1):+.2f}]")
+
+
 def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
     """Predicted against measured latency of every multi-block schedule on one workload; the |errors|."""
     import numpy as np
@@ -268,9 +327,10 @@ def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), help="model:batch:input_size")
-    parser.add_argument("--part", choices=("single", "multi", "ops", "both"), default="both",
+    parser.add_argument("--part", choices=("single", "multi", "ops", "changes", "both"), default="both",
                         help="single: the offline computation's shipped schedules; multi: multi-block schedules; "
                              "ops: the multi-block layouts' excess over the blocks' sum, by operator (CPU); "
+                             "changes: the excess of equal-mean layouts by their count changes (CPU); "
                              "both: single and multi")
     parser.add_argument("--budget", type=float, default=0.9, help="latency budget as a fraction of unpruned")
     # at batch 1 twenty rounds left each measured speedup an interval of +-2-4%, too wide to tell a 3% error
@@ -286,17 +346,17 @@ def main() -> None:
                         help="multi, ops: the host allocator measured under (as the offline computation's --allocator)")
     parser.add_argument("extra", nargs="*", help="further offline_computation.py options (after --)")
     args = parser.parse_args()
-    if args.part == "ops" and args.device != "cpu":
+    if args.part in ("ops", "changes") and args.device != "cpu":
         from pomt.cli.app import fail
 
-        fail("--part ops profiles the CPU only")
-    if args.part in ("multi", "ops", "both"):
+        fail(f"--part {args.part} measures the CPU only")
+    if args.part in ("multi", "ops", "changes", "both"):
         from pomt.device.allocator import allocator_words, use_allocator
 
         print(f"allocator: {allocator_words(use_allocator(args.allocator))}")
-    if args.part == "ops":
+    if args.part in ("ops", "changes"):
         for workload in args.workloads:
-            mixed_ops(workload, args)
+            (mixed_ops if args.part == "ops" else count_changes_excess)(workload, args)
         return
     if args.part in ("multi", "both"):
         errors = [e for workload in args.workloads for e in multi_block(workload, args)]

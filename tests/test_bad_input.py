@@ -236,6 +236,8 @@ SCRIPT_CASES = [
      ["cannot read schedule 'tome:0'"]),
     ("frontier-benchmark-also-unpruned", "benchmarks/frontier.py", ["--also", "none", "--smoke"],
      ["--also takes pruned schedules"]),
+    ("prediction-error-changes-on-cuda", "benchmarks/prediction_error.py", ["--part", "changes", "--device", "cuda"],
+     ["--part changes measures the CPU only"]),
 ]
 # One case of each script through a real interpreter (what a user's shell runs, import-time warnings
 # included); the others in this process, as the same script runs there.
