@@ -26,12 +26,12 @@ negative where measured) is added to each of them, calibrated on the whole model
 
 Mixed counts. A model whose blocks run at different counts can run slower than its blocks' sum on the
 whole-model curve. On the 2-core Intel VM (deit_tiny at 112 px, batch 16, the steady allocator) dropped layouts
-of the same mean count (38 of 50 tokens) ran over the uniform model at 38 by +0.5% to +2.8% with one count
-change, +3.1% with two, +2.2% to +3.2% with five and +5.6% to +5.7% with eleven (120 paired rounds, twice;
-+0.2% to +2.9% under jemalloc); linear in the changes it does not fit (two changes read as much as five), as
-the square root of their number it fits within about 1.5 points. The AMD VM read -2.1% to +1.8%. So the excess is
-calibrated in the run (`MixedCounts`, measured by `pomt.choice.reducer_costs.measure_mixed_counts`): one dropped
-layout that changes its count at every block, its latency over the unpruned model's measured paired, against
+of the same mean count (38 of 50 tokens) ran over the uniform model at 38 by +0.4% to +2.8% with one count
+change, +3.1% to +3.7% with two, +2.2% to +3.6% with five and +3.7% to +5.7% with eleven (120 paired rounds,
+three runs; -0.2% to +2.9% under jemalloc); linear in the changes it does not fit (two changes read as much as
+five), as the square root of their number it fits within about 2 points. The AMD VM read -2.1% to +1.8%. So the
+excess is calibrated in the run (`MixedCounts`, measured by `pomt.choice.reducer_costs.measure_mixed_counts`): one
+dropped layout that changes its count at every block, its latency over the unpruned model's measured paired, against
 what the curve predicts for it; kappa = (measured / predicted - 1) / sqrt(its changes), 0 where the measured
 ratio's 95% interval holds the prediction. A schedule whose counts change c times pays kappa x sqrt(c) x its
 blocks' sum. Not per block: the dynamic programme (`pomt.choice.schedule_dp`) moves between counts at

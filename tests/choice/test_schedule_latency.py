@@ -22,6 +22,7 @@ from pomt.choice.reducer_costs import (
 from pomt.choice.schedule_latency import LatencyModel, MixedCounts, ReducerCost, count_changes, has_trend
 from pomt.choice.verify import cost_function
 from pomt.models.registry import create_model
+from pomt.pipelines.offline.frontier_search import mixed_note
 
 from conftest import entering_counts
 
@@ -155,6 +156,11 @@ def test_mixed_counts_are_charged_by_the_square_root_of_the_changes_as_the_run_c
     assert LatencyModel(CURVE, N, P, D, mixed=held).kappa == 0.0
     faster = MixedCounts(layout, predicted * 0.98, (predicted * 0.97, predicted * 0.99))  # a machine that gains
     assert LatencyModel(CURVE, N, P, D, mixed=faster).predict(once) < plain.predict(once)
+    assert mixed_note(model) == (f"mixed counts: a layout that changes its count at every block ran "
+                                 f"{predicted * 1.033:.3f} of the unpruned model [{predicted * 1.01:.3f}, "
+                                 f"{predicted * 1.06:.3f}] where the curve's blocks add up to {predicted:.3f}; a "
+                                 f"schedule whose counts change c times is charged +0.99% x sqrt(c) of its blocks",)
+    assert mixed_note(LatencyModel(CURVE, N, P, D, mixed=held)) == mixed_note(plain) == ()  # nothing charged
 
 
 def test_the_mixed_counts_calibration_times_its_layout_against_the_unpruned_model():

@@ -106,8 +106,21 @@ def search(request: Request, run: Run, setup: FrontierSetup, latency: Latency) -
     share = calibration.size(HELD_OUT) / (calibration.size(SEARCH) + calibration.size(HELD_OUT))
     return FrontierFound(result, model, tuple(preference(result, goal)), best_uniform(result, goal),
                          latency.search.reps, calibration.evaluated, seconds,
-                         notes + result.notes + stopped + unresolved_note(untold, result.baseline, goal, share),
+                         notes + mixed_note(model) + result.notes + stopped
+                         + unresolved_note(untold, result.baseline, goal, share),
                          tuple(by_candidate[e.candidate] for e in verified), untold)
+
+
+def mixed_note(latency: LatencyModel) -> tuple[str, ...]:
+    """What the latency model charges schedules for counts that change from block to block (`LatencyModel.kappa`);
+    none where it charges nothing."""
+    if latency.mixed is None or not latency.kappa:
+        return ()
+    mixed = latency.mixed
+    return (f"mixed counts: a layout that changes its count at every block ran {mixed.ratio:.3f} of the unpruned "
+            f"model [{mixed.ci[0]:.3f}, {mixed.ci[1]:.3f}] where the curve's blocks add up to "
+            f"{latency.predict_counts(mixed.layout):.3f}; a schedule whose counts change c times is charged "
+            f"{100 * latency.kappa:+.2f}% x sqrt(c) of its blocks",)
 
 
 def stopped_note(result: FrontierResult, images: int, beyond: float) -> tuple[str, ...]:
