@@ -26,8 +26,8 @@ Goal (issue 30): |error| <= 3% for multi-block schedules of every reducer.
 changes: how the excess grows with the count changes. Layouts whose blocks average about the same count m (about
 three quarters of the patch tokens) with 1 to depth - 1 changes, dropped, against the uniform model at m and the
 line's check (L(N) + L(2m - N)) / 2 against L(m), in the same paired rounds (CPU only). On the Intel VM (deit_tiny
-at 112 px, batch 16, 120 rounds) one change read +0.5% to +2.8%, eleven +5.6%: the form the latency model charges
-(`pomt.choice.schedule_latency`, Mixed counts).
+at 112 px, batch 16, 120 rounds, four runs) one change read +0.4% to +2.8%, eleven +3.7% to +5.7%: the form the
+latency model charges (`pomt.choice.schedule_latency`, Mixed counts).
 
 ops: where the curve fails to add up. For each multi-block schedule's token counts (no reducer: the counts
 dropped), one forward a round is profiled (torch.profiler, self CPU time per operator) beside the whole
