@@ -34,8 +34,8 @@ excess is calibrated in the run (`MixedCounts`, measured by `pomt.choice.reducer
 dropped layout that changes its count at every block, its latency over the unpruned model's measured paired, against
 what the curve predicts for it; kappa = (measured / predicted - 1) / sqrt(its changes), 0 where the measured
 ratio's 95% interval holds the prediction. A schedule whose counts change c times pays kappa x sqrt(c) x its
-blocks' sum. Not per block: the dynamic programme (`pomt.choice.schedule_dp`) moves between counts at
-`step_ms` without it, and `predict`, which ranks what it proposes and chooses what is verified, charges it.
+blocks' sum: `predict` charges it, and the dynamic programme (`pomt.choice.schedule_dp`) with the total changes
+in its state, since it is not a sum over blocks.
 
 predicted = (1 + kappa sqrt(c)) sum_b L(n_b) / D + sum over pruning blocks prune(n_b, r_b) + sum over blocks
 after the first pruning one carry(n_b) + later x (pruning blocks - 1).
