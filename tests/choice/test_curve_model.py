@@ -1,0 +1,81 @@
+"""The smoothed curve the latency model prices from: noise smoothed away, confirmed steps kept."""
+
+import numpy as np
+import pytest
+
+from pomt.choice.curve_model import smoothed_curve
+from pomt.choice.drop_surrogate import DropSurrogate
+from pomt.choice.schedule_dp import BlockProgramme
+from pomt.choice.schedule_latency import LatencyModel
+from pomt.measurement.drift import CurvePoint
+from pomt.measurement.steps import Step
+
+N, P, D = 50, 1, 12
+
+
+def level(n: int) -> float:
+    return 10.0 + 1.4 * n + 0.004 * n * n
+
+
+def points(latency: dict[int, float], visits: int = 1) -> list[CurvePoint]:
+    return [CurvePoint(n, ms, ms, ms / latency[N], 0.0, ms, visits, visits) for n, ms in sorted(latency.items())]
+
+
+def wiggled(dips: dict[int, float] | None = None, seed: int = 0) -> dict[int, float]:
+    """The smooth level with 2% noise at every count, and `dips` (count: factor) on top."""
+    noise, dips = np.random.default_rng(seed).normal(0.0, 0.02, N + 1), dips or {}
+    return {n: level(n) * (1 + noise[n]) * dips.get(n, 1.0) for n in range(2, N + 1)}
+
+
+def drop(low: int, high: int, pct: float) -> Step:
+    return Step(tokens=low, upper_tokens=high, before_ms=0.0, after_ms=0.0, drop_ms=0.0, drop_pct=pct,
+                significance=10.0, kind="drop")
+
+
+def test_a_count_that_noise_put_low_is_priced_at_its_level():
+    raw = wiggled({37: 0.7})
+    smooth = smoothed_curve(points(raw))
+    assert raw[37] / level(37) < 0.72
+    assert smooth[37] / level(37) == pytest.approx(1.0, abs=0.03)
+    assert all(smooth[n] / level(n) == pytest.approx(1.0, abs=0.03) for n in (35, 36, 38, 39))  # not bent by it
+
+
+def test_a_confirmed_step_is_kept_and_an_unconfirmed_one_smoothed_over():
+    raw = {n: ms * (0.85 if n <= 30 else 1.0) for n, ms in wiggled().items()}  # a 15% drop from 31 to 30 tokens
+    kept = smoothed_curve(points(raw), [drop(30, 31, 15.0)])
+    assert kept[30] / kept[31] == pytest.approx(0.85 * level(30) / level(31), abs=0.03)
+    blurred = smoothed_curve(points(raw))
+    assert blurred[30] / blurred[31] > 0.93
+
+
+def test_counts_inside_a_spread_step_keep_their_own_level():
+    raw = wiggled()
+    smooth = smoothed_curve(points(raw), [drop(30, 33, 10.0)])
+    assert smooth[31] == raw[31] and smooth[32] == raw[32]
+    assert smooth[30] != raw[30] and smooth[33] != raw[33]
+
+
+def test_counts_with_more_visits_weigh_more():
+    raw = wiggled({40: 1.1})
+    visits = {n: 1 for n in raw} | {40: 40}
+    weighted = [CurvePoint(p.tokens, p.latency_ms, p.median_ms, p.relative, 0.0, p.min_ms, visits[p.tokens], 1)
+                for p in points(raw)]
+    assert smoothed_curve(weighted)[40] > smoothed_curve(points(raw))[40] + 0.03 * level(40)
+
+
+def test_too_few_counts_are_returned_as_measured():
+    assert smoothed_curve(points({2: 5.0, N: 80.0})) == {2: 5.0, N: 80.0}
+
+
+def test_the_programme_lands_on_a_noise_dip_only_on_the_raw_curve():
+    raw = wiggled({37: 0.7}, seed=1)
+    surrogate = DropSurrogate((0, 5, 10), (0.25, 0.5), ((0.0, 0.0),) * 3)
+    counts = list(range(2, N + 1))
+
+    def lands_on_the_dip(curve: dict[int, float]) -> bool:
+        latency = LatencyModel(curve, N, P, D)
+        fastest = BlockProgramme(latency, "pomt", surrogate, counts, max_share=0.3).schedules(float("inf"), 0)[0]
+        return 37 in latency.counts(fastest)[:D]
+
+    assert lands_on_the_dip(raw)
+    assert not lands_on_the_dip(smoothed_curve(points(raw)))
