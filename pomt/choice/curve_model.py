@@ -1,5 +1,5 @@
-"""The curve the schedule latency model prices from: the measured curve, smoothed between its confirmed steps
-(pure maths).
+"""The curve every choice prices schedules from (the frontier's latency model, the policies, the benchmark's
+predictions): the measured curve, smoothed between its confirmed steps (pure maths).
 
 Why. A search's curve holds many counts visited once or twice, each off its level by the machine's noise a visit
 (8% on the 2-core Intel VM in a noisy stretch). The dynamic programme (`pomt.choice.schedule_dp`) lands blocks on
@@ -24,7 +24,7 @@ and so none a schedule should count on.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -37,23 +37,41 @@ BISQUARE_SPAN = 6.0  # residuals beyond this many median absolute residuals get 
 
 
 def smoothed_curve(points: Sequence[CurvePoint], steps: Sequence[Step] = ()) -> dict[int, float]:
-    """{tokens: smoothed latency (ms)} at every measured count (see the module docstring)."""
-    tokens = np.array([p.tokens for p in points], dtype=float)
-    latency = np.array([p.latency_ms for p in points], dtype=float)
-    visits = np.array([max(1, p.visits) for p in points], dtype=float)
-    smoothed = latency.copy()
+    """{tokens: smoothed latency (ms)} at every measured count of a search (see the module docstring)."""
+    return smooth_levels({p.tokens: p.latency_ms for p in points}, {p.tokens: p.visits for p in points},
+                         [(s.tokens, s.upper_tokens) for s in steps])
+
+
+def smooth_levels(latency: Mapping[int, float], visits: Mapping[int, int],
+                  spans: Sequence[tuple[int, int]] = ()) -> dict[int, float]:
+    """`latency` (ms by count) smoothed between the confirmed steps' (low, high) `spans`, each count weighted by
+    its `visits` (1 where unknown); see the module docstring."""
+    counts = sorted(latency)
+    tokens = np.array(counts, dtype=float)
+    smoothed = np.array([latency[n] for n in counts], dtype=float)
     if tokens.size < 3:
-        return dict(zip((int(t) for t in tokens), smoothed.tolist(), strict=True))
+        return dict(zip(counts, smoothed.tolist(), strict=True))
+    weights = np.array([max(1, visits.get(n, 1)) for n in counts], dtype=float)
     half = SMOOTH_SHARE * float(np.ptp(tokens))
     inside = np.zeros(tokens.size, dtype=bool)
-    for step in steps:
-        inside |= (tokens > step.tokens) & (tokens < step.upper_tokens)
-    edges = np.array(sorted({s.upper_tokens for s in steps}), dtype=float)
+    for low, high in spans:
+        inside |= (tokens > low) & (tokens < high)
+    edges = np.array(sorted({high for _, high in spans}), dtype=float)
     segment = np.searchsorted(edges, tokens, side="right")
     for part in np.unique(segment):
         members = (segment == part) & ~inside
-        smoothed[members] = lowess(tokens[members], latency[members], visits[members], half)
-    return dict(zip((int(t) for t in tokens), smoothed.tolist(), strict=True))
+        smoothed[members] = lowess(tokens[members], smoothed[members], weights[members], half)
+    return dict(zip(counts, smoothed.tolist(), strict=True))
+
+
+def step_spans(steps: Sequence[object]) -> list[tuple[int, int]]:
+    """The (low, high) counts of the steps a schedule file records (`Step.to_dict`); entries without both
+    counts are not steps to keep, and are left out."""
+    spans = []
+    for step in steps:
+        if isinstance(step, Mapping) and all(isinstance(step.get(k), int) for k in ("tokens", "upper_tokens")):
+            spans.append((step["tokens"], step["upper_tokens"]))
+    return spans
 
 
 def lowess(x: np.ndarray, y: np.ndarray, weights: np.ndarray, half: float) -> np.ndarray:

@@ -46,16 +46,27 @@ def write_curve(path: str | Path, points: Sequence[CurvePoint], accuracy: Accura
 
 def read_curve(path: str | Path) -> dict[int, float]:
     """{tokens: latency_ms} of a curve file; a bad file is one CurveError line."""
+    return {tokens: latency for tokens, latency, _ in _rows(path)}
+
+
+def read_visits(path: str | Path) -> dict[int, int]:
+    """{tokens: visits} of a curve file (1 where the file has no visits column); a bad file is one CurveError line."""
+    return {tokens: visits for tokens, _, visits in _rows(path)}
+
+
+def _rows(path: str | Path) -> list[tuple[int, float, int]]:
+    """(tokens, latency_ms, visits) of each row of a curve file."""
     path = Path(path)
     try:
         with path.open(newline="", encoding="utf-8") as handle:
-            curve = {int(row["tokens"]): float(row["latency_ms"]) for row in csv.DictReader(handle)}
+            rows = [(int(row["tokens"]), float(row["latency_ms"]), int(row.get("visits") or 1))
+                    for row in csv.DictReader(handle)]
     except FileNotFoundError:
         raise CurveError(f"latency curve not found: {path}") from None
     except OSError as exc:  # a folder where the file should be, no permission to read it
         raise CurveError(f"cannot read latency curve {path}: {exc.strerror}") from None
     except (KeyError, TypeError, ValueError, UnicodeDecodeError, csv.Error) as exc:
         raise CurveError(f"corrupt latency curve {path}: needs numeric 'tokens' and 'latency_ms' ({exc})") from None
-    if not curve:
+    if not rows:
         raise CurveError(f"corrupt latency curve {path}: no rows")
-    return curve
+    return rows

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pomt.choice.curve_model import smoothed_curve
+from pomt.choice.curve_model import smoothed_curve, step_spans
 from pomt.choice.drop_surrogate import DropSurrogate
 from pomt.choice.schedule_dp import BlockProgramme
 from pomt.choice.schedule_latency import LatencyModel
@@ -79,3 +79,8 @@ def test_the_programme_lands_on_a_noise_dip_only_on_the_raw_curve():
 
     assert lands_on_the_dip(raw)
     assert not lands_on_the_dip(smoothed_curve(points(raw)))
+
+
+def test_a_schedule_files_steps_give_their_spans_and_nothing_else():
+    recorded = [drop(30, 31, 15.0).to_dict(), {"tokens": 40}, "191 -> 190", {"tokens": 44, "upper_tokens": 46}]
+    assert step_spans(recorded) == [(30, 31), (44, 46)]
