@@ -37,8 +37,10 @@ def plot_offline(
     here_only: Sequence[tuple[int, int]] = (),
     detection: str | None = None,
     reach: tuple[int, int] | None = None,
+    priced: Mapping[int, float] | None = None,
 ) -> Path:
-    """Latency vs kept tokens: every visit (drift-corrected) as a dot, the pooled curve with its 95% band,
+    """Latency vs kept tokens: every visit (drift-corrected) as a dot, the pooled curve with its 95% band, the
+    curve the choice priced from (`priced`: smoothed between the confirmed steps, `pomt.choice.curve_model`),
     confirmed steps with their paired effect and interval, candidates the paired test rejected, steps
     confirmed here that a fresh process did not show (`here_only`, (low, high) each), the counts within the
     policy's reach shaded (what `detection` states a limit over), the choice and what verification measured;
@@ -63,6 +65,10 @@ def plot_offline(
                    label=f"within the policy's reach ({reach[0]}-{reach[1]})")
     ax.fill_between(tokens[sound], lower[sound], upper[sound], alpha=0.25, color="tab:blue", label="95% band")
     ax.plot(tokens[sound], latency[sound], "-", color="tab:blue", lw=1.2, label="pooled latency")
+    if priced:
+        counts = sorted(priced)
+        ax.plot(counts, [priced[n] for n in counts], "--", color="0.1", lw=1.0,
+                label="priced from (smoothed between confirmed steps)")
     if doubtful.any():
         ax.errorbar(tokens[doubtful], latency[doubtful],
                     yerr=[latency[doubtful] - lower[doubtful], upper[doubtful] - latency[doubtful]],

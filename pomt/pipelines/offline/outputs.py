@@ -73,4 +73,5 @@ def plot(path: Path, run: Run, config: OfflineConfig, findings: Findings) -> Pat
         accuracy_kind=accuracy.kind if accuracy else None, utility=utility, verified=verdict.verification,
         here_only=[(f["low"], f["high"]) for f in findings.latency.fresh_steps if not f["held"]],
         detection=search.detection_sentence(), reach=None if search.detection is None else search.detection.reach,
+        priced=setting.curve,
     )
