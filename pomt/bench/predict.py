@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from pomt.choice.curve_model import smooth_levels, step_spans
+from pomt.choice.curve_model import priced_levels, step_spans
 from pomt.choice.policy import predict_from_counts
 from pomt.choice.verify import cost_function
 from pomt.errors import CurveError
-from pomt.formats.curve import read_curve, read_visits
+from pomt.formats.curve import read_points
 from pomt.formats.schedule import Schedule
 from pomt.patching import token_counts
 
@@ -18,7 +18,7 @@ Predictor = Callable[[str | None, Mapping[int, int]], float]
 
 def predictor(schedule: Schedule, source: object, geometry) -> Predictor | None:
     """Latency of a variant over the unpruned model's, predicted from the schedule's curve file (beside the
-    schedule), smoothed between the schedule's steps as the offline computation priced it
+    schedule), priced between the schedule's steps as the offline computation priced it
     (`pomt.choice.curve_model`): every block at the tokens it receives (`pomt.choice.policy.predict_from_counts`),
     plus the method's own cost where the schedule measured it. Without the curve, the schedule's own prediction
     only."""
@@ -27,7 +27,7 @@ def predictor(schedule: Schedule, source: object, geometry) -> Predictor | None:
     if schedule.curve and isinstance(source, (str, Path)):
         path = Path(source).parent / schedule.curve
         try:
-            curve = smooth_levels(read_curve(path), read_visits(path), step_spans(schedule.steps))
+            curve = priced_levels(read_points(path), step_spans(schedule.steps))
         except CurveError:
             curve = None
     if curve is None:

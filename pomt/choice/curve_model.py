@@ -1,25 +1,31 @@
 """The curve every choice prices schedules from (the frontier's latency model, the policies, the benchmark's
-predictions): the measured curve, smoothed between its confirmed steps (pure maths).
+predictions): each measured count's level shrunk toward the curve's trend between its confirmed steps by its own
+standard error (pure maths).
 
 Why. A search's curve holds many counts visited once or twice, each off its level by the machine's noise a visit
 (8% on the 2-core Intel VM in a noisy stretch). The dynamic programme (`pomt.choice.schedule_dp`) lands blocks on
 the counts that price lowest, so it picks the counts that noise put low: on the digits case at batch 16 the
 frontier search shipped `tome:0=8,1=5,7=10`, six of its blocks at 37 tokens, a count visited once that read
 27-30% under both neighbours, predicted 1.46x and verified 1.24x; in two earlier runs the verified schedules
-ran up to 7-8% slower than predicted. Only a confirmed step is a promise to land below; between steps the levels
-are smooth (GEMMs and attention in the count). Priced on this curve, the same runs' verified schedules were
-predicted within 2-4.5% (`docs/results/intel-xeon-2core-2026-11-29-c.md`).
+ran up to 7-8% slower than predicted. But not every dip is noise: on the 2-core AMD VM every run's curve showed
+16, 24, 32, 40 and 48 tokens below the count above them, and a curve smoothed between confirmed steps alone
+(tried in the eighth session) took those away and shipped slower schedules at batch 1. So how far a count's
+level is believed depends on how noisy it is against how far the counts' levels really spread.
 
-How. The counts are cut into segments at every confirmed step (a step's high side starts a segment; counts
-inside a step spread over several tokens keep their own level). In each segment, at each count, a local
-quadratic (LOWESS, Cleveland 1979): weighted least squares over the segment's counts within SMOOTH_SHARE of the
-curve's range, tricube weights in distance times each count's visits; then ROBUST_PASSES reweightings by Tukey's
-bisquare of the relative residuals, so that one outlying count does not bend its neighbours. On the curve bank's
-dense traces (one visit a count fitted, the mean of other visits as truth) a window of a fifth of the range
-cut the error of the raw single visits on 16 of 17 traces (e.g. 16.3% -> 7.3%, 2.6% -> 2.0%) and, unlike one
-quadratic over the whole range, held the Intel batch-1 curves' shape (3.8% against 6.9%, raw 4.8%). It lost on
-the AMD batch-1 trace whose curve steps by 2-3% at most counts (2.2% against 1.8%): steps no search confirms,
-and so none a schedule should count on.
+How. The trend: the counts are cut into segments at every confirmed step (a step's high side starts a segment;
+counts inside a step spread over several tokens keep their own level), and each segment is smoothed by a local
+quadratic (LOWESS, Cleveland 1979: weighted least squares over the segment's counts within SMOOTH_SHARE of the
+curve's range each side, tricube weights in distance times each count's visits, then ROBUST_PASSES reweightings
+by Tukey's bisquare of the relative residuals). Then empirical Bayes (`shrunk`): a count's relative residual
+from the trend is kept in the share tau^2 / (tau^2 + se^2), se its standard error (the run's noise over the
+root of its visits) and tau^2 the spread of the true levels about the trend, estimated from all residuals. A
+noisy machine (tau small against se) prices near the trend; a quiet one whose curve has real structure keeps
+it; a count visited many times (the reference) keeps its measured level.
+
+Fitted to one visit a count of each of the curve bank's 17 dense traces and scored against the mean of the other
+visits, it beat the raw visits on all 17 (16.3% -> 7.3% on a noisy one; 1.78% -> 1.47% on the AMD batch-1 trace
+whose curve steps by 2-3% at most counts, where the trend alone read 2.17%), and matched or beat the trend alone
+on 14 (worse on 3, by at most 0.34 points): `docs/results/intel-xeon-2core-2026-11-29-c.md`.
 """
 
 from __future__ import annotations
@@ -34,34 +40,50 @@ from pomt.measurement.steps import Step
 SMOOTH_SHARE = 0.2  # a local fit reaches this share of the curve's count range each side
 ROBUST_PASSES = 2  # bisquare reweightings after the first fit
 BISQUARE_SPAN = 6.0  # residuals beyond this many median absolute residuals get no weight
+CHI2_MEDIAN = 0.4549  # the median of a chi-square variable with one degree of freedom
 
 
 def smoothed_curve(points: Sequence[CurvePoint], steps: Sequence[Step] = ()) -> dict[int, float]:
-    """{tokens: smoothed latency (ms)} at every measured count of a search (see the module docstring)."""
-    return smooth_levels({p.tokens: p.latency_ms for p in points}, {p.tokens: p.visits for p in points},
-                         [(s.tokens, s.upper_tokens) for s in steps])
+    """{tokens: priced latency (ms)} at every measured count of a search (see the module docstring)."""
+    return priced_levels(points, [(s.tokens, s.upper_tokens) for s in steps])
 
 
-def smooth_levels(latency: Mapping[int, float], visits: Mapping[int, int],
-                  spans: Sequence[tuple[int, int]] = ()) -> dict[int, float]:
-    """`latency` (ms by count) smoothed between the confirmed steps' (low, high) `spans`, each count weighted by
-    its `visits` (1 where unknown); see the module docstring."""
-    counts = sorted(latency)
+def priced_levels(points: Sequence[CurvePoint], spans: Sequence[tuple[int, int]] = ()) -> dict[int, float]:
+    """Each count's level (`latency_ms`) shrunk toward the trend between the confirmed steps' (low, high) `spans`
+    by its standard error (`se_ms`), the trend weighting each count by its visits (module docstring). Without a
+    usable standard error for every count, the trend itself."""
+    points = sorted(points, key=lambda p: p.tokens)
+    counts = [p.tokens for p in points]
+    measured = np.array([p.latency_ms for p in points], dtype=float)
+    if measured.size < 3:
+        return dict(zip(counts, measured.tolist(), strict=True))
     tokens = np.array(counts, dtype=float)
-    smoothed = np.array([latency[n] for n in counts], dtype=float)
-    if tokens.size < 3:
-        return dict(zip(counts, smoothed.tolist(), strict=True))
-    weights = np.array([max(1, visits.get(n, 1)) for n in counts], dtype=float)
+    weights = np.array([max(1, p.visits) for p in points], dtype=float)
     half = SMOOTH_SHARE * float(np.ptp(tokens))
     inside = np.zeros(tokens.size, dtype=bool)
     for low, high in spans:
         inside |= (tokens > low) & (tokens < high)
     edges = np.array(sorted({high for _, high in spans}), dtype=float)
     segment = np.searchsorted(edges, tokens, side="right")
+    trend = measured.copy()
     for part in np.unique(segment):
         members = (segment == part) & ~inside
-        smoothed[members] = lowess(tokens[members], smoothed[members], weights[members], half)
-    return dict(zip(counts, smoothed.tolist(), strict=True))
+        trend[members] = lowess(tokens[members], measured[members], weights[members], half)
+    errors = np.array([p.se_ms for p in points], dtype=float) / measured
+    if not np.all(np.isfinite(errors) & (errors > 0)):
+        return dict(zip(counts, trend.tolist(), strict=True))
+    priced = trend * (1.0 + shrunk(measured / trend - 1.0, errors, ~inside))
+    return dict(zip(counts, priced.tolist(), strict=True))
+
+
+def shrunk(residual: np.ndarray, error: np.ndarray, used: np.ndarray) -> np.ndarray:
+    """Each relative residual from the trend times tau^2 / (tau^2 + its error^2): empirical Bayes, tau^2 the
+    spread of the counts' true levels about the trend, the residuals' robust variance (the median of their
+    squares over that of a chi-square with one degree of freedom) less the errors' typical variance."""
+    if not used.any():
+        return residual
+    tau2 = max(0.0, float(np.median(residual[used] ** 2)) / CHI2_MEDIAN - float(np.median(error[used] ** 2)))
+    return residual * tau2 / (tau2 + error**2)
 
 
 def step_spans(steps: Sequence[object]) -> list[tuple[int, int]]:

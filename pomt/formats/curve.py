@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -46,27 +47,33 @@ def write_curve(path: str | Path, points: Sequence[CurvePoint], accuracy: Accura
 
 def read_curve(path: str | Path) -> dict[int, float]:
     """{tokens: latency_ms} of a curve file; a bad file is one CurveError line."""
-    return {tokens: latency for tokens, latency, _ in _rows(path)}
+    return {p.tokens: p.latency_ms for p in read_points(path)}
 
 
-def read_visits(path: str | Path) -> dict[int, int]:
-    """{tokens: visits} of a curve file (1 where the file has no visits column); a bad file is one CurveError line."""
-    return {tokens: visits for tokens, _, visits in _rows(path)}
-
-
-def _rows(path: str | Path) -> list[tuple[int, float, int]]:
-    """(tokens, latency_ms, visits) of each row of a curve file."""
+def read_points(path: str | Path) -> list[CurvePoint]:
+    """The rows of a curve file as `CurvePoint`s (columns an older file lacks: the latency's own value, one visit,
+    an unknown standard error); a bad file is one CurveError line."""
     path = Path(path)
     try:
         with path.open(newline="", encoding="utf-8") as handle:
-            rows = [(int(row["tokens"]), float(row["latency_ms"]), int(row.get("visits") or 1))
-                    for row in csv.DictReader(handle)]
+            points = [_point(row) for row in csv.DictReader(handle)]
     except FileNotFoundError:
         raise CurveError(f"latency curve not found: {path}") from None
     except OSError as exc:  # a folder where the file should be, no permission to read it
         raise CurveError(f"cannot read latency curve {path}: {exc.strerror}") from None
     except (KeyError, TypeError, ValueError, UnicodeDecodeError, csv.Error) as exc:
         raise CurveError(f"corrupt latency curve {path}: needs numeric 'tokens' and 'latency_ms' ({exc})") from None
-    if not rows:
+    if not points:
         raise CurveError(f"corrupt latency curve {path}: no rows")
-    return rows
+    return points
+
+
+def _point(row: dict) -> CurvePoint:
+    latency = float(row["latency_ms"])
+
+    def number(name: str, default: float) -> float:
+        return float(row[name]) if row.get(name) not in (None, "") else default
+
+    return CurvePoint(int(row["tokens"]), latency, number("median_ms", latency), number("relative", math.nan),
+                      number("spread_ms", 0.0), number("min_ms", latency), int(number("visits", 1)),
+                      int(number("samples", 1)), number("se_ms", math.nan))
