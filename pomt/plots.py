@@ -40,7 +40,7 @@ def plot_offline(
     priced: Mapping[int, float] | None = None,
 ) -> Path:
     """Latency vs kept tokens: every visit (drift-corrected) as a dot, the pooled curve with its 95% band, the
-    curve the choice priced from (`priced`: smoothed between the confirmed steps, `pomt.choice.curve_model`),
+    curve the choice priced from (`priced`: `pomt.choice.curve_model`),
     confirmed steps with their paired effect and interval, candidates the paired test rejected, steps
     confirmed here that a fresh process did not show (`here_only`, (low, high) each), the counts within the
     policy's reach shaded (what `detection` states a limit over), the choice and what verification measured;
@@ -68,7 +68,7 @@ def plot_offline(
     if priced:
         counts = sorted(priced)
         ax.plot(counts, [priced[n] for n in counts], "--", color="0.1", lw=1.0,
-                label="priced from (smoothed between confirmed steps)")
+                label="priced from (each level shrunk toward the trend by its noise)")
     if doubtful.any():
         ax.errorbar(tokens[doubtful], latency[doubtful],
                     yerr=[latency[doubtful] - lower[doubtful], upper[doubtful] - latency[doubtful]],
