@@ -43,7 +43,7 @@ BISQUARE_SPAN = 6.0  # residuals beyond this many median absolute residuals get 
 CHI2_MEDIAN = 0.4549  # the median of a chi-square variable with one degree of freedom
 
 
-def smoothed_curve(points: Sequence[CurvePoint], steps: Sequence[Step] = ()) -> dict[int, float]:
+def priced_curve(points: Sequence[CurvePoint], steps: Sequence[Step] = ()) -> dict[int, float]:
     """{tokens: priced latency (ms)} at every measured count of a search (see the module docstring)."""
     return priced_levels(points, [(s.tokens, s.upper_tokens) for s in steps])
 

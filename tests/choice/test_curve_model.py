@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pomt.choice.curve_model import priced_levels, smoothed_curve, step_spans
+from pomt.choice.curve_model import priced_curve, priced_levels, step_spans
 from pomt.choice.drop_surrogate import DropSurrogate
 from pomt.choice.schedule_dp import BlockProgramme
 from pomt.choice.schedule_latency import LatencyModel
@@ -36,7 +36,7 @@ def drop(low: int, high: int, pct: float) -> Step:
 
 def test_a_count_that_noise_put_low_is_priced_at_its_level():
     raw = wiggled({37: 0.7})
-    smooth = smoothed_curve(points(raw))
+    smooth = priced_curve(points(raw))
     assert raw[37] / level(37) < 0.72
     assert smooth[37] / level(37) == pytest.approx(1.0, abs=0.03)
     assert all(smooth[n] / level(n) == pytest.approx(1.0, abs=0.03) for n in (35, 36, 38, 39))  # not bent by it
@@ -44,15 +44,15 @@ def test_a_count_that_noise_put_low_is_priced_at_its_level():
 
 def test_a_confirmed_step_is_kept_and_an_unconfirmed_one_smoothed_over():
     raw = {n: ms * (0.85 if n <= 30 else 1.0) for n, ms in wiggled().items()}  # a 15% drop from 31 to 30 tokens
-    kept = smoothed_curve(points(raw), [drop(30, 31, 15.0)])
+    kept = priced_curve(points(raw), [drop(30, 31, 15.0)])
     assert kept[30] / kept[31] == pytest.approx(0.85 * level(30) / level(31), abs=0.03)
-    blurred = smoothed_curve(points(raw))
+    blurred = priced_curve(points(raw))
     assert blurred[30] / blurred[31] > 0.93
 
 
 def test_counts_inside_a_spread_step_keep_their_own_level():
     raw = wiggled()
-    smooth = smoothed_curve(points(raw), [drop(30, 33, 10.0)])
+    smooth = priced_curve(points(raw), [drop(30, 33, 10.0)])
     assert smooth[31] == raw[31] and smooth[32] == raw[32]
     assert smooth[30] != raw[30] and smooth[33] != raw[33]
 
@@ -62,11 +62,11 @@ def test_counts_with_more_visits_weigh_more():
     visits = {n: 1 for n in raw} | {40: 40}
     weighted = [CurvePoint(p.tokens, p.latency_ms, p.median_ms, p.relative, 0.0, p.min_ms, visits[p.tokens], 1)
                 for p in points(raw)]
-    assert smoothed_curve(weighted)[40] > smoothed_curve(points(raw))[40] + 0.03 * level(40)
+    assert priced_curve(weighted)[40] > priced_curve(points(raw))[40] + 0.03 * level(40)
 
 
 def test_too_few_counts_are_returned_as_measured():
-    assert smoothed_curve(points({2: 5.0, N: 80.0})) == {2: 5.0, N: 80.0}
+    assert priced_curve(points({2: 5.0, N: 80.0})) == {2: 5.0, N: 80.0}
 
 
 def test_the_programme_lands_on_a_noise_dip_only_on_the_raw_curve():
@@ -80,7 +80,7 @@ def test_the_programme_lands_on_a_noise_dip_only_on_the_raw_curve():
         return 37 in latency.counts(fastest)[:D]
 
     assert lands_on_the_dip(raw)
-    assert not lands_on_the_dip(smoothed_curve(points(raw)))
+    assert not lands_on_the_dip(priced_curve(points(raw)))
 
 
 def test_a_schedule_files_steps_give_their_spans_and_nothing_else():
@@ -90,7 +90,7 @@ def test_a_schedule_files_steps_give_their_spans_and_nothing_else():
 
 def test_a_dip_within_a_noisy_visit_is_priced_at_the_trend():
     raw = wiggled({37: 0.7})
-    priced = smoothed_curve(points(raw, noise=0.08))  # one visit at 8% noise: the 2% the counts spread is noise
+    priced = priced_curve(points(raw, noise=0.08))  # one visit at 8% noise: the 2% the counts spread is noise
     assert priced[37] / level(37) == pytest.approx(1.0, abs=0.03)
 
 
@@ -99,8 +99,8 @@ def test_structure_the_noise_cannot_explain_is_kept():
     # at 0.5% noise a visit
     rng = np.random.default_rng(2)
     raw = {n: level(n) * (0.96 if n % 2 == 0 else 1.0) * (1 + rng.normal(0, 0.005)) for n in range(2, N + 1)}
-    priced = smoothed_curve(points(raw, noise=0.005))
-    trend = smoothed_curve(points(raw))
+    priced = priced_curve(points(raw, noise=0.005))
+    trend = priced_curve(points(raw))
     for n in range(10, N - 1, 2):
         assert priced[n] / priced[n + 1] < 0.98 * level(n) / level(n + 1)  # at least half the dip kept
         assert trend[n] / trend[n + 1] > 0.99 * level(n) / level(n + 1)  # the trend alone smooths it away

@@ -4,17 +4,19 @@ remove nothing with its reason."""
 import pytest
 
 from pomt.choice.accuracy import AccuracyCurve
+from pomt.choice.curve_model import priced_curve
 from pomt.errors import PolicyError
 from pomt.pipelines.offline.config import OfflineConfig
 from pomt.pipelines.offline.ranking import Ranking, nothing, policy_setting, rank, verification_removals
 
-from offline_data import GEOMETRY, N, latency_ms, search_result
+from offline_data import GEOMETRY, N, search_result
 
 
 def test_the_setting_is_the_curve_the_model_and_the_limit():
     search = search_result()
     setting = policy_setting(OfflineConfig(prune_block=2), GEOMETRY, search, None)
-    assert setting.curve == {n: latency_ms(n) for n in range(140, N + 1)}
+    assert setting.curve == priced_curve(search.points, search.steps)  # what every choice prices from
+    assert set(setting.curve) == set(range(140, N + 1))
     assert (setting.num_tokens, setting.prefix_tokens, setting.depth, setting.block) == (N, 1, 12, 2)
     assert setting.max_remove == 49 and setting.accuracy is None
     flat = AccuracyCurve({2: 0.5, N: 0.5}, "top1", 10)

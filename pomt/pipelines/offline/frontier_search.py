@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pomt.choice.calibration import HELD_OUT, SEARCH
 from pomt.choice.candidates import NONE, REDUCERS
-from pomt.choice.curve_model import smoothed_curve
+from pomt.choice.curve_model import priced_curve
 from pomt.choice.frontier import FrontierResult, search_frontier, with_held_out
 from pomt.choice.frontier import SearchSettings as FrontierSettings
 from pomt.choice.frontier_choice import Unresolved, best_uniform, preference, to_verify, unresolved, unresolved_note
@@ -83,7 +83,7 @@ def search(request: Request, run: Run, setup: FrontierSetup, latency: Latency) -
     started = time.perf_counter()
     costs, mixed, notes = reducer_costs(request, run)
     cost_s = time.perf_counter() - started
-    model = LatencyModel(smoothed_curve(latency.search.points, latency.search.steps), geometry.num_tokens,
+    model = LatencyModel(priced_curve(latency.search.points, latency.search.steps), geometry.num_tokens,
                          geometry.prefix_tokens, geometry.depth, costs, mixed)
     settings = FrontierSettings(
         max_evals=config.max_evals, latency_budget_ms=config.latency_budget_ms,

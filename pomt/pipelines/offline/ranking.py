@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pomt.choice.accuracy import AccuracyCurve
-from pomt.choice.curve_model import smoothed_curve
+from pomt.choice.curve_model import priced_curve
 from pomt.choice.policy import Decision, Setting, rank_budget, rank_step, rank_utility
 from pomt.errors import PolicyError
 from pomt.measurement.search import SearchResult
@@ -30,7 +30,7 @@ def policy_setting(config: OfflineConfig, geometry: Geometry, search: SearchResu
     """The curve, the model's geometry, where it prunes and how much it may remove, A(n) where known."""
     accuracy_at = accuracy.at(p.tokens for p in search.points) if accuracy else None
     return Setting(
-        curve=smoothed_curve(search.points, search.steps), num_tokens=geometry.num_tokens,
+        curve=priced_curve(search.points, search.steps), num_tokens=geometry.num_tokens,
         prefix_tokens=geometry.prefix_tokens, depth=geometry.depth, block=config.prune_block,
         max_remove=max_remove(config, geometry, accuracy_at is not None),
         accuracy=accuracy_at, min_accuracy=config.min_accuracy,
