@@ -20,12 +20,15 @@ by Tukey's bisquare of the relative residuals). Then empirical Bayes (`shrunk`):
 from the trend is kept in the share tau^2 / (tau^2 + se^2), se its standard error (the run's noise over the
 root of its visits) and tau^2 the spread of the true levels about the trend, estimated from all residuals. A
 noisy machine (tau small against se) prices near the trend; a quiet one whose curve has real structure keeps
-it; a count visited many times (the reference) keeps its measured level.
+it; a count visited many times (the reference) keeps its measured level. The trend is local, not the one robust
+quadratic over the whole range that step detection divides out (`pomt.measurement.steps.trend`): as a curve to
+price from, that misfits the Intel batch-1 curves (below).
 
 Fitted to one visit a count of each of the curve bank's 17 dense traces and scored against the mean of the other
 visits, it beat the raw visits on all 17 (16.3% -> 7.3% on a noisy one; 1.78% -> 1.47% on the AMD batch-1 trace
 whose curve steps by 2-3% at most counts, where the trend alone read 2.17%), and matched or beat the trend alone
-on 14 (worse on 3, by at most 0.34 points): `docs/results/intel-xeon-2core-2026-11-29-c.md`.
+on 14 (worse on 3, by at most 0.34 points), where one quadratic over the range read 6.92% on an Intel batch-1
+trace against the raw visits' 4.83% (the trend 3.78%): `docs/results/intel-xeon-2core-2026-11-29-c.md`.
 """
 
 from __future__ import annotations
