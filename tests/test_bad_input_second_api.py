@@ -26,7 +26,7 @@ from pomt.errors import (
     UnsupportedModelError,
     WeightsError,
 )
-from pomt.formats.curve import read_curve
+from pomt.formats.curve import read_points
 from pomt.formats.trace import read_trace
 from pomt.patching.api import patch_state
 
@@ -129,8 +129,8 @@ FILES = [
     call(TraceError, lambda m, f: read_trace(f / "huge_cell.csv"), id="trace-huge-cell"),
     call(TraceError, lambda m, f: read_trace(f / "sidecar_long_number.csv"), id="trace-sidecar-5000-digits"),
     call(TraceError, lambda m, f: read_trace(f / "sidecar_batch_true.csv"), id="trace-sidecar-batch-true"),
-    call(CurveError, lambda m, f: read_curve(f), id="curve-a-folder"),
-    call(CurveError, lambda m, f: read_curve(f / "not_utf8.json"), id="curve-binary"),
+    call(CurveError, lambda m, f: read_points(f), id="curve-a-folder"),
+    call(CurveError, lambda m, f: read_points(f / "not_utf8.json"), id="curve-binary"),
     call(CurveError, lambda m, f: load_accuracy_curve(f / "accuracy_one_count.csv"), id="accuracy-one-count"),
     call(CurveError, lambda m, f: load_accuracy_curve(f / "accuracy_count_twice.csv"), id="accuracy-count-twice"),
 ]

@@ -18,7 +18,7 @@ import pytest
 
 import pomt
 import pomt.deploy.export as export_module
-from pomt.formats.curve import read_curve
+from pomt.formats.curve import read_points
 from pomt.formats.trace import read_trace
 from pomt.io import COMMIT, clear_stale
 
@@ -60,7 +60,7 @@ def _ctrl_c(process: subprocess.Popen) -> subprocess.CompletedProcess:
 def assert_whole_set(folder: Path, stem: str) -> dict:
     """The output set is there, valid and of one run; nothing hidden is left beside it."""
     schedule = pomt.load_schedule(folder / f"{stem}.schedule.json")
-    assert schedule.curve == f"{stem}.curve.csv" and read_curve(folder / schedule.curve)
+    assert schedule.curve == f"{stem}.curve.csv" and read_points(folder / schedule.curve)
     assert (folder / f"{stem}.png").read_bytes()[:4] == b"\x89PNG"
     assert not [p.name for p in folder.iterdir() if p.name.startswith(".")]
     return json.loads((folder / f"{stem}.schedule.json").read_text())

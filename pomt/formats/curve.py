@@ -45,11 +45,6 @@ def write_curve(path: str | Path, points: Sequence[CurvePoint], accuracy: Accura
     return atomic_write_csv(path, rows, COLUMNS)
 
 
-def read_curve(path: str | Path) -> dict[int, float]:
-    """{tokens: latency_ms} of a curve file; a bad file is one CurveError line."""
-    return {p.tokens: p.latency_ms for p in read_points(path)}
-
-
 def read_points(path: str | Path) -> list[CurvePoint]:
     """The rows of a curve file as `CurvePoint`s (columns an older file lacks: the latency's own value, one visit,
     an unknown standard error); a bad file is one CurveError line."""
