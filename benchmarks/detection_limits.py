@@ -20,7 +20,11 @@ then runs on a replay with its default settings and that reach, as the offline c
   the share found (issue 29's goal: at least 80%);
 - the visits each run spent (against the full grid's), untouched traces apart;
 - of the misses, those the windows showed but whose paired rounds the replay could not serve (a short trace
-  runs out of visits where a live run would measure them).
+  runs out of visits where a live run would measure them);
+- beside the search, what the windows alone could show with as many visits within reach as the run spent
+  there, spread evenly (each count's first visits in the trace, drift divided out over the whole trace, the
+  untouched trace's smooth trend divided out, `pomt.measurement.windows.scan` at the run's alpha; no paired
+  second look): a ceiling that tells "the visits could not show it" from "the search did not confirm it".
 
 No timing: everything replays recorded samples. Usage:
     python benchmarks/detection_limits.py [--seeds 2] [--reach 48] [--traces NAME ...]
@@ -36,11 +40,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from pomt.choice.curve_model import SMOOTH_SHARE, lowess
 from pomt.formats.trace import Trace, inject_steps, read_trace
 from pomt.measurement.drift import corrected_values, relative_noise
 from pomt.measurement.search import LatencySearch, SearchResult, SearchSettings
 from pomt.measurement.sources import ReplaySource, Session
 from pomt.measurement.steps import Step, steps_in_trace
+from pomt.measurement.windows import scan
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 SIZES = {"5-8%": (0.05, 0.08), "8-15%": (0.08, 0.15), ">=15%": (0.15, 0.20)}
@@ -58,6 +64,32 @@ def search(trace: Trace, reach: int, seed: int) -> SearchResult:
 
 def confirmed_within(result: SearchResult, reach: int) -> list[tuple[int, str]]:
     return [(s.tokens, s.kind) for s in result.steps if s.tokens >= reach]
+
+
+def smooth_trend(trace: Trace) -> dict[int, float]:
+    """{count: the trace's smooth level (ms)}: LOWESS through its counts' median drift-corrected visits, as the
+    priced curve's trend (`pomt.choice.curve_model`)."""
+    values = corrected_values(list(trace.visits))
+    counts = np.array(sorted(values), float)
+    medians = np.array([np.median(values[int(n)]) for n in counts])
+    visits = np.array([len(values[int(n)]) for n in counts], float)
+    trend = lowess(counts, medians, visits, SMOOTH_SHARE * float(np.ptp(counts)))
+    return dict(zip(counts.astype(int).tolist(), trend.tolist(), strict=True))
+
+
+def windows_alone(trace: Trace, trend: dict[int, float], reach: int, visits: int,
+                  injected: tuple[int, str, float]) -> bool:
+    """Whether the windows alone show the injected step with `visits` visits within reach spread evenly (module
+    docstring): a shift of its sign within NEAR of it, significant at the search's alpha."""
+    values = corrected_values(list(trace.visits))
+    inside = [n for n in sorted(values) if n >= reach]
+    each = max(1, visits // len(inside))
+    flat = {n: [v / trend[n] for v in values[n][:each]] for n in inside}
+    settings = SearchSettings()
+    found = scan(flat, (reach, trace.num_tokens), relative_noise(flat), alpha=settings.step_alpha,
+                 min_step=settings.min_step)
+    where, kind, _ = injected
+    return any(abs(s.high - where) <= NEAR and (s.saving_pct > 0) == (kind == "drop") for s in found.shifts)
 
 
 def consistent(found: Step, dense: Sequence[Step]) -> bool:
@@ -86,12 +118,14 @@ def main() -> None:
     args = parser.parse_args()
     names = args.traces or bank()
     recall: dict[tuple[str, str], list[bool]] = defaultdict(list)
+    alone: dict[tuple[str, str], list[bool]] = defaultdict(list)
     honest: list[bool] = []
     short: dict[tuple[str, str], int] = defaultdict(int)
     true_pos = false_pos = small_steps = measured_right = 0
     spent: list[str] = []
     runs = [(name, seed, size) for name in names for seed in range(args.seeds) for size in [None, *SIZES]]
     traces = {name: read_trace(DATA / f"{name}.csv") for name in names}
+    trends = {name: smooth_trend(trace) for name, trace in traces.items()}
     for name, seed, size in tqdm(runs, desc="replays"):
         trace = traces[name]
         reach = max(trace.counts[0], trace.num_tokens - args.reach)
@@ -132,6 +166,8 @@ def main() -> None:
             continue
         hit = any(abs(t - injected[0]) <= NEAR and kind == injected[1] for t, kind in found)
         recall[(size, noisy)].append(hit)
+        within = sum(v.tokens >= reach for v in result.design)
+        alone[(size, noisy)].append(windows_alone(trace, trends[name], reach, within, injected))
         if not hit and unserved(result, injected):
             short[(size, noisy)] += 1
         if args.show and not hit:
@@ -144,6 +180,11 @@ def main() -> None:
     for size in SIZES:
         cells = [f"{noisy}: {sum(recall[(size, noisy)])}/{len(recall[(size, noisy)])}"
                  for noisy in ("noise <= 3%", "noise > 3%") if recall[(size, noisy)]]
+        print(f"  {size:>6}  " + "   ".join(cells))
+    print("the windows alone, the run's visits within reach spread evenly (a ceiling, no paired second look)")
+    for size in SIZES:
+        cells = [f"{noisy}: {sum(alone[(size, noisy)])}/{len(alone[(size, noisy)])}"
+                 for noisy in ("noise <= 3%", "noise > 3%") if alone[(size, noisy)]]
         print(f"  {size:>6}  " + "   ".join(cells))
     if any(short.values()):
         print("  of the misses, the window test showed the step and the trace could not serve its paired rounds: "
