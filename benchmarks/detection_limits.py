@@ -46,7 +46,7 @@ from pomt.measurement.drift import corrected_values, relative_noise
 from pomt.measurement.search import LatencySearch, SearchResult, SearchSettings
 from pomt.measurement.sources import ReplaySource, Session
 from pomt.measurement.steps import Step, steps_in_trace
-from pomt.measurement.windows import scan
+from pomt.measurement.windows import WindowShift, scan
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 SIZES = {"5-8%": (0.05, 0.08), "8-15%": (0.08, 0.15), ">=15%": (0.15, 0.20)}
@@ -88,8 +88,13 @@ def windows_alone(trace: Trace, trend: dict[int, float], reach: int, visits: int
     settings = SearchSettings()
     found = scan(flat, (reach, trace.num_tokens), relative_noise(flat), alpha=settings.step_alpha,
                  min_step=settings.min_step)
+    return shows(found.shifts, injected)
+
+
+def shows(shifts: Sequence[WindowShift], injected: tuple[int, str, float]) -> bool:
+    """Whether a window shift of the injected step's sign lies within NEAR of it."""
     where, kind, _ = injected
-    return any(abs(s.high - where) <= NEAR and (s.saving_pct > 0) == (kind == "drop") for s in found.shifts)
+    return any(abs(s.high - where) <= NEAR and (s.saving_pct > 0) == (kind == "drop") for s in shifts)
 
 
 def consistent(found: Step, dense: Sequence[Step]) -> bool:
@@ -103,10 +108,18 @@ def consistent(found: Step, dense: Sequence[Step]) -> bool:
 def unserved(result: SearchResult, injected: tuple[int, str, float]) -> bool:
     """Whether the run's windows showed the injected step (same sign, within NEAR) and its paired look went
     unexamined because the replay's trace held no more visits: a live run would have measured those rounds."""
-    where, kind, _ = injected
-    seen = result.detection is not None and any(
-        abs(s.high - where) <= NEAR and (s.saving_pct > 0) == (kind == "drop") for s in result.detection.shifts)
+    where = injected[0]
+    seen = result.detection is not None and shows(result.detection.shifts, injected)
     return seen and any(abs(c.high - where) <= NEAR and "trace holds no more" in c.reason for c in result.candidates)
+
+
+def print_recall(title: str, found: dict[tuple[str, str], list[bool]]) -> None:
+    """One line per size class: found / injected by noise class."""
+    print(title)
+    for size in SIZES:
+        cells = [f"{noisy}: {sum(found[(size, noisy)])}/{len(found[(size, noisy)])}"
+                 for noisy in ("noise <= 3%", "noise > 3%") if found[(size, noisy)]]
+        print(f"  {size:>6}  " + "   ".join(cells))
 
 
 def main() -> None:
@@ -176,16 +189,9 @@ def main() -> None:
                        f"(stated limit {limit_text}; found {found})")
         if limit is not None and injected[2] >= limit:
             honest.append(hit)
-    print("\nrecall of one injected step within reach (found / injected)")
-    for size in SIZES:
-        cells = [f"{noisy}: {sum(recall[(size, noisy)])}/{len(recall[(size, noisy)])}"
-                 for noisy in ("noise <= 3%", "noise > 3%") if recall[(size, noisy)]]
-        print(f"  {size:>6}  " + "   ".join(cells))
-    print("the windows alone, the run's visits within reach spread evenly (a ceiling, no paired second look)")
-    for size in SIZES:
-        cells = [f"{noisy}: {sum(alone[(size, noisy)])}/{len(alone[(size, noisy)])}"
-                 for noisy in ("noise <= 3%", "noise > 3%") if alone[(size, noisy)]]
-        print(f"  {size:>6}  " + "   ".join(cells))
+    print_recall("\nrecall of one injected step within reach (found / injected)", recall)
+    print_recall("the windows alone, the run's visits within reach spread evenly (a ceiling, no paired second look)",
+                 alone)
     if any(short.values()):
         print("  of the misses, the window test showed the step and the trace could not serve its paired rounds: "
               + ", ".join(f"{size} {noisy}: {n}" for (size, noisy), n in short.items() if n))
