@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from pomt.cli.app import app, interrupted_means
-from pomt.deploy.export import FORMATS, export_schedule
+from pomt.deploy.export import FORMATS, TARGET_DEVICES, export_schedule
 from pomt.options import SEED_MAX
 
 
@@ -24,16 +24,19 @@ def export_command(
                                    min=1),
     seed: int = typer.Option(0, "--seed", help="Seed of the random inputs used to trace and check.", min=0,
                              max=SEED_MAX),
+    target: str = typer.Option(None, "--target-device", help=f"{', '.join(TARGET_DEVICES)}: the device the "
+                               "exported model will run on, which sets how pomt's explicit attention is chunked "
+                               "(default: the device the schedule was measured on)."),
 ) -> None:
     """Export the scheduled model at static shapes and check its outputs against the patched PyTorch model."""
     with interrupted_means("interrupted; nothing was exported (an earlier export there is as it was)"):
         result = export_schedule(schedule, fmt=fmt, output=output, checkpoint=checkpoint, pretrained=pretrained,
-                                 batch_size=batch_size, seed=seed)
+                                 batch_size=batch_size, seed=seed, target=target)
     card, check = result.card, result.card["check"]
     shape = "x".join(str(s) for s in card["input_shape"])
     typer.echo(f"wrote      {', '.join(str(result.path.with_name(f)) for f in card['files'])}")
     typer.echo(f"model      {card['model']}  {card['method']} {card['prune']}  input {shape} {card['dtype']}  "
-               f"weights: {card['weights']}")
+               f"weights: {card['weights']}  attention chunked for {card['attention_chunked_for']}")
     typer.echo(f"check      {check['runtime']} {card['backend']['version']} vs PyTorch on {check['inputs']} "
                f"random inputs: max abs diff {check['max_abs_diff']:.2e} <= {check['tolerance']:.0e}")
     typer.echo(f"card       {result.card_path}")

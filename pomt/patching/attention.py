@@ -6,6 +6,10 @@ Works on timm's `Attention` (q_norm/k_norm, scale norm, optional gate) and the D
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,6 +18,7 @@ from pomt.errors import PatchError
 
 PROBS_BYTES = 16 * 2**20  # explicit attention probabilities a patched block holds at once on the CPU
 MLP_RATIO = 4  # a ViT block's MLP hidden width over its channels: the activation a GPU chunk may match
+_CHUNKED_FOR: ContextVar[str | None] = ContextVar("chunked_for", default=None)  # `chunked_for`
 
 
 def _supported_classes(attn: nn.Module) -> tuple[type, ...]:
@@ -70,11 +75,23 @@ def probs_budget(q: torch.Tensor) -> int:
     On the CPU PROBS_BYTES: small chunks cost it nothing. On a GPU small chunks make small matrix products
     that run slowly (docs/results/h100-2026-11-24.md), so a chunk there may take as much as a
     (B, N, MLP_RATIO x C) activation, which the block's MLP holds anyway: MLP_RATIO x d query rows (256 for
-    64-dimensional heads), one chunk at 224 px, about N / 256 at larger inputs."""
-    if q.device.type == "cpu":
+    64-dimensional heads), one chunk at 224 px, about N / 256 at larger inputs. The device is q's, unless
+    `chunked_for` names the one the model will run on."""
+    if (_CHUNKED_FOR.get() or q.device.type) == "cpu":
         return PROBS_BYTES
     batch, heads, tokens, dim = q.shape
     return max(PROBS_BYTES, batch * tokens * MLP_RATIO * heads * dim * q.element_size())
+
+
+@contextlib.contextmanager
+def chunked_for(device_type: str) -> Iterator[None]:
+    """Chunk explicit attention for `device_type` (cpu, cuda, mps) whatever device the tensors are on: an
+    export traced on the CPU for a GPU runtime then carries the GPU's chunks (`probs_budget`)."""
+    token = _CHUNKED_FOR.set(device_type)
+    try:
+        yield
+    finally:
+        _CHUNKED_FOR.reset(token)
 
 
 def query_chunks(q: torch.Tensor, keys: int, budget: int | None = None) -> list[tuple[int, int]]:

@@ -46,15 +46,15 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-def _schedule(folder, method: str, batch: int = 1, remove: int = 56):
+def _schedule(folder, method: str, batch: int = 1, remove: int = 56, kind: str = "cpu"):
     geometry = model_geometry(create_model(MODEL))
     prune = (BlockRemoval(3, 8), BlockRemoval(4, 8)) if method == "tome" else (BlockRemoval(3, remove),)
     schedule = Schedule(
         model=geometry.model, input_size=geometry.input_size, batch_size=batch, num_tokens=geometry.num_tokens,
         prefix_tokens=geometry.prefix_tokens, depth=geometry.depth, method=method, prune=prune,
-        device=Fingerprint(kind="cpu"),
+        device=Fingerprint(kind=kind),
     )
-    return save_schedule(schedule, folder / f"{MODEL}_{method}_bs{batch}.schedule.json")
+    return save_schedule(schedule, folder / f"{MODEL}_{method}_bs{batch}_{kind}.schedule.json")
 
 
 def _reference(schedule_path, checkpoint, x: torch.Tensor) -> np.ndarray:
@@ -76,7 +76,7 @@ def _inputs(batch: int) -> list[torch.Tensor]:
 def test_exported_onnx_matches_pytorch_in_onnxruntime_and_openvino(tmp_path, checkpoint, method):
     schedule_path = _schedule(tmp_path, method, batch=2)
     result = export_schedule(schedule_path, checkpoint=checkpoint)
-    assert result.path == default_output(schedule_path, "onnx") == tmp_path / f"{MODEL}_{method}_bs2.onnx"
+    assert result.path == default_output(schedule_path, "onnx") == tmp_path / f"{MODEL}_{method}_bs2_cpu.onnx"
     assert result.passed and result.max_abs_diff <= GOAL
     session = onnxruntime_session(result.path, "cpu", 1)
     compiled = openvino.Core().compile_model(str(result.path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
@@ -111,6 +111,7 @@ def test_cli_writes_openvino_ir_and_a_card(tmp_path, checkpoint):
     assert card["format"] == "openvino" and card["files"] == ["pruned.bin", "pruned.xml"]
     assert card["schedule_sha256"] == hashlib.sha256(schedule_path.read_bytes()).hexdigest()
     assert card["input_shape"] == [2, 3, 224, 224] and card["dtype"] == "float32"
+    assert card["attention_chunked_for"] == "cpu" and "attention chunked for cpu" in result.stdout
     assert card["weights"].startswith("checkpoint deit_tiny.pth")
     assert card["backend"]["name"] == "openvino" and card["backend"]["version"] == openvino.__version__.split("-")[0]
     assert card["check"]["passed"] and card["check"]["max_abs_diff"] <= GOAL
@@ -118,6 +119,32 @@ def test_cli_writes_openvino_ir_and_a_card(tmp_path, checkpoint):
     compiled = openvino.Core().compile_model(str(output), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     x = _inputs(2)[0]
     assert np.abs(compiled(x.numpy())[0] - _reference(schedule_path, checkpoint, x)).max() <= GOAL
+
+
+def _softmaxes(path) -> int:
+    import onnx
+
+    return sum(node.op_type == "Softmax" for node in onnx.load(str(path), load_external_data=False).graph.node)
+
+
+@pytest.mark.slow
+def test_attention_is_chunked_for_the_device_the_schedule_was_measured_on(tmp_path, checkpoint):
+    """deit_tiny at batch 40: the CPU's 16 MB hold 177 query rows of a pomt block's 197, the GPU's budget (the
+    MLP activation's bytes) all of them. A schedule measured on cuda exports one chunk there, traced on this
+    CPU; `--target-device cpu` two; both match PyTorch, and the card says which."""
+    schedule_path = _schedule(tmp_path, "pomt", batch=40, kind="cuda")
+    for_gpu = export_schedule(schedule_path, checkpoint=checkpoint)
+    for_cpu = export_schedule(schedule_path, checkpoint=checkpoint, output=tmp_path / "cpu.onnx", target="cpu")
+    assert for_gpu.card["attention_chunked_for"] == "cuda" and for_cpu.card["attention_chunked_for"] == "cpu"
+    assert for_gpu.passed and for_cpu.passed
+    assert _softmaxes(for_cpu.path) == _softmaxes(for_gpu.path) + 1
+
+
+def test_unknown_target_device_is_one_line_exit_2(tmp_path):
+    schedule_path = _schedule(tmp_path, "pomt")
+    assert_one_line_error(run_in_process("export", str(schedule_path), "--target-device", "tpu"),
+                          "unknown target device 'tpu'", "cpu, cuda, mps")
+    assert not default_output(schedule_path, "onnx").exists()
 
 
 def test_bad_format_is_one_line_exit_2(tmp_path):

@@ -199,6 +199,19 @@ def test_a_gpu_chunk_holds_as_much_as_the_mlp_activation_and_the_cpu_16_mb():
     assert attention.probs_budget(_queries(1, 197, "meta")) == attention.PROBS_BYTES
 
 
+def test_chunked_for_a_device_overrides_the_tensors_own_and_is_restored():
+    """An export traced on the CPU for a GPU runtime chunks as the GPU would, and the reverse; outside the
+    context each tensor's own device decides again, nested contexts included."""
+    cpu, gpu = _queries(64, 785, "cpu"), _queries(64, 785, "meta")
+    with attention.chunked_for("cuda"):
+        assert len(attention.query_chunks(cpu, 785)) == 4
+        with attention.chunked_for("cpu"):
+            assert len(attention.query_chunks(gpu, 785)) == 61
+        assert len(attention.query_chunks(cpu, 785)) == 4
+    assert len(attention.query_chunks(cpu, 785)) == 61
+    assert len(attention.query_chunks(gpu, 785)) == 4
+
+
 def test_topk_keeps_exactly_the_most_attended_tokens(models):
     model, remove, at = models["deit_small_distilled"], 50, 2
     x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(3))
