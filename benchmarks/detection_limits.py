@@ -19,8 +19,9 @@ then runs on a replay with its default settings and that reach, as the offline c
 - honesty: of the injected steps at least as large as the limit the run stated (`measurement.detection_limit_pct`),
   the share found (issue 29's goal: at least 80%);
 - the visits each run spent (against the full grid's), untouched traces apart;
-- of the misses, those the windows showed but whose paired rounds the replay could not serve (a short trace
-  runs out of visits where a live run would measure them);
+- why each miss was missed (`why_missed`): not shown by the run's own windows, or shown and then its paired second
+  look not served by the replay (a short trace runs out of visits where a live run would measure them), not paid
+  for by the budget, or not backing it;
 - beside the search, what the windows alone could show with as many visits within reach as the run spent
   there, spread evenly (each count's first visits in the trace, drift divided out over the whole trace, the
   untouched trace's smooth trend divided out, `pomt.measurement.windows.scan` at the run's alpha; no paired
@@ -105,12 +106,25 @@ def consistent(found: Step, dense: Sequence[Step]) -> bool:
                for d in dense)
 
 
-def unserved(result: SearchResult, injected: tuple[int, str, float]) -> bool:
-    """Whether the run's windows showed the injected step (same sign, within NEAR) and its paired look went
-    unexamined because the replay's trace held no more visits: a live run would have measured those rounds."""
-    where = injected[0]
-    seen = result.detection is not None and shows(result.detection.shifts, injected)
-    return seen and any(abs(c.high - where) <= NEAR and "trace holds no more" in c.reason for c in result.candidates)
+MISSES = {
+    "not shown": "the run's own windows did not show it",
+    "unserved": "shown; the trace could not serve its paired rounds (a live run would measure them)",
+    "budget": "shown; the visit budget was spent before its paired rounds",
+    "not backed": "shown; the paired rounds did not back it (or pinned it elsewhere)",
+}
+
+
+def why_missed(result: SearchResult, injected: tuple[int, str, float]) -> str:
+    """Why a run missed the injected step (a key of MISSES): whether its own windows showed it (a shift of its sign
+    within NEAR), and if they did, what became of the paired second look near it."""
+    if result.detection is None or not shows(result.detection.shifts, injected):
+        return "not shown"
+    near = [c.reason for c in result.candidates if abs(c.high - injected[0]) <= NEAR]
+    if any("trace holds no more" in reason for reason in near):
+        return "unserved"
+    if any("budget is spent" in reason for reason in near):
+        return "budget"
+    return "not backed"
 
 
 def print_recall(title: str, found: dict[tuple[str, str], list[bool]]) -> None:
@@ -133,7 +147,7 @@ def main() -> None:
     recall: dict[tuple[str, str], list[bool]] = defaultdict(list)
     alone: dict[tuple[str, str], list[bool]] = defaultdict(list)
     honest: list[bool] = []
-    short: dict[tuple[str, str], int] = defaultdict(int)
+    missed: dict[tuple[str, str, str], int] = defaultdict(int)
     true_pos = false_pos = small_steps = measured_right = 0
     spent: list[str] = []
     runs = [(name, seed, size) for name in names for seed in range(args.seeds) for size in [None, *SIZES]]
@@ -181,8 +195,8 @@ def main() -> None:
         recall[(size, noisy)].append(hit)
         within = sum(v.tokens >= reach for v in result.design)
         alone[(size, noisy)].append(windows_alone(trace, trends[name], reach, within, injected))
-        if not hit and unserved(result, injected):
-            short[(size, noisy)] += 1
+        if not hit:
+            missed[(size, noisy, why_missed(result, injected))] += 1
         if args.show and not hit:
             limit_text = "-" if limit is None else f"{limit:.1f}%"
             tqdm.write(f"missed: {name} seed {seed} {injected[1]} of {injected[2]:.1f}% at {injected[0]} "
@@ -192,9 +206,10 @@ def main() -> None:
     print_recall("\nrecall of one injected step within reach (found / injected)", recall)
     print_recall("the windows alone, the run's visits within reach spread evenly (a ceiling, no paired second look)",
                  alone)
-    if any(short.values()):
-        print("  of the misses, the window test showed the step and the trace could not serve its paired rounds: "
-              + ", ".join(f"{size} {noisy}: {n}" for (size, noisy), n in short.items() if n))
+    print("why the search missed (misses by size class, noise <= 3% | noise > 3%)")
+    for why, text in MISSES.items():
+        cells = [f"{size} {missed[(size, 'noise <= 3%', why)]}|{missed[(size, 'noise > 3%', why)]}" for size in SIZES]
+        print(f"  {text}: " + ", ".join(cells))
     total = true_pos + false_pos
     if total:
         print(f"precision within reach: {true_pos}/{total} = {true_pos / total:.3f}; of the {false_pos} false, "
