@@ -17,8 +17,9 @@ ToMe is also measured on the whole model, in one more set of paired rounds:
   at the last block: a difference of two small differences) it read -0.02 to -0.29 ms a block at batch 1 on
   the digits case from one run to the next, charged at 11 blocks, and priced `tome:0=8` 1.17-1.22x where it
   measured 1.04x; on the whole model it reads 0 to -0.03 ms a block there.
-- what its merges after the first save (`ReducerCost.later`, ms a merge): uniform ToMe (`repeat_schedule`)
-  against the same counts dropped, less what the costs above price it at, over its merges but the first.
+- what its merges right after a merge save (`ReducerCost.later`, ms a merge): uniform ToMe (`repeat_schedule`)
+  against the same counts dropped, less what the costs above price it at, over its merges that follow a merge
+  (all but the first).
   A merge measured alone on the cut model costs more than one that follows other merges (on deit_tiny at
   112 px by 0.03-0.12 ms at batch 1 and, noisily, 0.18-0.57 ms at batch 16, from run to run); without `later`
   schedules that merge at every block were priced 4-15% slower than they ran (`benchmarks/prediction_error.py
@@ -55,7 +56,7 @@ from torch import nn
 
 from pomt.choice.candidates import Candidate
 from pomt.choice.families import FAMILY_POINTS, tome_constant, tome_values
-from pomt.choice.schedule_latency import MixedCounts, ReducerCost
+from pomt.choice.schedule_latency import MixedCounts, ReducerCost, cut_before
 from pomt.measurement.paired import paired_effect
 from pomt.measurement.sources import calibrate_reps
 from pomt.measurement.timing import fixed_threads, synchronize, time_calls
@@ -191,7 +192,8 @@ def _whole_model_tome(model: nn.Module, x: torch.Tensor, cost: ReducerCost, poin
     uniform = repeat_schedule(num_tokens, prefix, depth)
     counts = token_counts(num_tokens, prefix, depth, "tome", uniform.as_dict())
     merges = [b for b in range(depth) if counts[b + 1] < counts[b]]
-    later = later and len(merges) > 1
+    following = sum(cut_before(counts, b) for b in merges)  # merges right after a merge: what `later` prices
+    later = later and following > 0
     if later:
         contexts |= {"uniform": partial(patched, model, "tome", uniform.as_dict()),
                      "uniform dropped": partial(dropped_to, model, counts[:depth])}
@@ -204,7 +206,7 @@ def _whole_model_tome(model: nn.Module, x: torch.Tensor, cost: ReducerCost, poin
         return cost
     priced = sum(cost.at_block(counts[b], counts[b] - counts[b + 1], b > merges[0]) for b in range(depth))
     measured = float(np.median(np.subtract(times["uniform"], times["uniform dropped"])))
-    return replace(cost, later=(measured - priced) / (len(merges) - 1))
+    return replace(cost, later=(measured - priced) / following)
 
 
 def mixed_layout(num_tokens: int, prefix_tokens: int, depth: int) -> tuple[int, ...]:

@@ -19,10 +19,15 @@ pays kappa sqrt(C) of its plain block on top of its step, and each allowance tak
 `LatencyModel.predict`, at about twice the time. On the digits case (deit_tiny at 112 px, kappa +1.9% at
 batch 16 and +5.0% at batch 1) it proposed schedules up to 0.8% faster by `predict` than the programme
 without the term, at a few of the allowances, and the same elsewhere: its schedules cut at few blocks.
+
+Cuts in a row. ToMe's merge right after a merging block is charged `ReducerCost.later` on top of its cost (the
+latency model's rule), so where that is not 0 the state also says whether the block before cut, and a cut
+is priced by it: exact for `LatencyModel.predict`, at twice the time.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -48,8 +53,11 @@ class BlockProgramme:
         self.latency, self.method, self.depth = latency, method, latency.depth
         self.counts = sorted(set(counts) | {latency.num_tokens}, reverse=True)
         self.tracks_changes = bool(latency.kappa)  # module docstring, Mixed counts
+        cost = latency.charged_costs.get(method)
+        self.tracks_cuts = cost is not None and bool(cost.later)  # module docstring, Cuts in a row
         prefix, top = latency.prefix_tokens, latency.num_tokens
-        self.moves: dict[int, list[tuple[int, float, list[float]]]] = {}  # n -> (m, ms, drop at each block)
+        # n -> (m, ms after a block that kept its count, ms after one that cut, drop at each block)
+        self.moves: dict[int, list[tuple[int, float, float, list[float]]]] = {}
         for n in self.counts:
             patches, moves = n - prefix, []
             for m in self.counts:
@@ -57,8 +65,9 @@ class BlockProgramme:
                 if remove < 0 or (remove and not self._allowed(remove, patches, max_share)):
                     continue
                 ms = latency.step_ms(method, n, remove, after_first=n < top)
+                after_cut = latency.step_ms(method, n, remove, after_first=n < top, follows_cut=True)
                 drops = [surrogate.at(b, remove / patches) if remove else 0.0 for b in range(self.depth)]
-                moves.append((m, ms, drops))
+                moves.append((m, ms, after_cut, drops))
             self.moves[n] = moves
 
     def _allowed(self, remove: int, patches: int, max_share: float) -> bool:
@@ -75,14 +84,15 @@ class BlockProgramme:
         shape = (changes, changes, size)  # (total changes C, changes still to make, allowance)
         end = np.full(shape, np.inf)
         end[:, 0, :] = 0.0
-        value = dict.fromkeys(self.counts, end)
-        choices: list[dict[int, np.ndarray]] = []
+        flags = (False, True) if self.tracks_cuts else (False,)
+        value = {(n, cut): end for n in self.counts for cut in flags}
+        choices: list[dict[tuple[int, bool], np.ndarray]] = []
         for block in reversed(range(self.depth)):
             new, chosen = {}, {}
-            for n, moves in self.moves.items():
+            for (n, moves), after_cut in itertools.product(self.moves.items(), flags):
                 best, pick = np.full(shape, np.inf), np.zeros(shape, dtype=int)
                 price = (self.latency.block_ms(n) * charge)[:, None, None]
-                for index, (m, ms, drops) in enumerate(moves):
+                for index, (m, kept_ms, cut_ms, drops) in enumerate(moves):
                     if m < n and block > last:
                         continue
                     spend = 0 if drops[block] <= 0 else math.ceil(drops[block] / step - 1e-9)
@@ -90,25 +100,31 @@ class BlockProgramme:
                         continue
                     total = np.full(shape, np.inf)
                     cut = int(m < n and self.tracks_changes)
-                    total[:, cut:, spend:] = value[m][:, :changes - cut, :size - spend]
-                    total += ms + price
+                    total[:, cut:, spend:] = value[self._state(n, m)][:, :changes - cut, :size - spend]
+                    total += (cut_ms if after_cut else kept_ms) + price
                     better = total < best - 1e-12
                     best[better], pick[better] = total[better], index
-                new[n], chosen[n] = best, pick
+                new[n, after_cut], chosen[n, after_cut] = best, pick
             value = new
             choices.insert(0, chosen)
-        top = value[self.latency.num_tokens]
+        top = value[self.latency.num_tokens, False]
         planned = top[np.arange(changes), np.arange(changes)].argmin(axis=0)  # each allowance's best total C
         found = dict.fromkeys(self._follow(choices, step, int(planned[k]), k) for k in range(size))
         return sorted(found, key=lambda c: (-self.latency.predict(c), c))
 
-    def _follow(self, choices: list[dict[int, np.ndarray]], step: float, planned: int, allowance: int) -> Candidate:
+    def _state(self, n: int, m: int) -> tuple[int, bool]:
+        """The state after a block that moves from n to m tokens: m, and whether it cut (where that is priced)."""
+        return m, self.tracks_cuts and m < n
+
+    def _follow(self, choices: list[dict[tuple[int, bool], np.ndarray]], step: float, planned: int,
+                allowance: int) -> Candidate:
         """The schedule the choices make from N tokens with `planned` count changes and `allowance` buckets."""
-        removal, n, left = {}, self.latency.num_tokens, planned
+        removal, state, left = {}, (self.latency.num_tokens, False), planned
         for block in range(self.depth):
-            m, _, drops = self.moves[n][int(choices[block][n][planned, left, allowance])]
+            n = state[0]
+            m, _, _, drops = self.moves[n][int(choices[block][state][planned, left, allowance])]
             allowance -= 0 if drops[block] <= 0 else math.ceil(drops[block] / step - 1e-9)
             if m < n:
                 removal[block], left = n - m, left - int(self.tracks_changes)
-            n = m
+            state = self._state(n, m)
         return Candidate.of(self.method, removal)

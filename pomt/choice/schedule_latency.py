@@ -20,9 +20,12 @@ the digits case at batch 16 (deit_tiny at 112 px, a 75 ms forward), where the co
 direct measurement +0.15 [-0.44, +0.64]: the frontier search then sent a schedule merging at block 0 to
 verification at a predicted 1.44x, and it ran 1.27x (2026-11-28).
 
-ToMe's merges after its first cost less than a merge measured alone on the cut model: `ReducerCost.later` (ms,
-negative where measured) is added to each of them, calibrated on the whole model running uniform ToMe
-(`pomt.choice.reducer_costs`).
+ToMe's merges right after a merge cost less than a merge measured alone on the cut model: `ReducerCost.later`
+(ms, negative where measured) is added to each merge whose block follows a merging block, calibrated on the whole
+model running uniform ToMe (`pomt.choice.reducer_costs`), whose merges all follow one. A merge after a block that
+did not merge is charged as measured alone: on the digits case at batch 16 (deit_tiny at 112 px, later -0.48 ms)
+charging `later` at every merge but the first put ToMe merging at spaced blocks 0.9-2.1% (in earlier sessions
+3.7%) under what it ran; charged after a merge only, 0.06-0.24% (2026-11-29).
 
 Mixed counts. A model whose blocks run at different counts can run slower than its blocks' sum on the
 whole-model curve. On the 2-core Intel VM (deit_tiny at 112 px, batch 16, the steady allocator) dropped layouts
@@ -38,7 +41,7 @@ blocks' sum: `predict` charges it, and the dynamic programme (`pomt.choice.sched
 in its state, since it is not a sum over blocks.
 
 predicted = (1 + kappa sqrt(c)) sum_b L(n_b) / D + sum over pruning blocks prune(n_b, r_b) + sum over blocks
-after the first pruning one carry(n_b) + later x (pruning blocks - 1).
+after the first pruning one carry(n_b) + later x (pruning blocks whose block before pruned).
 
 Speed. The costs are measured seconds to minutes away from the curve, and this VM's speed moves by a fifth
 within minutes: a cost in ms measured at one speed, charged beside a curve measured at another, misprices
@@ -96,7 +99,7 @@ class ReducerCost:
     prefix_tokens: int
     pruning: Mapping[tuple[int, int], float] = field(default_factory=dict)
     carrying: Mapping[int, float] = field(default_factory=dict)
-    later: float = 0.0  # ms added to prune() at every pruning block after the first
+    later: float = 0.0  # ms added to prune() at every pruning block whose block before pruned
     unit_ms: float | None = None  # the unpruned whole model's latency at the speed these ms hold (None: unknown)
 
     def at_speed(self, unpruned_ms: float) -> ReducerCost:
@@ -134,12 +137,14 @@ class ReducerCost:
         """Whether the carry is charged as a line over the counts (`has_trend`) or as their median."""
         return has_trend(list(self.carrying), list(self.carrying.values()))
 
-    def at_block(self, tokens: int, removed: int, after_first: bool) -> float:
+    def at_block(self, tokens: int, removed: int, after_first: bool, follows_cut: bool = False) -> float:
         """The reducer's cost at a block that receives `tokens` and removes `removed` (as the patch clamps),
-        `after_first` when an earlier block already pruned."""
+        `after_first` when an earlier block already pruned, `follows_cut` when the block just before did."""
         ms = self.prune(tokens, removed)
         if after_first:
-            ms += self.carry(tokens) + (self.later if removed > 0 else 0.0)
+            ms += self.carry(tokens)
+        if follows_cut and removed > 0:
+            ms += self.later
         return ms
 
     def to_dict(self) -> dict:
@@ -154,6 +159,11 @@ class ReducerCost:
                    {(int(n), int(r)): float(ms) for n, r, ms in data["pruning"]},
                    {int(n): float(ms) for n, ms in data["carrying"]}, float(data.get("later", 0.0)),
                    None if data.get("unit_ms") is None else float(data["unit_ms"]))
+
+
+def cut_before(counts: Sequence[int], block: int) -> bool:
+    """Whether the block before `block` removed tokens, of a schedule whose blocks receive `counts`."""
+    return block > 0 and counts[block] < counts[block - 1]
 
 
 def count_changes(counts: Sequence[int], depth: int) -> int:
@@ -210,20 +220,22 @@ class LatencyModel:
         """One plain block at `tokens` tokens: its share of the curve."""
         return predict_from_counts(self.curve, [tokens]) / self.depth
 
-    def step_ms(self, method: str, tokens: int, remove: int, after_first: bool) -> float:
+    def step_ms(self, method: str, tokens: int, remove: int, after_first: bool, follows_cut: bool = False) -> float:
         """One block of a `method` schedule receiving `tokens` and removing `remove` (clamped as the patch
-        clamps), `after_first` when an earlier block already pruned."""
+        clamps), `after_first` when an earlier block already pruned, `follows_cut` when the block before did."""
         cost = self.charged_costs.get(method)
         ms = self.block_ms(tokens)
         if cost is None:
             return ms
         removed = removed_at(method, tokens - self.prefix_tokens, remove) if remove else 0
-        return max(0.0, ms + cost.at_block(tokens, removed, after_first))  # a noisy cost can exceed the block
+        charged = cost.at_block(tokens, removed, after_first, follows_cut)
+        return max(0.0, ms + charged)  # a noisy cost can exceed the block
 
     def predict(self, candidate: Candidate) -> float:
         """Predicted latency (ms) of the model running `candidate`; see the module docstring."""
         counts, removal, first = self.counts(candidate), candidate.as_dict(), candidate.first_block
-        steps = sum(self.step_ms(candidate.method, counts[b], removal.get(b, 0), first is not None and b > first)
+        steps = sum(self.step_ms(candidate.method, counts[b], removal.get(b, 0), first is not None and b > first,
+                                 cut_before(counts, b))
                     for b in range(self.depth))
         return steps + self.mixing_ms(counts)
 

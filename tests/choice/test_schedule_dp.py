@@ -1,6 +1,8 @@
 """The dynamic programme over blocks: exact for its stand-in drop, landing counts below steps among its moves."""
 
 import itertools
+import operator
+from dataclasses import replace
 
 import pytest
 
@@ -48,9 +50,12 @@ def spent(counts: list[int], step: float) -> float:
                for b in range(D) if counts[b] > counts[b + 1]) * step
 
 
-def fastest_within(latency: LatencyModel, proposals: list[Candidate], step: float, allowance: float) -> tuple:
-    """The fastest schedule within `allowance` by `latency.predict`, of every schedule and of the proposals."""
-    within = [c for c, counts in every_schedule() if spent(counts, step) <= allowance + 1e-12]
+def fastest_within(latency: LatencyModel, proposals: list[Candidate], step: float, allowance: float,
+                   last_cuts: bool = True) -> tuple:
+    """The fastest schedule within `allowance` by `latency.predict`, of every schedule (without `last_cuts`,
+    of those that do not cut at the last block) and of the proposals."""
+    within = [c for c, counts in every_schedule() if spent(counts, step) <= allowance + 1e-12
+              and (last_cuts or D - 1 not in c.as_dict())]
     return (min(latency.predict(c) for c in within),
             min(latency.predict(c) for c in proposals if c in within))
 
@@ -79,6 +84,26 @@ def test_the_programme_charges_mixed_counts_as_predict_does():
         assert chosen == pytest.approx(best)
     fastest = programme.schedules(float("inf"), 0)[0]
     assert latency.predict(fastest) == pytest.approx(min(latency.predict(c) for c, _ in every_schedule()))
+
+
+@pytest.mark.parametrize("later", [-0.4, 0.4])
+def test_the_programme_charges_a_cut_right_after_a_cut_as_predict_does(later):
+    """`later` (ToMe's calibrated saving, or a cost) on cuts that follow a cut: a programme blind to which block
+    cut before prices schedules that cut in a row off by it, and picks the wrong one where it decides."""
+    cost = ReducerCost("pomt", P, {(N, 1): 0.1, (N, 6): 0.1, (5, 1): 0.1, (5, 3): 0.1}, later=later)
+    latency = LatencyModel(CURVE, N, P, D, {"pomt": cost})
+    assert latency.predict(Candidate.of("pomt", {0: 2, 1: 2})) == pytest.approx(
+        latency.predict(Candidate.of("pomt", {0: 2})) - latency.block_ms(11) + latency.block_ms(9) + 0.1 + later)
+    programme, step = BlockProgramme(latency, "pomt", SURROGATE, range(2, N + 1), max_share=1.0), 0.002
+    for buckets in range(41):  # no cut at the last block, where a saving of `later` would pay for one
+        best, chosen = fastest_within(latency, programme.schedules(step, buckets), step, buckets * step, False)
+        assert chosen == pytest.approx(best)
+    blind = BlockProgramme(LatencyModel(CURVE, N, P, D, {"pomt": replace(cost, later=0.0)}), "pomt", SURROGATE,
+                           range(2, N + 1), max_share=1.0)  # the programme blind to which block cut before
+    missed = [buckets for buckets in range(41)
+              if abs(operator.sub(*fastest_within(latency, blind.schedules(step, buckets), step, buckets * step,
+                                                  False))) > 1e-9]
+    assert missed  # the case decides: without the state, some allowances get a slower schedule
 
 
 def test_tome_moves_stay_within_half_the_tokens():
