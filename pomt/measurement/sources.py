@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from pomt.formats.trace import Trace, TraceWriter, Visit, rounded
+from pomt.measurement.drift import drift_profile
 from pomt.measurement.timing import fixed_threads, synchronize, time_calls
 from pomt.runtimes import ProgramCache, build_forward
 
@@ -78,14 +79,21 @@ class TraceExhausted(Exception):
 class ReplaySource:
     """Serves a recorded trace as if it were the device.
 
-    A virtual clock starts at the trace's first timestamp and advances by what each served visit cost
-    (its samples plus one untimed forward). A visit gets the recorded visit of its count nearest in time
-    to that clock that has not been served yet. A paired round (`begin_pass` with two counts, or a pair
-    of counts a pass visits back to back, `begin_unit`) is served the two unused recorded visits closest
-    in time to each other (nearer the clock breaking ties): the two sides of a pair come from as nearly
-    the same moment of the recording as it allows, as live. Served visits keep their recorded time, so
-    `pomt.measurement.drift.drift_profile` sees the recording's own drift. A recorded visit
-    is never served twice: when a count's visits are used up the replay raises `TraceExhausted` (a
+    A virtual clock starts at the trace's first timestamp and advances by what each served visit costs (its
+    samples plus one untimed forward). A visit gets the recorded visit of its count nearest in time to that
+    clock that has not been served yet, moved to the clock: it carries the clock's time, and its samples are
+    scaled by the machine's speed at the clock over its speed when the visit was recorded (the recording's own
+    drift, `pomt.measurement.drift.drift_profile` over all its visits). So a search's visits lie back to back on
+    the time line a live run would have, through the drift the recording saw there, each keeping its own
+    departure from its count's level (noise, interference). Served at their recorded times instead, the visits
+    of a count come from one pass of the recording each: a search's 218 visits of a noisy Intel trace spread
+    over 184 s of its 268 s, where a live search of the same model took 19 s, and the drift between them was
+    the recording's over ten times as long (2026-11-29).
+
+    A paired round (`begin_pass` with two counts, or a pair of counts a pass visits back to back,
+    `begin_unit`) is served the two unused recorded visits closest in time to each other (nearer the clock
+    breaking ties): the two sides keep the short disturbances they shared when recorded, as live. A recorded
+    visit is never served twice: when a count's visits are used up the replay raises `TraceExhausted` (a
     replay cannot invent measurements). A visit keeps its recorded length whatever `reps` asks
     (`preferred_reps` tells a search the trace's own).
     """
@@ -93,8 +101,14 @@ class ReplaySource:
     def __init__(self, trace: Trace):
         self.trace = trace
         self._visits: dict[int, list[Visit]] = defaultdict(list)
-        for visit in trace.visits:
+        self._recorded_speed: dict[int, list[float]] = defaultdict(list)  # log drift when each was recorded
+        _, drift_log = drift_profile(trace.visits)
+        for visit, log_drift in zip(trace.visits, drift_log, strict=True):
             self._visits[visit.tokens].append(visit)
+            self._recorded_speed[visit.tokens].append(float(log_drift))
+        in_time = np.argsort([v.t_s for v in trace.visits], kind="stable")
+        self._drift_times = np.array([trace.visits[i].t_s for i in in_time])
+        self._drift_log = np.asarray(drift_log)[in_time]
         self._times = {n: np.array([v.t_s for v in visits]) for n, visits in self._visits.items()}
         self._free = {n: np.ones(len(visits), dtype=bool) for n, visits in self._visits.items()}
         self._plan: tuple[int, dict[int, int]] | None = None  # (paired round, the recorded visit of each side)
@@ -143,8 +157,16 @@ class ReplaySource:
         self._free[tokens][pick] = False
         recorded = self._visits[tokens][pick]
         self.served += 1
-        self.clock_s += (float(np.median(recorded.samples_ms)) + sum(recorded.samples_ms)) / 1e3
-        return Visit(tokens, pass_index, recorded.t_s, recorded.samples_ms)
+        return self._moved_to_clock(recorded, self._recorded_speed[tokens][pick], pass_index)
+
+    def _moved_to_clock(self, recorded: Visit, recorded_log_drift: float, pass_index: int) -> Visit:
+        """`recorded` as if measured now: at the clock's time and the recording's drift there (class docstring);
+        the clock advances past its untimed forward and its samples."""
+        drift_now = float(np.interp(self.clock_s, self._drift_times, self._drift_log))
+        samples = tuple(ms * math.exp(drift_now - recorded_log_drift) for ms in recorded.samples_ms)
+        start = self.clock_s + float(np.median(samples)) / 1e3
+        self.clock_s = start + sum(samples) / 1e3
+        return Visit(recorded.tokens, pass_index, start, samples)
 
 
 class Session:

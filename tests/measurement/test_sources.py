@@ -53,15 +53,36 @@ def test_the_replay_clock_follows_what_was_served():
 
 
 def test_a_pair_of_counts_visited_back_to_back_is_served_from_nearly_one_moment():
-    """Recorded: 50 and 51 far apart in pass 0, side by side in pass 1; a unit gets pass 1's pair."""
-    visits = [Visit(50, 0, 0.0, (5.0,)), Visit(N, 0, 1.0, (9.0,)), Visit(51, 0, 2.0, (5.1,)),
-              Visit(51, 1, 3.0, (5.1,)), Visit(50, 1, 3.1, (5.0,)), Visit(N, 1, 4.0, (9.0,))]
+    """Recorded: 50 and 51 far apart in pass 0, side by side in pass 1; a unit gets pass 1's pair. Each recorded
+    visit is told apart by the shape of its two samples, which moving it to the clock (a scale) keeps."""
+    visits = [Visit(50, 0, 0.0, (5.0, 5.5)), Visit(N, 0, 1.0, (9.0, 9.0)), Visit(51, 0, 2.0, (5.1, 5.61)),
+              Visit(51, 1, 3.0, (5.1, 6.12)), Visit(50, 1, 3.1, (5.0, 6.0)), Visit(N, 1, 4.0, (9.0, 9.0))]
     trace = Trace(tuple(visits), dict(META))
-    apart = ReplaySource(trace)
-    assert {apart.visit(50, 1, 0).t_s, apart.visit(51, 1, 0).t_s} == {0.0, 2.0}
+
+    def shapes(source):
+        served = (source.visit(50, 2, 0), source.visit(51, 2, 0))
+        return [round(v.samples_ms[1] / v.samples_ms[0], 2) for v in served]
+
+    assert shapes(ReplaySource(trace)) == [1.1, 1.1]  # pass 0's, nearest the clock
     together = ReplaySource(trace)
     together.begin_unit(0, [50, 51])
-    assert {together.visit(50, 1, 0).t_s, together.visit(51, 1, 0).t_s} == {3.0, 3.1}
+    assert shapes(together) == [1.2, 1.2]
+
+
+def test_a_replayed_visit_runs_at_the_speed_the_machine_had_at_the_replay_clock():
+    """The machine halved its speed at 5 s; a visit recorded before then, served after, is served at half
+    speed and at the clock's time: as a live run measuring it then would have seen it."""
+    def speed(t):
+        return 1.0 if t < 5.0 else 2.0
+
+    levels = {N: 10.0, 50: 5.0, 60: 6.0}
+    visits = [Visit(n, second, second + offset, (levels[n] * speed(second),) * 3)
+              for second in range(10) for n, offset in ((N, 0.0), (50, 0.3), (60, 0.6))]
+    source = ReplaySource(Trace(tuple(visits), dict(META)))
+    source.clock_s = 6.0
+    served = [source.visit(50, 3, 0) for _ in range(10)]
+    assert [v.samples_ms[0] for v in served] == pytest.approx([10.0] * 10, rel=0.02)  # the slow half's 5 ms x 2
+    assert served[0].t_s > 6.0 and all(b.t_s > a.t_s for a, b in zip(served, served[1:], strict=False))
 
 
 class Counting:
