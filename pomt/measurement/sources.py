@@ -101,11 +101,11 @@ class ReplaySource:
     def __init__(self, trace: Trace):
         self.trace = trace
         self._visits: dict[int, list[Visit]] = defaultdict(list)
-        self._recorded_speed: dict[int, list[float]] = defaultdict(list)  # log drift when each was recorded
+        self._recorded_drift: dict[int, list[float]] = defaultdict(list)  # log drift when each was recorded
         _, drift_log = drift_profile(trace.visits)
         for visit, log_drift in zip(trace.visits, drift_log, strict=True):
             self._visits[visit.tokens].append(visit)
-            self._recorded_speed[visit.tokens].append(float(log_drift))
+            self._recorded_drift[visit.tokens].append(float(log_drift))
         in_time = np.argsort([v.t_s for v in trace.visits], kind="stable")
         self._drift_times = np.array([trace.visits[i].t_s for i in in_time])
         self._drift_log = np.asarray(drift_log)[in_time]
@@ -157,7 +157,7 @@ class ReplaySource:
         self._free[tokens][pick] = False
         recorded = self._visits[tokens][pick]
         self.served += 1
-        return self._moved_to_clock(recorded, self._recorded_speed[tokens][pick], pass_index)
+        return self._moved_to_clock(recorded, self._recorded_drift[tokens][pick], pass_index)
 
     def _moved_to_clock(self, recorded: Visit, recorded_log_drift: float, pass_index: int) -> Visit:
         """`recorded` as if measured now: at the clock's time and the recording's drift there (class docstring);
