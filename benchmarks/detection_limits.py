@@ -44,8 +44,8 @@ from tqdm import tqdm
 from pomt.choice.curve_model import SMOOTH_SHARE, lowess
 from pomt.formats.trace import Trace, inject_steps, read_trace
 from pomt.measurement.drift import corrected_values, relative_noise
-from pomt.measurement.search import LatencySearch, SearchResult, SearchSettings
-from pomt.measurement.sources import ReplaySource, Session
+from pomt.measurement.search import BUDGET_SPENT, LatencySearch, SearchResult, SearchSettings
+from pomt.measurement.sources import ReplaySource, Session, TraceExhausted
 from pomt.measurement.steps import Step, steps_in_trace
 from pomt.measurement.windows import WindowShift, scan
 
@@ -120,9 +120,9 @@ def why_missed(result: SearchResult, injected: tuple[int, str, float]) -> str:
     if result.detection is None or not shows(result.detection.shifts, injected):
         return "not shown"
     near = [c.reason for c in result.candidates if abs(c.high - injected[0]) <= NEAR]
-    if any("trace holds no more" in reason for reason in near):
+    if any(TraceExhausted.WORDS in reason for reason in near):
         return "unserved"
-    if any("budget is spent" in reason for reason in near):
+    if any(BUDGET_SPENT in reason for reason in near):
         return "budget"
     return "not backed"
 

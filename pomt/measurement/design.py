@@ -168,7 +168,7 @@ class Measurer:
             members = [u for u in members if all(self.session.can_visit(n) for n in u)]
             if asked and not any(u != (self.reference,) for u in members):
                 counts = ", ".join(str(n) for n in sorted({n for u in asked for n in u}))
-                raise TraceExhausted(f"the trace holds no more visits of {counts} tokens")
+                raise TraceExhausted.of(counts)
             ordered = [members[i][:: 1 if p % 2 == 0 else -1] for i in self.rng.permutation(len(members))]
             pass_index = self.new_pass()
             self.session.begin_pass(pass_index, [n for unit in ordered for n in unit])

@@ -45,6 +45,7 @@ from pomt.options import option
 
 LEAST_CANDIDATES = 3  # candidates the smallest adaptive budget can still examine
 FOCUS = 3  # candidates an adaptive round works on at once, most significant first
+BUDGET_SPENT = "the visit budget is spent"  # why candidates left when the budget ran out go unexamined
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,7 @@ class LatencySearch:
                     if set(cand.next_counts(self.grid, self.measurer.visits(), *c.span)) & set(batch):
                         judged[c.span] = rejected(c.low, c.high, f"not examined: {exc}", c.z)
         unjudged = [c for c in self.candidates() if c.span not in judged]
-        skipped = [rejected(c.low, c.high, "not examined: the visit budget is spent", c.z) for c in unjudged]
+        skipped = [rejected(c.low, c.high, f"not examined: {BUDGET_SPENT}", c.z) for c in unjudged]
         return list(judged.values()) + skipped
 
     def _judge(self, candidate: Candidate) -> bool:
@@ -339,7 +340,7 @@ class LatencySearch:
                 self.judge.judged.update(upgraded)
                 confirmations = [upgraded.get((c.low, c.high), c) for c in confirmations]
         except (BudgetSpent, TraceExhausted) as exc:
-            why = "the visit budget is spent" if isinstance(exc, BudgetSpent) else str(exc)
+            why = BUDGET_SPENT if isinstance(exc, BudgetSpent) else str(exc)
             confirmations = list(self.judge.judged.values()) + [
                 rejected(c.low, c.high, f"not examined: {why}", c.z)
                 for c in self.candidates() if c.span not in self.judge.judged

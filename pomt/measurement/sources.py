@@ -75,6 +75,12 @@ class LiveSource:
 class TraceExhausted(Exception):
     """A replay was asked for more visits of a count than its trace holds."""
 
+    WORDS = "the trace holds no more visits"  # how its message begins (what a rejected candidate's reason quotes)
+
+    @classmethod
+    def of(cls, counts: object) -> TraceExhausted:
+        return cls(f"{cls.WORDS} of {counts} tokens")
+
 
 class ReplaySource:
     """Serves a recorded trace as if it were the device.
@@ -148,7 +154,7 @@ class ReplaySource:
             raise KeyError(f"the trace has no samples at {tokens} tokens")
         free = np.flatnonzero(self._free[tokens])
         if free.size == 0:
-            raise TraceExhausted(f"the trace holds no more visits of {tokens} tokens")
+            raise TraceExhausted.of(tokens)
         planned = self._plan[1].get(tokens) if self._plan is not None and self._plan[0] == pass_index else None
         if planned is not None and self._free[tokens][planned]:
             pick = planned
