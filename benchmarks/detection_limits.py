@@ -3,7 +3,9 @@
 For every shuffled trace of the bank (tests/data) and a few seeds, one level shift is injected into the real
 samples (every sample above a count scaled, so the trace's noise and drift stay as measured) at a count within
 the step policy's reach (the top `--reach` counts), in each size class: 5-8%, 8-15%, 15-20%. The adaptive search
-then runs on a replay with its default settings and that reach, as the offline computation does. Scored:
+then runs on a replay with its default settings and that reach, as the offline computation does; each run's replay
+starts at its own seeded point of the recording's first half (`ReplaySource.seeded`), so that a trace's runs meet
+different stretches of the machine instead of one first minute counted once a run. Scored:
 
 - recall per size class and per noise class (the trace's noise a visit, as `pomt record` states it: <= 3%,
   above): the injected step found when a confirmed step of the same sign lies within +-2 tokens;
@@ -34,6 +36,7 @@ No timing: everything replays recorded samples. Usage:
 from __future__ import annotations
 
 import argparse
+import zlib
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,9 +61,11 @@ def bank() -> list[str]:
     return sorted(p.stem for p in DATA.glob("*.csv") if "sequential" not in p.stem)
 
 
-def search(trace: Trace, reach: int, seed: int) -> SearchResult:
-    return LatencySearch(Session(ReplaySource(trace)), trace.counts, trace.num_tokens, SearchSettings(), seed=seed,
-                         focus_from=reach, progress=False).run()
+def search(trace: Trace, reach: int, seed: int, start: Sequence[int]) -> SearchResult:
+    """The offline computation's adaptive search on a replay whose clock starts where the seed `start` says
+    (`ReplaySource.seeded`)."""
+    return LatencySearch(Session(ReplaySource.seeded(trace, start)), trace.counts, trace.num_tokens, SearchSettings(),
+                         seed=seed, focus_from=reach, progress=False).run()
 
 
 def confirmed_within(result: SearchResult, reach: int) -> list[tuple[int, str]]:
@@ -161,7 +166,8 @@ def main() -> None:
         own = [s.tokens for s in steps_in_trace(list(trace.visits), min_step=0.03)]
         small = [(s.tokens, s.kind) for s in steps_in_trace(list(trace.visits), min_step=0.02)]
         significant = steps_in_trace(list(trace.visits), min_step=0.0)
-        rng = np.random.default_rng([seed, len(name), 0 if size is None else list(SIZES).index(size) + 1])
+        size_index = 0 if size is None else list(SIZES).index(size) + 1
+        rng = np.random.default_rng([seed, len(name), size_index])
         injected = None
         if size is not None:
             low, high = SIZES[size]
@@ -171,7 +177,7 @@ def main() -> None:
                 factor = 1.0 / factor  # a rise
             injected = (where, "drop" if factor > 1 else "rise", 100 * abs(1 - factor))
             trace = inject_steps(trace, {where: factor})
-        result = search(trace, reach, seed)
+        result = search(trace, reach, seed, [seed, zlib.crc32(name.encode()), size_index])
         found = confirmed_within(result, reach)
         truth = [*own, *([injected[0]] if injected else [])]
         for step in (s for s in result.steps if s.tokens >= reach):

@@ -3,7 +3,8 @@
 For every recorded trace in tests/data (shuffled passes; the sequential demonstration trace is left out) and
 a few seeds, known steps are injected into the real trace (every sample above a count scaled by +-6..12%,
 so real noise and drift stay as measured), then the adaptive search runs on a replay of it with its
-default settings. Ground truth is the steps the dense trace itself confirms by paired visits within passes
+default settings, its clock started at a seeded point of the recording's first half (`ReplaySource.seeded`).
+Ground truth is the steps the dense trace itself confirms by paired visits within passes
 (`pomt.measurement.steps.steps_in_trace` on the recorded trace) and the injected ones. Scoring, for steps of at
 least 5%:
 recall = truth steps with a confirmed step within +-2 tokens; precision = confirmed steps of 5% or more
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,7 +232,7 @@ def main() -> None:
             truth = [*own, *known_steps(planted)]
             loose = [*own_loose, *known_steps(planted)]
             previous = steps_in_trace(trace.visits, min_step=BIG)
-            source = ReplaySource(trace)
+            source = ReplaySource.seeded(trace, [seed, zlib.crc32(name.encode())])
             settings = SearchSettings(budget=args.budget, align=args.align)
             reach = None if args.reach is None else trace.num_tokens - args.reach
             search = LatencySearch(Session(source), trace.counts, trace.num_tokens, settings, seed=seed,

@@ -29,6 +29,7 @@ from pomt.runtimes import ProgramCache, build_forward
 ForwardAt = Callable[[int], AbstractContextManager[Callable[[], object]]]
 PAIRED = 2  # a pass of two counts is a paired round
 PAIR_PROGRESS = 0.1  # seconds of pair gap a replay trades for each second nearer its clock
+LATEST_START = 0.5  # a seeded replay starts its clock within the first half of the recording's span
 
 
 class Source(Protocol):
@@ -102,9 +103,16 @@ class ReplaySource:
     visit is never served twice: when a count's visits are used up the replay raises `TraceExhausted` (a
     replay cannot invent measurements). A visit keeps its recorded length whatever `reps` asks
     (`preferred_reps` tells a search the trace's own).
+
+    `start`: where in the recording the clock starts, as a share of its span (0: its first visit). A bank that
+    replays one recording many times draws it per run (`seeded`): from one start every run of a trace meets the
+    same first minute of the machine (one unlucky stretch counted once a run), and a live run starts wherever
+    the machine happens to be.
     """
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: Trace, start: float = 0.0):
+        if not 0.0 <= start < 1.0:
+            raise ValueError(f"a replay's start is a share of the recording's span in [0, 1), got {start}")
         self.trace = trace
         self._visits: dict[int, list[Visit]] = defaultdict(list)
         self._recorded_drift: dict[int, list[float]] = defaultdict(list)  # log drift when each was recorded
@@ -119,8 +127,14 @@ class ReplaySource:
         self._free = {n: np.ones(len(visits), dtype=bool) for n, visits in self._visits.items()}
         self._plan: tuple[int, dict[int, int]] | None = None  # (paired round, the recorded visit of each side)
         self.preferred_reps = int(np.median([len(v.samples_ms) for v in trace.visits]))
-        self.clock_s = min(v.t_s for v in trace.visits)
+        first, last = self._drift_times[0], self._drift_times[-1]
+        self.clock_s = float(first + start * (last - first))
         self.served = 0
+
+    @classmethod
+    def seeded(cls, trace: Trace, seed: int | Sequence[int]) -> ReplaySource:
+        """A replay whose clock starts at a seeded point of the recording's first LATEST_START of its span."""
+        return cls(trace, start=float(np.random.default_rng(seed).uniform(0.0, LATEST_START)))
 
     @property
     def counts(self) -> list[int]:

@@ -44,6 +44,34 @@ def test_replay_serves_the_nearest_unused_visit_and_never_one_twice():
     assert source.preferred_reps == 3 and source.counts == [50, N]
 
 
+def test_a_replay_started_within_the_recording_serves_the_visits_recorded_there_first():
+    trace = synthetic_trace(linear_levels(), counts=[50, N], passes=8)
+    times = [v.t_s for v in trace.visits]
+    middle = min(times) + 0.5 * (max(times) - min(times))
+    recorded = [v for v in trace.visits if v.tokens == 50]
+    nearest = min(recorded, key=lambda v: abs(v.t_s - middle))
+    source = ReplaySource(trace, start=0.5)
+    assert source.clock_s == pytest.approx(middle)
+    served = source.visit(50, reps=3, pass_index=0)  # told apart by its samples' shape, which a scale keeps
+    assert served.samples_ms[1] / served.samples_ms[0] == pytest.approx(nearest.samples_ms[1] / nearest.samples_ms[0])
+    assert served.t_s > middle
+    assert ReplaySource(trace).clock_s == min(times)
+
+
+def test_a_seeded_replay_starts_in_the_recordings_first_half_the_same_way_for_a_seed():
+    trace = synthetic_trace(linear_levels(), counts=[50, N], passes=8)
+    times = [v.t_s for v in trace.visits]
+    starts = [ReplaySource.seeded(trace, [seed, 3]).clock_s for seed in range(20)]
+    assert all(min(times) <= s <= min(times) + 0.5 * (max(times) - min(times)) for s in starts)
+    assert len(set(starts)) == 20 and ReplaySource.seeded(trace, [4, 3]).clock_s == starts[4]
+
+
+@pytest.mark.parametrize("start", [-0.1, 1.0])
+def test_a_replay_start_outside_the_recording_is_refused(start):
+    with pytest.raises(ValueError, match="share of the recording's span"):
+        ReplaySource(synthetic_trace(linear_levels(), counts=[50, N], passes=2), start=start)
+
+
 def test_the_replay_clock_follows_what_was_served():
     trace = synthetic_trace(linear_levels(), counts=[50, N], passes=4)
     source = ReplaySource(trace)
