@@ -151,10 +151,11 @@ def _regions(by_window: list[tuple[list[int], dict[int, float]]]) -> list[tuple[
 
 
 def _supports(pin: Confirmation, shift: WindowShift, min_step: float) -> bool:
-    """The paired second look backs the window: same sign, at least half the minimum step, and not far from
-    significant on its own (p < SECOND_LOOK_P)."""
+    """The paired second look backs the window: same sign, at least the minimum step (a step is reported at the
+    pair it pins, with the pair's size: a window's shift spread over a few counts of smaller steps is no step of
+    the minimum at any one of them), and not far from significant on its own (p < SECOND_LOOK_P)."""
     paired = pin.paired_pct or 0.0
-    return (paired * shift.saving_pct > 0 and abs(paired) >= 50.0 * min_step
+    return (paired * shift.saving_pct > 0 and abs(paired) >= 100.0 * min_step
             and pin.effect is not None and pin.effect.p_value < SECOND_LOOK_P)
 
 
