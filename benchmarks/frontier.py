@@ -25,7 +25,7 @@ chosen.
 Usage: python benchmarks/frontier.py [--batch-sizes 1 16] [--threads 2] [--drop 1.0] [--allocator inherit] [--smoke]
        [--budget 0.2]
        [--also tome:0=10,7=15 ...]
-       [--device cuda --dtype float16 --model deit_base --input-size 224 --lr 1e-4]
+       [--device cuda --dtype float16 --model deit_base --input-size 224 --lr 1e-4] [--backend cudagraph]
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from pomt.models.registry import geometry_of, resolve_model_name
 from pomt.pipelines.offline import OfflineConfig, OfflineResult, run_offline
 from pomt.pipelines.offline.frontier_schedule import as_schedule
 from pomt.pipelines.offline.frontier_setup import goal_of, journal_path
-from pomt.runtimes import DTYPES, parameter_dtype
+from pomt.runtimes import BACKENDS, DTYPES, check_backend, parameter_dtype
 from pomt.workload.prepare import Prepared, Workload, prepare
 
 SMOKE_SEARCH = SearchSettings(passes=3, visit_s=0.01, confirm_rounds=3)
@@ -89,8 +89,9 @@ class Case:
 def offline_settings(case: DigitsCase, batch: int, args: argparse.Namespace) -> tuple[Workload, OfflineConfig]:
     """The offline computation's workload and settings: the frontier policy on the digits calibration folder."""
     workload = Workload(model=case.recipe.model, batch_size=batch, input_size=case.recipe.data.size,
-                        device=args.device, dtype=args.dtype, threads=args.threads, allocator=args.allocator,
-                        output_dir=Path(args.output_dir) / f"bs{batch}", progress=args.progress)
+                        device=args.device, dtype=args.dtype, backend=args.backend, threads=args.threads,
+                        allocator=args.allocator, output_dir=Path(args.output_dir) / f"bs{batch}",
+                        progress=args.progress)
     config = OfflineConfig(dataset_root=case.calibration_root, checkpoint=case.checkpoint, policy="frontier",
                            max_accuracy_drop=args.drop, max_evals=args.max_evals, accuracy_samples=100_000,
                            accuracy_confidence=args.confidence,
@@ -165,7 +166,8 @@ def paired(prepared: Prepared, workload: Workload, result: OfflineResult, compar
     schedules = {n - i: as_schedule(result.schedule, found.latency, p.candidate)
                  for i, p in enumerate(distinct, start=1)}
     device = prepared.setup.device
-    forward_at = schedule_forward_at(prepared.model, prepared.x, schedules, device=device, threads=workload.threads)
+    forward_at = schedule_forward_at(prepared.model, prepared.x, schedules, backend=workload.backend, device=device,
+                                     threads=workload.threads)
     session = Session(LiveSource(forward_at, device, workload.threads))
     ratio = {i: p.predicted_ms / found.latency.baseline for i, p in enumerate(distinct, start=1)}
     return verify(session, n, list(ratio), reps=found.reps, rounds=rounds, predicted_ratio=ratio,
@@ -291,6 +293,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where the model trains, is timed and evaluated")
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="the offline computation's dtype (float16 on CUDA)")
+    parser.add_argument("--backend", default="eager", choices=BACKENDS,
+                        help="the runtime latency is measured and verified on (cudagraph: replayed CUDA graphs)")
     parser.add_argument("--model", default=None, help="the digits recipe's model (default: the recipe's)")
     parser.add_argument("--input-size", type=int, default=None, help="the digits images' size in pixels")
     parser.add_argument("--lr", type=float, default=None, help="the recipe's peak learning rate")
@@ -299,6 +303,7 @@ def main() -> None:
         args.drop, args.max_evals, args.rounds = max(args.drop, 20.0), min(args.max_evals, 26), min(args.rounds, 3)
     try:  # an unknown model, an absent device or an unreadable schedule: one line before anything trains
         args.device, recipe = resolve_device(args.device), recipe_of(args)
+        check_backend(args.backend, args.device)
         args.also = list(dict.fromkeys(Candidate.parse(text) for text in args.also))
         if args.budget is not None:
             replace(SearchSettings(), budget=args.budget).check()
@@ -314,7 +319,7 @@ def main() -> None:
     case = digits_case(recipe, progress=args.progress, device=args.device)
     print(f"digits case: {case.recipe.model} at {case.recipe.data.size} px, {case.calibration_images} calibration "
           f"images, top-1 {case.accuracy:.3f}, trained in {case.train_s:.0f} s on {args.device}"
-          f"{' (cached)' if case.reused else ''}; {args.dtype}; drop <= {args.drop:g} points at "
+          f"{' (cached)' if case.reused else ''}; {args.dtype}, {args.backend}; drop <= {args.drop:g} points at "
           f"{args.confidence:.0%} confidence")
     for batch in args.batch_sizes:
         report(run_case(case, batch, args), args.drop, args.confidence)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA paths, for a machine with an NVIDIA GPU, in three parts that each fit in a few minutes:
+# The CUDA paths, for a machine with an NVIDIA GPU, in parts that each fit in a few minutes:
 #   setup:   device state through NVML, the clock script's status (lock/unlock as dry runs only: nothing is
 #            changed), the runtimes that run there, and the fast tests with the GPU present;
 #   offline: the offline computation in float32 (deit_base batch 4) and float16 (batch 64), and a dense
@@ -11,12 +11,17 @@
 #   frontier: the frontier search on the digits case with deit_base at 224 px, batch 64, float16 (issue 30,
 #            item 10; the model trains on the GPU first), then its schedule against top-k and ToMe tuned to its
 #            measured latency (benchmark.py --schedule, the default latency match);
+#   graphs:  the CUDA graph runtime through pomt: its tests on the GPU, the offline computation measured and
+#            verified as graphs (deit_base, batch 64, float16), its schedule applied and served from a graph
+#            (benchmarks/serve_graph.py);
+#   graph-bench: the side-by-side benchmark (pomt, top-k, ToMe at batch 64, float16) eager, then as graphs;
 #   predict: the latency model against the patched model for multi-block schedules of every reducer
 #            (benchmarks/prediction_error.py --part multi, deit_base at batch 64, float16);
 # Everything it prints also goes to OUT/gpu_log_PART.txt; results land in OUT/bin.
-# Usage: bash benchmarks/gpu_check.sh [OUT] [setup|offline|bench|repro|frontier|predict|all]
+# Usage: bash benchmarks/gpu_check.sh [OUT] [setup|offline|bench|repro|frontier|graphs|graph-bench|predict|all]
 #        (default OUT: bin/gpu_check, part: all; PYTHON overrides the interpreter; TESTS=0 leaves out setup's
-#        tests, which hide the GPU and so check the suite, not the CUDA paths)
+#        tests, which hide the GPU and so check the suite, not the CUDA paths; BACKEND=cudagraph runs the frontier
+#        part's search, verification and benchmark as CUDA graphs)
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=$(realpath -m "${1:-$ROOT/bin/gpu_check}")
@@ -88,9 +93,9 @@ repro() {
 }
 
 frontier() {
-  step "frontier: digits case, deit_base 224 px, batch 64, float16 (trained here first)"
+  step "frontier: digits case, deit_base 224 px, batch 64, float16, ${BACKEND:-eager} (trained here first)"
   timeout "${FRONTIER_S:-330}" "$PYTHON" benchmarks/frontier.py --device cuda --dtype float16 --model deit_base \
-    --input-size 224 --lr "${FRONTIER_LR:-1e-4}" --batch-sizes 64 --output-dir "$OUT/bin/frontier"
+    --backend "${BACKEND:-eager}" --input-size 224 --lr "${FRONTIER_LR:-1e-4}" --batch-sizes 64 --output-dir "$OUT/bin/frontier"
   schedule=$(find "$OUT/bin/frontier/bs64" -maxdepth 1 -name "*.schedule.json" | head -1)
   checkpoint=$(find bin/cache -maxdepth 1 -name "digits_deit_base_patch16_224_*.pth" | head -1)
   data=$(find bin/cache -maxdepth 2 -type d -name calibration -path "*digits_224px_*" | head -1)
@@ -98,10 +103,38 @@ frontier() {
     "$schedule"; then
     echo "the frontier shipped no schedule: nothing to benchmark"; return
   fi
+  step "serve: the frontier's schedule"
+  timeout 90 "$PYTHON" benchmarks/serve_graph.py "$schedule"
+  [ "${BENCH_S:-150}" = 0 ] && return
   step "benchmark: the frontier's schedule against top-k and ToMe tuned to its measured latency, with accuracy"
   timeout "${BENCH_S:-150}" "$PYTHON" benchmark.py --schedule "$schedule" --device cuda --methods none,topk,tome \
+    --backend "${BACKEND:-eager}" \
     --checkpoint "$checkpoint" --dataset-root "$data" --accuracy-samples 808 --rounds 10 --power-seconds 1 \
     --output-dir "$OUT/bin/frontier"
+}
+
+graphs() {
+  step "backend: cudagraph"
+  "$PYTHON" -m pomt backend cudagraph --device cuda
+  step "tests of the CUDA graph runtime on the GPU"
+  POMT_TESTS_GPU=1 timeout 120 "$PYTHON" -m pytest -q -p no:cacheprovider tests/runtimes/test_cudagraph_gpu.py
+  step "offline: deit_base batch 64, float16, measured and verified as CUDA graphs"
+  timeout "${GRAPHS_S:-150}" "$PYTHON" offline_computation.py --model deit_base --batch-size 64 --device cuda \
+    --dtype float16 --backend cudagraph --output-dir "$OUT/bin/graphs" --no-progress
+  schedule=$(find "$OUT/bin/graphs" -maxdepth 1 -name "*.schedule.json" | head -1)
+  if [ -n "$schedule" ]; then
+    step "serve: the offline computation's schedule"
+    timeout 90 "$PYTHON" benchmarks/serve_graph.py "$schedule"
+  fi
+}
+
+graph_bench() {
+  for backend in eager cudagraph; do
+    step "benchmark: 224 px, batch 64, float16, $backend"
+    timeout 90 "$PYTHON" benchmark.py --model deit_base --batch-size 64 --device cuda --dtype float16 \
+      --backend "$backend" --methods none,pomt,topk,tome --remove 98 --r 8 --rounds 15 --power-seconds 0 \
+      --no-profile --output-dir "$OUT/bin/graphs/bench_$backend"
+  done
 }
 
 predict() {
@@ -116,8 +149,12 @@ case "$PART" in
   bench) bench ;;
   repro) repro ;;
   frontier) frontier ;;
+  graphs) graphs ;;
+  graph-bench) graph_bench ;;
   predict) predict ;;
-  all) setup; offline; bench; repro; frontier; predict ;;
-  *) echo "gpu_check.sh: unknown part '$PART' (setup, offline, bench, repro, frontier, predict or all)"; exit 2 ;;
+  all) setup; offline; bench; repro; frontier; graphs; graph_bench; predict ;;
+  *) echo "gpu_check.sh: unknown part '$PART' (setup, offline, bench, repro, frontier, graphs, graph-bench, predict or"\
+       "all)"
+     exit 2 ;;
 esac
 ls -la "$OUT/bin"

@@ -15,8 +15,11 @@ from pathlib import Path
 
 # The suite tests pomt where its answers are deterministic, on the CPU: a GPU on the machine stays hidden,
 # from the CLI subprocesses too, so that "auto" means cpu everywhere (file names, fingerprints, timings).
-# The CUDA paths are run by benchmarks/gpu_check.sh on an NVIDIA machine.
-os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# The CUDA paths are run by benchmarks/gpu_check.sh on an NVIDIA machine; POMT_TESTS_GPU=1 leaves the GPU visible
+# for the tests written for one (tests/runtimes/test_cudagraph_gpu.py), which skip without it.
+GPU_TESTS = os.environ.get("POMT_TESTS_GPU") == "1"
+if not GPU_TESTS:
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -26,8 +29,8 @@ from pomt.device.allocator import ALLOCATOR_ENV  # noqa: E402
 from pomt.formats.schedule import BlockRemoval, Schedule  # noqa: E402
 from pomt.models.geometry import transformer_blocks  # noqa: E402
 
-from device_fakes import FakeNvml
-from tiny_data import make_image_folder, train_tiny_vit
+from device_fakes import FakeNvml  # noqa: E402
+from tiny_data import make_image_folder, train_tiny_vit  # noqa: E402
 
 
 def pytest_configure(config):

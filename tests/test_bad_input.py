@@ -236,6 +236,10 @@ SCRIPT_CASES = [
      ["cannot read schedule 'tome:0'"]),
     ("frontier-benchmark-also-unpruned", "benchmarks/frontier.py", ["--also", "none", "--smoke"],
      ["--also takes pruned schedules"]),
+    ("frontier-benchmark-cudagraph-on-cpu", "benchmarks/frontier.py", ["--backend", "cudagraph", "--smoke"],
+     ["cudagraph backend runs on an NVIDIA GPU"]),
+    ("serve-graph-without-a-gpu", "benchmarks/serve_graph.py", ["{scene}/tiny.schedule.json"],
+     ["serves on an NVIDIA GPU"]),
     ("prediction-error-changes-on-cuda", "benchmarks/prediction_error.py", ["--part", "changes", "--device", "cuda"],
      ["--part changes measures the CPU only"]),
 ]
