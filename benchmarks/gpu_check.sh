@@ -21,7 +21,8 @@
 # Usage: bash benchmarks/gpu_check.sh [OUT] [setup|offline|bench|repro|frontier|graphs|graph-bench|predict|all]
 #        (default OUT: bin/gpu_check, part: all; PYTHON overrides the interpreter; TESTS=0 leaves out setup's
 #        tests, which hide the GPU and so check the suite, not the CUDA paths; BACKEND=cudagraph runs the frontier
-#        part's search, verification and benchmark as CUDA graphs)
+#        part's search, verification and benchmark, and the predict part's curve, costs and schedules, as CUDA
+#        graphs)
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=$(realpath -m "${1:-$ROOT/bin/gpu_check}")
@@ -138,9 +139,9 @@ graph_bench() {
 }
 
 predict() {
-  step "prediction error: multi-block schedules, deit_base batch 64, float16"
+  step "prediction error: multi-block schedules, deit_base batch 64, float16, ${BACKEND:-eager}"
   timeout 150 "$PYTHON" benchmarks/prediction_error.py --part multi --device cuda --dtype float16 \
-    --workloads deit_base:64:224 --rounds 30 --curve-points 16
+    --backend "${BACKEND:-eager}" --workloads deit_base:64:224 --rounds 30 --curve-points 16
 }
 
 case "$PART" in

@@ -40,7 +40,8 @@ Usage: python benchmarks/prediction_error.py [--part multi|ops|changes] [--workl
        [-- extra options]
 Tiny check: python benchmarks/prediction_error.py --part multi --workloads deit_tiny:1:64 --rounds 3 \
     --cost-rounds 2 --curve-points 6
-On a GPU (multi only): --device cuda --dtype float16 --workloads deit_base:64:224
+On a GPU (multi only): --device cuda --dtype float16 --workloads deit_base:64:224 [--backend cudagraph: the curve,
+the reducers' costs and the schedules all timed as CUDA graphs]
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ import time
 from pathlib import Path
 
 from pomt.device.allocator import ALLOCATORS
-from pomt.runtimes import DTYPES
+from pomt.errors import PomtError
+from pomt.runtimes import DTYPES, IN_PROCESS, check_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("deit_small:1:224", "deit_small:4:224", "deit_tiny:1:112")
@@ -101,27 +103,30 @@ def multi_block_schedules(num_tokens: int, prefix: int, depth: int) -> list:
 
 
 def paired_rounds(model, x, variants: dict, rounds: int, seed: int, threads: int | None,
-                  what: str, device: str = "cpu", measure=None) -> dict[str, list]:
+                  what: str, device: str = "cpu", measure=None, backend: str = "eager") -> dict[str, list]:
     """Per variant, one reading per round: every round visits all variants in a seeded random order, each
-    visit entering its context on `model` (a truncation, a patch), one untimed forward, then one measured:
-    its time (ms) by default, or `measure(forward)`."""
+    visit entering its context on `model` (a truncation, a patch) and running it in `backend` (eager, or
+    captured there as a CUDA graph), one untimed forward, then one measured: its time (ms) by default, or
+    `measure(forward)`."""
     import numpy as np
     import torch
     from tqdm import tqdm
 
     from pomt.measurement.timing import fixed_threads, time_calls
+    from pomt.runtimes import build_forward
 
     rng, names = np.random.default_rng(seed), list(variants)
     readings: dict[str, list] = {name: [] for name in names}
     with fixed_threads(threads) as used, torch.inference_mode():
         for _ in tqdm(range(rounds), desc=what, unit="round", leave=False):
             for i in rng.permutation(len(names)):
-                with variants[names[i]]():
-                    model(x)
+                with variants[names[i]](), build_forward(model, x, backend=backend, device=device,
+                                                          threads=used) as forward:
+                    forward()
                     if measure is None:
-                        readings[names[i]] += time_calls(lambda: model(x), device, 1, used)
+                        readings[names[i]] += time_calls(forward, device, 1, used)
                     else:
-                        readings[names[i]].append(measure(lambda: model(x)))
+                        readings[names[i]].append(measure(forward))
     return readings
 
 
@@ -273,9 +278,9 @@ def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
     start = time.perf_counter()
     rounds = {} if args.cost_rounds is None else {"rounds": args.cost_rounds}
     costs = measure_reducer_costs(net, x, REDUCERS, device=args.device, threads=args.threads, seed=args.seed,
-                                  **rounds)
+                                  backend=args.backend, **rounds)
     mixed = measure_mixed_counts(net, x, device=args.device, threads=args.threads, seed=args.seed + 2,
-                                 **{k: 2 * v for k, v in rounds.items()})
+                                 backend=args.backend, **{k: 2 * v for k, v in rounds.items()})
     cost_s = time.perf_counter() - start
 
     layouts = {c.key: tuple(probe.counts(c)[:depth]) for c in schedules}
@@ -283,15 +288,15 @@ def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
     variants.update({c.key: (lambda c=c: patched(net, c.method, c.as_dict())) for c in schedules})
     variants.update({f"drop{kept}": (lambda kept=kept: dropped_to(net, kept)) for kept in set(layouts.values())})
     times = paired_rounds(net, x, variants, args.rounds, args.seed + 1, args.threads,
-                          "curve and schedules, paired", args.device)
+                          "curve and schedules, paired", args.device, backend=args.backend)
     unpruned_times = times[f"L({n})"]
     unpruned = float(np.median(unpruned_times))
     curve = {c: float(np.median(times[f"L({c})"])) for c in counts}
     latency = LatencyModel(curve, n, prefix, depth, costs, mixed)
     blocks_alone = LatencyModel(curve, n, prefix, depth, mixed=mixed)
     uncorrected = LatencyModel(curve, n, prefix, depth, costs)
-    print(f"{workload} ({args.device}, {args.dtype}, multi-block): reducer costs in {cost_s:.0f} s; curve at "
-          f"{len(counts)} counts in [{counts[0]}, {n}] and {len(schedules)} schedules in the same "
+    print(f"{workload} ({args.device}, {args.dtype}, {args.backend}, multi-block): reducer costs in {cost_s:.0f} s; "
+          f"curve at {len(counts)} counts in [{counts[0]}, {n}] and {len(schedules)} schedules in the same "
           f"{args.rounds} paired rounds, {time.perf_counter() - start - cost_s:.0f} s; unpruned {unpruned:.3f} ms")
     calibration = latency.predict_counts(mixed.layout)
     print(f"  mixed counts: the layout {'-'.join(map(str, mixed.layout))} dropped measured {mixed.ratio:.4f} of the "
@@ -342,14 +347,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="multi: where the model is timed (cuda: CUDA events)")
     parser.add_argument("--dtype", default="float32", choices=DTYPES, help="multi: model and input dtype")
+    parser.add_argument("--backend", default="eager", choices=IN_PROCESS,
+                        help="multi: the runtime timed (cudagraph: every variant captured as a CUDA graph)")
     parser.add_argument("--allocator", choices=ALLOCATORS, default="steady",
                         help="multi, ops: the host allocator measured under (as the offline computation's --allocator)")
     parser.add_argument("extra", nargs="*", help="further offline_computation.py options (after --)")
     args = parser.parse_args()
-    if args.part in ("ops", "changes") and args.device != "cpu":
-        from pomt.cli.app import fail
+    from pomt.cli.app import fail
 
-        fail(f"--part {args.part} measures the CPU only")
+    if args.part in ("ops", "changes") and (args.device != "cpu" or args.backend != "eager"):
+        fail(f"--part {args.part} measures the CPU only, eager")
+    try:
+        check_backend(args.backend, args.device)
+    except PomtError as exc:
+        fail(str(exc))
     if args.part in ("multi", "ops", "changes", "both"):
         from pomt.device.allocator import allocator_words, use_allocator
 

@@ -240,6 +240,9 @@ SCRIPT_CASES = [
      ["cudagraph backend runs on an NVIDIA GPU"]),
     ("serve-graph-without-a-gpu", "benchmarks/serve_graph.py", ["{scene}/tiny.schedule.json"],
      ["serves on an NVIDIA GPU"]),
+    ("prediction-error-cudagraph-on-cpu", "benchmarks/prediction_error.py", ["--part", "multi", "--backend",
+                                                                              "cudagraph"],
+     ["cudagraph backend runs on an NVIDIA GPU"]),
     ("prediction-error-changes-on-cuda", "benchmarks/prediction_error.py", ["--part", "changes", "--device", "cuda"],
      ["--part changes measures the CPU only"]),
 ]

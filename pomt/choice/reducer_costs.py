@@ -25,6 +25,13 @@ ToMe is also measured on the whole model, in one more set of paired rounds:
   schedules that merge at every block were priced 4-15% slower than they ran (`benchmarks/prediction_error.py
   --part multi`).
 
+Every visit runs in the runtime the curve was measured on, where that runtime runs the live model (`IN_PROCESS`):
+eager, or its forward captured as a CUDA graph in the variant's context and replayed. On a GPU a reducer's
+kernels cost host time that hides behind the GPU's work in some schedules and not in others, so costs measured
+eager do not price a schedule served as a graph; before they were measured there, the frontier priced
+schedules on CUDA graphs from the curve alone, and on an H200 (deit_base, batch 64, float16) its ToMe schedules
+ran up to 50% slower than predicted (docs/results/h200-2026-11-30.md).
+
 A visit times `reps` forwards and keeps their median; by default about as many as make a visit last MIN_VISIT_MS
 (`visit_reps`, at most MAX_REPS). One forward a visit was enough where the cut model runs for several ms, not
 where it runs for half of one: on the digits case at batch 1 (deit_tiny at 112 px) one run of seven rounds
@@ -65,6 +72,7 @@ from pomt.models.shortened import last_blocks
 from pomt.models.tokens import dropped_to, truncate_tokens
 from pomt.patching import patched
 from pomt.patching.plan import removed_at, token_counts
+from pomt.runtimes import IN_PROCESS, Backend, build_forward
 
 SHARES = (0.0, 0.25, 0.5)  # removals measured at each count, as shares of its patch tokens (0: one token)
 MEASURED_BLOCKS = 2  # the cut model's depth: one plain block, then the last block, where costs are measured
@@ -133,11 +141,13 @@ def measure_reducer_costs(
     seed: int = 0,
     points: Sequence[tuple[int, int]] | None = None,
     later: bool = True,
+    backend: str = Backend.EAGER.value,
 ) -> dict[str, ReducerCost]:
     """{method: its ReducerCost} measured on input `x` (see the module docstring), at each share of each count
     (`cost_points`), or at the (tokens entering, removed) `points` given; `reps` forwards a visit (None: as
     many as `visit_reps` asks). `later`: calibrate what ToMe's merges after the first save (only schedules
-    that merge at several blocks need it)."""
+    that merge at several blocks need it). `backend`: the runtime timed, one of `IN_PROCESS`."""
+    check_in_process(backend)
     geometry = model_geometry(model)
     num_tokens, prefix = geometry.num_tokens, geometry.prefix_tokens
     counts = sorted(set(counts or default_counts(num_tokens, prefix)))
@@ -152,7 +162,7 @@ def measure_reducer_costs(
     variants = _pairs(where, depth - 1)
     contexts = {v: partial(_cut_variant, model, v, num_tokens, depth) for v in variants}
     times = _paired_rounds(model, x, {**contexts, UNPRUNED: contextlib.nullcontext}, device, threads, rounds,
-                           {**dict.fromkeys(variants, cut_reps), UNPRUNED: whole_reps}, seed)
+                           {**dict.fromkeys(variants, cut_reps), UNPRUNED: whole_reps}, seed, backend)
     unit_ms = float(np.median(times[UNPRUNED]))
     pruning = _differences(at_unit_speed(times, unit_ms))
     results = {}
@@ -161,8 +171,16 @@ def measure_reducer_costs(
         results[method] = ReducerCost(method, prefix, at_last, unit_ms=unit_ms)
     if "tome" in where and geometry.depth > 1:
         results["tome"] = _whole_model_tome(model, x, results["tome"], where["tome"], device, threads, rounds,
-                                            whole_reps, seed + 1, later)
+                                            whole_reps, seed + 1, later, backend)
     return results
+
+
+def check_in_process(backend: str) -> None:
+    """Raise ValueError unless `backend` runs the live model in this process (`IN_PROCESS`): the costs are
+    measured on the model patched and cut in place, which a static program exported per count is not."""
+    if backend not in IN_PROCESS:
+        raise ValueError(f"reducer costs are measured where the live model runs ({', '.join(IN_PROCESS)}), "
+                         f"not on {backend}")
 
 
 def at_unit_speed(times: Mapping[Hashable, list[float]], unit_ms: float) -> dict[Hashable, list[float]]:
@@ -181,7 +199,7 @@ def repeat_schedule(num_tokens: int, prefix_tokens: int, depth: int) -> Candidat
 
 def _whole_model_tome(model: nn.Module, x: torch.Tensor, cost: ReducerCost, points: Sequence[tuple[int, int]],
                       device: str, threads: int | None, rounds: int, reps: int, seed: int,
-                      later: bool) -> ReducerCost:
+                      later: bool, backend: str) -> ReducerCost:
     """ToMe's cost with its carry and (with `later`) what later merges save, measured on the whole model (see
     the module docstring)."""
     geometry = model_geometry(model)
@@ -197,7 +215,8 @@ def _whole_model_tome(model: nn.Module, x: torch.Tensor, cost: ReducerCost, poin
     if later:
         contexts |= {"uniform": partial(patched, model, "tome", uniform.as_dict()),
                      "uniform dropped": partial(dropped_to, model, counts[:depth])}
-    times = at_unit_speed(_paired_rounds(model, x, contexts, device, threads, rounds, reps, seed), cost.unit_ms)
+    times = at_unit_speed(_paired_rounds(model, x, contexts, device, threads, rounds, reps, seed, backend),
+                          cost.unit_ms)
     carried: dict[int, list[float]] = {}
     for (_, _, n, r), ms in _differences({v: times[v] for v in variants}).items():
         carried.setdefault(n - r, []).append((ms - cost.prune(n, r)) / (depth - 1))
@@ -217,15 +236,17 @@ def mixed_layout(num_tokens: int, prefix_tokens: int, depth: int) -> tuple[int, 
 
 
 def measure_mixed_counts(model: nn.Module, x: torch.Tensor, *, device: str = "cpu", threads: int | None = None,
-                         rounds: int = MIXED_ROUNDS, reps: int | None = None, seed: int = 0) -> MixedCounts:
+                         rounds: int = MIXED_ROUNDS, reps: int | None = None, seed: int = 0,
+                         backend: str = Backend.EAGER.value) -> MixedCounts:
     """`mixed_layout`'s counts dropped (no reducer) against the unpruned model, in `rounds` paired rounds of
-    `reps` forwards a visit (None: `visit_reps`): the latency model's calibration of mixed counts
-    (`pomt.choice.schedule_latency`, Mixed counts)."""
+    `reps` forwards a visit (None: `visit_reps`) in `backend` (one of `IN_PROCESS`): the latency model's
+    calibration of mixed counts (`pomt.choice.schedule_latency`, Mixed counts)."""
+    check_in_process(backend)
     geometry = model_geometry(model)
     layout = mixed_layout(geometry.num_tokens, geometry.prefix_tokens, geometry.depth)
     reps = visit_reps(model, x, device, threads) if reps is None else reps
     contexts = {UNPRUNED: contextlib.nullcontext, "mixed": partial(dropped_to, model, layout)}
-    times = _paired_rounds(model, x, contexts, device, threads, rounds, reps, seed)
+    times = _paired_rounds(model, x, contexts, device, threads, rounds, reps, seed, backend)
     effect = paired_effect(times[UNPRUNED], times["mixed"])
     return MixedCounts(layout, effect.ratio, effect.ci)
 
@@ -260,18 +281,19 @@ def visit_reps(model: nn.Module, x: torch.Tensor, device: str, threads: int | No
 
 def _paired_rounds(model: nn.Module, x: torch.Tensor, contexts: Mapping[Hashable, Callable[[], ContextManager]],
                    device: str, threads: int | None, rounds: int, reps: int | Mapping[Hashable, int],
-                   seed: int) -> dict[Hashable, list[float]]:
+                   seed: int, backend: str = Backend.EAGER.value) -> dict[Hashable, list[float]]:
     """Per variant, one median latency (ms) over its `reps` forwards (one number for all, or by variant) per
-    round; every round visits all variants (`model` inside each one's context) in a seeded order."""
+    round; every round visits all variants (`model` inside each one's context, run in `backend`: eager, or
+    captured there as a CUDA graph and replayed) in a seeded order."""
     reps = reps if isinstance(reps, Mapping) else dict.fromkeys(contexts, reps)
     rng, keys = np.random.default_rng(seed), list(contexts)
     times: dict[Hashable, list[float]] = {k: [] for k in keys}
     with fixed_threads(threads) as used, torch.inference_mode():
         for _ in range(rounds):
             for i in rng.permutation(len(keys)):
-                with contexts[keys[i]]():
-                    model(x)  # untimed: the first forward of a new shape sets it up
+                with contexts[keys[i]](), build_forward(model, x, backend=backend, device=device,
+                                                         threads=used) as forward:
+                    forward()  # untimed: the first forward of a new shape sets it up
                     synchronize(device)
-                    times[keys[i]].append(float(np.median(time_calls(lambda: model(x), device, reps[keys[i]],
-                                                                     used))))
+                    times[keys[i]].append(float(np.median(time_calls(forward, device, reps[keys[i]], used))))
     return times

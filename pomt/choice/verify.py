@@ -56,6 +56,7 @@ def method_cost(
     reps: int | None = None,
     seed: int = 0,
     unpruned_ms: float | None = None,
+    backend: str = "eager",
 ) -> dict[int, float]:
     """{remove: ms} that `method` removing `remove` tokens at `block` costs over the same model with those
     tokens simply dropped after that block: its own cost at the N tokens the block receives, plus, for ToMe,
@@ -64,13 +65,14 @@ def method_cost(
     blocks, where the difference is not buried in the other blocks' jitter (through the whole model two runs
     disagreed by up to 1.2 ms a point on deit_tiny at batch 16); ToMe's carry on the whole model, spread over
     the blocks after the merge. With `unpruned_ms` (the curve's L(N)), in ms at the curve's speed
-    (`ReducerCost.at_speed`)."""
+    (`ReducerCost.at_speed`). `backend`: the runtime timed (eager or cudagraph, `pomt.runtimes.IN_PROCESS`)."""
     geometry = model_geometry(model)
     n, wanted = geometry.num_tokens, sorted({r for r in removals if r > 0})
     if not wanted:
         return {}
     cost = measure_reducer_costs(model, x, [method], points=[(n, r) for r in wanted], device=device,
-                                 threads=threads, rounds=rounds, reps=reps, seed=seed, later=False)[method]
+                                 threads=threads, rounds=rounds, reps=reps, seed=seed, later=False,
+                                 backend=backend)[method]
     if unpruned_ms is not None:
         cost = cost.at_speed(unpruned_ms)
     return one_block_cost(cost, n, geometry.depth, block, wanted)

@@ -20,7 +20,7 @@ from pomt.models.family import check_family
 from pomt.models.geometry import model_geometry
 from pomt.models.registry import architecture
 from pomt.patching.api import patch
-from pomt.runtimes import Backend, backend_info
+from pomt.runtimes import IN_PROCESS, Backend, backend_info
 
 
 class UnverifiedScheduleWarning(UserWarning):
@@ -42,9 +42,6 @@ def _mismatch(message: str, strict: bool) -> None:
         raise ScheduleError(message + " (strict)")
     warnings.warn(message, stacklevel=3)
 
-
-# The runtimes a patched model runs in within this process: eager, or replayed as a CUDA graph (`pomt.cuda_graph`).
-IN_PROCESS = (Backend.EAGER.value, Backend.CUDAGRAPH.value)
 
 
 def eager_fingerprint(device: str = "cpu", backend: str = Backend.EAGER.value) -> Fingerprint:

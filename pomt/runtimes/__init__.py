@@ -10,6 +10,7 @@ static program and its on-disk cache), and one module per runtime.
 from pomt.runtimes.backend import (
     BACKENDS,
     DTYPES,
+    IN_PROCESS,
     Backend,
     backend_info,
     check_backend,
@@ -26,6 +27,7 @@ from pomt.runtimes.openvino import openvino_compiled, openvino_tensor
 __all__ = [
     "BACKENDS",
     "DTYPES",
+    "IN_PROCESS",
     "Backend",
     "Forward",
     "GraphedForward",

@@ -216,6 +216,17 @@ def test_measured_reducer_costs_have_the_structure_the_prediction_reads():
     assert isinstance(latency.predict(Candidate.of("tome", {0: 2, 3: 2})), float)
 
 
+@pytest.mark.parametrize("backend", ["compile", "onnxruntime"])
+def test_reducer_costs_are_measured_only_where_the_live_model_runs(backend):
+    """A static program exported per count is not the model patched and cut in place: refused in one line
+    (the offline computation notes it and leaves costs out there); eager and cudagraph are measured."""
+    model = create_model("test_vit", 64)
+    with pytest.raises(ValueError, match=f"live model runs \\(eager, cudagraph\\), not on {backend}"):
+        measure_reducer_costs(model, torch.randn(1, 3, 64, 64), ["pomt"], rounds=2, backend=backend)
+    with pytest.raises(ValueError, match="live model runs"):
+        measure_mixed_counts(model, torch.randn(1, 3, 64, 64), rounds=2, backend=backend)
+
+
 def tokens_entering_blocks(model, x, variant, depth: int) -> list[int]:
     def run():
         with _variant(model, variant, 17, depth), torch.inference_mode():

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import pomt
+from pomt.choice.reducer_costs import cost_points, default_counts, measure_mixed_counts, measure_reducer_costs
+from pomt.choice.verify import method_cost
 from pomt.deploy.apply import eager_fingerprint
 from pomt.device import Fingerprint, fingerprint_hash
 from pomt.formats.schedule import BlockRemoval, Schedule
@@ -104,3 +106,18 @@ def test_a_schedule_measured_as_a_graph_is_served_as_one_without_a_warning(model
         forward.reset()
     finally:
         unpatch(model)
+
+
+def test_reducer_costs_are_measured_as_graphs(model):
+    """Every visit of the paired rounds captures its variant (patched, cut, truncated) and replays it: the costs
+    have the structure the latency model reads, and the model is left as it was."""
+    x = _batch(0)
+    costs = measure_reducer_costs(model, x, ["pomt", "tome"], device="cuda", rounds=3, backend="cudagraph")
+    assert sorted(costs["pomt"].pruning) == cost_points(37, 1, "pomt", default_counts(37, 1))
+    assert costs["tome"].carrying and costs["tome"].later != 0.0
+    assert all(abs(ms) < 1e3 for c in costs.values() for ms in c.pruning.values())
+    mixed = measure_mixed_counts(model, x, device="cuda", rounds=3, backend="cudagraph")
+    assert mixed.ci[0] <= mixed.ratio <= mixed.ci[1]
+    cost = method_cost(model, x, 3, "pomt", [4, 8], device="cuda", rounds=3, backend="cudagraph")
+    assert sorted(cost) == [4, 8]
+    assert model(x).shape == (4, model.num_classes)  # no patch, hook or cut left behind

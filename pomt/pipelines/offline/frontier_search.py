@@ -25,7 +25,7 @@ from pomt.pipelines.offline.config import DEFAULT_DROP, Request
 from pomt.pipelines.offline.frontier_setup import FrontierSetup
 from pomt.pipelines.offline.latency import Latency
 from pomt.pipelines.offline.prepare import Run
-from pomt.runtimes import Backend
+from pomt.runtimes import IN_PROCESS
 
 COSTS = "reducer-costs.json"
 
@@ -54,14 +54,16 @@ def costs_path(output_dir: str | Path, stem: str) -> Path:
 
 
 def reducer_costs(request: Request, run: Run) -> tuple[dict[str, ReducerCost], MixedCounts | None, tuple[str, ...]]:
-    """Each reducer's own cost inside the model and the calibration of mixed counts (eager, live runs), kept
-    beside the outputs so that a resumed run prices every schedule as the killed one did (and so takes the
-    same decisions); elsewhere none, with a note."""
+    """Each reducer's own cost inside the model and the calibration of mixed counts (live runs, in the runtime
+    measured where it runs the live model: eager or CUDA graphs), kept beside the outputs so that a resumed run
+    prices every schedule as the killed one did (and so takes the same decisions); elsewhere none, with a
+    note."""
     workload = request.workload
     if run.replay is not None or run.prepared.x is None:
         return {}, None, ("replayed trace: reducer costs not measured, schedules priced from the curve alone",)
-    if workload.backend != Backend.EAGER.value:
-        return {}, None, (f"reducer costs not measured on {workload.backend} (eager blocks only)",)
+    if workload.backend not in IN_PROCESS:
+        return {}, None, (f"reducer costs not measured on {workload.backend} (only where the live model runs: "
+                          f"{', '.join(IN_PROCESS)})",)
     path = costs_path(workload.output_dir, run.setup.stem)
     if workload.resume and path.is_file():
         try:
@@ -71,8 +73,10 @@ def reducer_costs(request: Request, run: Run) -> tuple[dict[str, ReducerCost], M
         except (ValueError, KeyError, TypeError):
             pass  # unreadable or written before the mixed counts: measured again
     model, x, device = run.prepared.model, run.prepared.x, run.setup.device
-    costs = measure_reducer_costs(model, x, REDUCERS, device=device, threads=workload.threads, seed=workload.seed)
-    mixed = measure_mixed_counts(model, x, device=device, threads=workload.threads, seed=workload.seed + 2)
+    costs = measure_reducer_costs(model, x, REDUCERS, device=device, threads=workload.threads, seed=workload.seed,
+                                  backend=workload.backend)
+    mixed = measure_mixed_counts(model, x, device=device, threads=workload.threads, seed=workload.seed + 2,
+                                 backend=workload.backend)
     atomic_write_json(path, {"reducers": {m: c.to_dict() for m, c in costs.items()}, "mixed_counts": mixed.to_dict()})
     return costs, mixed, ()
 

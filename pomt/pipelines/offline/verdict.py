@@ -23,7 +23,7 @@ from pomt.pipelines.offline.config import OfflineConfig, Request
 from pomt.pipelines.offline.latency import Latency
 from pomt.pipelines.offline.prepare import Run
 from pomt.pipelines.offline.ranking import Ranking, nothing, rank, verification_removals
-from pomt.runtimes import Backend
+from pomt.runtimes import IN_PROCESS, Backend
 from pomt.workload.prepare import open_journal
 
 COST_PASSES = 3  # rankings redone with the method's cost measured where the last one moved verification
@@ -87,17 +87,18 @@ def verify_ranked(request: Request, run: Run, ranking: Ranking) -> Verdict:
 
 def charge_method_cost(request: Request, run: Run,
                        ranking: Ranking) -> tuple[dict[int, float], Ranking, tuple[str, ...]]:
-    """On eager, the method's cost at its block for the removals verification would measure, and the
-    ranking redone with it (`priced`); elsewhere no cost and a note (the verification measures the patched
-    model)."""
+    """Where the live model runs (eager, CUDA graphs: `IN_PROCESS`), the method's cost at its block for the
+    removals verification would measure, in that runtime, and the ranking redone with it (`priced`); elsewhere
+    no cost and a note (the verification measures the patched model)."""
     workload, config = request.workload, request.config
-    if workload.backend != Backend.EAGER.value:
-        return {}, ranking, (f"method cost not measured on {workload.backend} (eager blocks only); verification "
-                             "measures the patched model there",)
+    if workload.backend not in IN_PROCESS:
+        return {}, ranking, (f"method cost not measured on {workload.backend} (only where the live model runs: "
+                             f"{', '.join(IN_PROCESS)}); verification measures the patched model there",)
 
     def measure(removals: list[int]) -> dict[int, float]:
         return method_cost(run.prepared.model, run.prepared.x, config.prune_block, config.method, removals,
-                           run.setup.device, workload.threads, unpruned_ms=ranking.setting.baseline)
+                           run.setup.device, workload.threads, unpruned_ms=ranking.setting.baseline,
+                           backend=workload.backend)
 
     cost, ranking = priced(config, ranking, measure)
     return cost, ranking, ()
