@@ -109,7 +109,6 @@ frontier() {
   [ "${BENCH_S:-150}" = 0 ] && return
   step "benchmark: the frontier's schedule against top-k and ToMe tuned to its measured latency, with accuracy"
   timeout "${BENCH_S:-150}" "$PYTHON" benchmark.py --schedule "$schedule" --device cuda --methods none,topk,tome \
-    --backend "${BACKEND:-eager}" \
     --checkpoint "$checkpoint" --dataset-root "$data" --accuracy-samples 808 --rounds 10 --power-seconds 1 \
     --output-dir "$OUT/bin/frontier"
 }

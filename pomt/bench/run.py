@@ -75,8 +75,8 @@ class BenchConfig:
     allocator: str = option("steady", ALLOCATOR_HELP, choices=ALLOCATORS)
     dtype: str | None = option(None, "Model and input dtype (default: the schedule's, else float32; bfloat16 on "
                                      "CPU, float16 on CUDA).", choices=DTYPES)
-    backend: str = option("eager", "Runtime every variant is timed on (a static program per variant).",
-                          choices=BACKENDS)
+    backend: str | None = option(None, "Runtime every variant is timed on (default: the schedule's, else eager; "
+                                       "a static program per variant).", choices=BACKENDS)
     rounds: int = option(30, "Interleaved timing rounds (one sample per variant each).", min=1)
     calls_per_round: int = option(1, "Back-to-back forwards per sample.", min=1)
     warmup: int = option(3, "Warm-up forwards per variant.", min=0)
@@ -149,6 +149,8 @@ def resolve(config: BenchConfig) -> _Setup:
     match = resolve_match(config, schedule is not None)
     if config.dtype is None:  # a schedule is measured in the dtype it was made for unless told otherwise
         config = replace(config, dtype=schedule.dtype if schedule is not None else "float32")
+    if config.backend is None:  # and on its runtime: a schedule verified as CUDA graphs ran 0.86x eager on an H200
+        config = replace(config, backend=schedule.backend_name if schedule is not None else Backend.EAGER.value)
     batch = config.batch_size if config.batch_size is not None else (schedule.batch_size if schedule else 1)
     size = config.input_size if config.input_size is not None else (schedule.input_size if schedule else None)
     run = prepare_run(config.model or schedule.model, config.device, config.threads, batch, size,
