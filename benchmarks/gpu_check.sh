@@ -18,6 +18,9 @@
 #   predict: the latency model against the patched model for multi-block schedules of every reducer
 #            (benchmarks/prediction_error.py --part multi, deit_base at batch 64, float16);
 # Everything it prints also goes to OUT/gpu_log_PART.txt; results land in OUT/bin.
+# One 10-minute slot, as run on an H200 on 2026-11-30 (6 min 13 s): TESTS=0 setup, graphs, BACKEND=cudagraph
+# FRONTIER_S=300 BENCH_S=0 frontier, graph-bench. Not yet run on a GPU: BACKEND=cudagraph predict (the latency
+# model with the reducers' costs measured as graphs, e0e713e), and graphs since that commit.
 # Usage: bash benchmarks/gpu_check.sh [OUT] [setup|offline|bench|repro|frontier|graphs|graph-bench|predict|all]
 #        (default OUT: bin/gpu_check, part: all; PYTHON overrides the interpreter; TESTS=0 leaves out setup's
 #        tests, which hide the GPU and so check the suite, not the CUDA paths; BACKEND=cudagraph runs the frontier
