@@ -1,5 +1,6 @@
 """Every PNG pomt writes: the offline latency curve (steps, accuracy, utility, the chosen count), the
-benchmark's latency and speedup bars, and the sweep's speedup heat-map. Matplotlib draws off-screen (Agg)."""
+benchmark's latency and speedup bars, and the sweep's speedup heat-map. Matplotlib draws off-screen (Agg),
+imported at the first plot (`_pyplot`)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,21 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib import colors  # noqa: E402
+from pomt.io import atomic_save_figure
 
-from pomt.io import atomic_save_figure  # noqa: E402
+
+def _pyplot():
+    """matplotlib's pyplot on the off-screen Agg backend, imported at the first plot: most of a second that a
+    command drawing nothing (bad input, --help) should not pay."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
 
 STEPS_LISTED = 8  # confirmed steps listed with their interval in the plot's box
 DOUBTFUL_BANDS = 4.0  # a count's band this many times the curve's median band is drawn apart from the curve
@@ -51,6 +59,7 @@ def plot_offline(
     spread = 1.96 * np.array([p.se_ms for p in points]) / np.where(latency > 0, latency, 1.0)
     lower, upper = latency * np.exp(-spread), latency * np.exp(spread)  # the standard error is of the log
     rows = 2 if accuracy else 1
+    plt = _pyplot()
     figure, axes = plt.subplots(rows, 1, figsize=(10, 4.8 * rows), sharex=True, squeeze=False)
     ax = axes[0][0]
     dots = [(n, v) for n in sorted(visit_values) for v in visit_values[n]]
@@ -142,7 +151,7 @@ def _saved(path: str | Path, figure) -> Path:
     try:
         return atomic_save_figure(path, figure)
     finally:
-        plt.close(figure)
+        _pyplot().close(figure)
 
 
 def plot_benchmark(path: str | Path, title: str, rows: Sequence[Mapping]) -> Path:
@@ -151,6 +160,7 @@ def plot_benchmark(path: str | Path, title: str, rows: Sequence[Mapping]) -> Pat
     names = [row["method"] for row in rows]
     measured = [r for r in rows if r.get("accuracy") is not None]
     panels = 3 if measured else 2
+    plt = _pyplot()
     figure, axes = plt.subplots(1, panels, figsize=(max(6, 1.6 * len(names) + 3) + 4 * (panels - 2), 3.6))
     left, right = axes[0], axes[1]
     latency, iqr = [r["latency_ms"] for r in rows], [r["latency_iqr_ms"] / 2 for r in rows]
@@ -190,7 +200,9 @@ def plot_sweep(
 ) -> Path:
     """Heat-map of speedup per (batch, input size), one panel per variant, centred on break-even (1.0)."""
     names = list(speedups) or ["(no reduced variant)"]
-    figure, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names) + 1, 3.2), squeeze=False)
+    from matplotlib import colors
+
+    figure, axes = _pyplot().subplots(1, len(names), figsize=(3.2 * len(names) + 1, 3.2), squeeze=False)
     values = [v for cells in speedups.values() for v in cells.values()] or [1.0]
     spread = max(abs(math.log(v)) for v in values if v > 0) or 0.1
     norm = colors.LogNorm(vmin=math.exp(-spread), vmax=math.exp(spread))
@@ -220,6 +232,7 @@ def plot_frontier(path: str | Path, title: str, rows: Sequence[Mapping], floor: 
     where verified; the frontier as a line, the chosen schedule as a star, the unpruned accuracy less the drop asked
     (`floor`) as a dashed line, and a ring round each schedule the search images were too few to tell (within the
     drop measured, not on its bound). Rows as `pomt.choice.frontier_table.rows` gives them."""
+    plt = _pyplot()
     figure, ax = plt.subplots(figsize=(9, 5.4))
     def series(r: Mapping) -> str:  # probes and proposals of one reducer's per-block search are one series
         return f"{r['method']} per block" if r["family"].startswith(("probe-", "search-")) else r["family"]

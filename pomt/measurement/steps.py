@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from scipy.signal import find_peaks
 from scipy.stats import median_abs_deviation
 
 from pomt.errors import CurveError
@@ -295,6 +294,9 @@ def _candidates(t: np.ndarray, y: np.ndarray, sigma: np.ndarray, k: float, windo
         e, skip = view(i, i)
         h[i], z[i] = _shift(e, i, i, sigma, window, skip)
         r[i] = e[i + 1] - e[i]
+    from scipy.signal import find_peaks  # here: scipy.signal takes most of a second to import, which every
+    # command would pay at its start (bad input, --help) where only a search needs it
+
     spans: list[tuple[int, int, int]] = []
     for sign in (1, -1):
         profile = np.concatenate([[0.0], np.where(sign * h > 0, z, 0.0), [0.0]])
