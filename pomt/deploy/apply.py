@@ -43,7 +43,6 @@ def _mismatch(message: str, strict: bool) -> None:
     warnings.warn(message, stacklevel=3)
 
 
-
 def eager_fingerprint(device: str = "cpu", backend: str = Backend.EAGER.value) -> Fingerprint:
     """The fingerprint of this process running a model in PyTorch on `device` in `backend` (eager, or a CUDA
     graph of it), as the offline computation records it for such a run (so a schedule verified here hashes
