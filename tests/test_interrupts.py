@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -211,19 +212,34 @@ def _visible(folder: Path) -> dict[str, bytes]:
     return files
 
 
+def _killed_replays(old_folder: Path, tmp_path: Path, last: int = 19):
+    """(kill_at, (folder, result)) for kill_at = 1, 2, ...: a copy of `old_folder` (with an orphaned temporary an
+    older kill left) replayed into with seed 1 and killed at its kill_at-th rename. Two replays run at a time, each
+    in its own folder (a replay times nothing: its files are the same run alone or beside another), so the
+    process starts, most of each replay's time, overlap on the two cores."""
+    def replayed(kill_at: int) -> tuple[Path, subprocess.CompletedProcess]:
+        folder = tmp_path / f"kill{kill_at}"
+        shutil.copytree(old_folder, folder)
+        (folder / f".{REPLAY_STEM}.schedule.json.orphan.tmp").write_text("{")
+        return folder, _replay(folder, kill_at, "--seed", "1")
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for first in range(1, last + 1, 2):
+            pair = [k for k in (first, first + 1) if k <= last]
+            results = list(pool.map(replayed, pair))
+            yield from zip(pair, results, strict=True)
+
+
 @pytest.mark.slow
 def test_a_kill_while_the_outputs_are_written_leaves_the_previous_set_or_the_new_one(tmp_path):
     old_folder, new_folder = tmp_path / "old", tmp_path / "new"
-    assert _replay(old_folder, 0).returncode == 0
-    assert _replay(new_folder, 0, "--seed", "1").returncode == 0
+    with ThreadPoolExecutor(max_workers=2) as pool:  # side by side, as in _killed_replays
+        runs = [pool.submit(_replay, old_folder, 0), pool.submit(_replay, new_folder, 0, "--seed", "1")]
+        assert [run.result().returncode for run in runs] == [0, 0]
     old, new = _visible(old_folder), _visible(new_folder)
     assert all(old[s] != new[s] for s in SET)  # another seed serves other visits: every file differs
     renames, outcomes = 0, []
-    for kill_at in range(1, 20):
-        folder = tmp_path / f"kill{kill_at}"
-        shutil.copytree(old_folder, folder)
-        (folder / f".{REPLAY_STEM}.schedule.json.orphan.tmp").write_text("{")  # left by an older kill
-        result = _replay(folder, kill_at, "--seed", "1")
+    for kill_at, (folder, result) in _killed_replays(old_folder, tmp_path):
         if result.returncode == 0:  # fewer renames than kill_at: the run was not killed
             renames = kill_at - 1
             break
