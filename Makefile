@@ -6,6 +6,8 @@ STAMP  := $(VENV)/.pomt-installed
 # What each stamp stands for: STAMP the core with [dev] (make run, lint); DEPLOY_STAMP also [deploy]
 # (ONNX Runtime, OpenVINO), which make test needs. A change to pyproject.toml redoes both.
 DEPLOY_STAMP := $(VENV)/.pomt-installed-deploy
+# The tests keep one thread each (tests/conftest.py): one worker process a core.
+TEST_WORKERS ?= 2
 
 .PHONY: install install-deploy run test test-fast lint clean
 
@@ -29,10 +31,10 @@ run: install
 	$(BIN)/python offline_computation.py --model deit_base --batch-size 4
 
 test: install-deploy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 test-fast: install-deploy
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow"
 
 lint: install
 	$(BIN)/ruff check .
