@@ -11,20 +11,21 @@ counts seen before; +0.5% [-0.9, +2.0] on deit_small at batch 4, -0.6% [-3.6, +2
 forward), and at counts seen before -1.1% [-2.7, +0.6], SD 6.7% against 7.3% for the third over the second.
 
 Usage: python benchmarks/settle.py --model deit_base --batch-size 4 [--visits 40] [--low 148] [--pool 10]
+       [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from pomt.device.allocator import steady_allocator
+from pomt.io import atomic_write_json
 from pomt.measurement.sources import forward_at_tokens
-from pomt.measurement.timing import fixed_threads
+from pomt.measurement.timing import fixed_threads, time_calls
 from pomt.models.geometry import model_geometry
 from pomt.models.registry import create_model
 
@@ -51,6 +52,7 @@ def main() -> None:
     parser.add_argument("--low", type=int, default=148, help="fewest tokens kept")
     parser.add_argument("--pool", type=int, default=0, help="draw the counts from this many (0: from all)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="also write every visit's count and three times (ms) here")
     args = parser.parse_args()
 
     steady_allocator()
@@ -61,17 +63,15 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     counts = rng.integers(args.low, n + 1, size=args.pool) if args.pool else None
     seen, first, third = {n}, {False: [], True: []}, {False: [], True: []}
-    with fixed_threads(args.threads), torch.inference_mode():
-        with forward_at(n) as forward:
-            forward(), forward()  # the reference, as a search's first visits
+    visits = []
+    with fixed_threads(args.threads) as threads, torch.inference_mode():
+        with forward_at(n) as forward:  # the reference, as a search's first visits
+            time_calls(forward, "cpu", 2, threads)
         for _ in tqdm(range(args.visits), desc="visits", unit="visit"):
             tokens = int(rng.choice(counts) if counts is not None else rng.integers(args.low, n + 1))
             with forward_at(tokens) as forward:
-                times = []
-                for _ in range(3):
-                    start = time.perf_counter()
-                    forward()
-                    times.append(time.perf_counter() - start)
+                times = time_calls(forward, "cpu", 3, threads)
+            visits.append({"tokens": tokens, "ms": times})
             again = tokens in seen
             seen.add(tokens)
             first[again].append(float(np.log(times[0] / times[1])))
@@ -80,6 +80,8 @@ def main() -> None:
           f"{args.low}-{n}")
     for again, words in ((False, "counts new to the process"), (True, "counts visited before")):
         print(f"  {words}: first / second {ratio(first[again])}; third / second {ratio(third[again])}")
+    if args.json:
+        atomic_write_json(args.json, {"args": vars(args), "visits": visits})
 
 
 if __name__ == "__main__":
