@@ -108,7 +108,7 @@ def curves(args, backends, model, x) -> dict[str, SearchResult]:
     for backend in backends:
         forward_at = forward_at_tokens(model, x, backend=backend, device="cpu", threads=args.threads,
                                        cache_dir=args.cache_dir)
-        session = Session(LiveSource(forward_at, "cpu", args.threads))
+        session = Session(LiveSource(forward_at, "cpu", args.threads, backend=backend))
         results[backend] = LatencySearch(session, grid, geometry.num_tokens, settings, adaptive=False,
                                          progress=False).run()
     return results

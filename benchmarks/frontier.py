@@ -168,7 +168,7 @@ def paired(prepared: Prepared, workload: Workload, result: OfflineResult, compar
     device = prepared.setup.device
     forward_at = schedule_forward_at(prepared.model, prepared.x, schedules, backend=workload.backend, device=device,
                                      threads=workload.threads)
-    session = Session(LiveSource(forward_at, device, workload.threads))
+    session = Session(LiveSource(forward_at, device, workload.threads, backend=workload.backend))
     ratio = {i: p.predicted_ms / found.latency.baseline for i, p in enumerate(distinct, start=1)}
     return verify(session, n, list(ratio), reps=found.reps, rounds=rounds, predicted_ratio=ratio,
                   seed=workload.seed, progress=workload.progress)

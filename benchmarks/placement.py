@@ -51,11 +51,11 @@ def placements(args: argparse.Namespace) -> None:
         geometry = model_geometry(model)
         n, low = geometry.num_tokens, geometry.num_tokens - args.remove
         x = torch.randn(args.batch_size, 3, *geometry.input_size)
-        source = LiveSource(forward_at_tokens(model, x, threads=args.threads), "cpu", args.threads)
+        source = LiveSource(forward_at_tokens(model, x, threads=args.threads), "cpu", args.threads, backend="eager")
         medians: dict[int, list[float]] = {n: [], low: []}
         for r in range(args.rounds):
             for k in (n, low) if r % 2 == 0 else (low, n):
-                medians[k].append(source.visit(k, 2, r).median_ms)  # one untimed forward, two timed
+                medians[k].append(source.visit(k, 2, r).median_ms)  # two timed forwards
         effect = paired_effect(medians[low], medians[n])  # N's latency over N - remove's
         print(f"  placement {placement}: N = {n} at {np.median(medians[n]):.1f} ms, {low} at "
               f"{np.median(medians[low]):.1f} ms; N / {low} = {effect.ratio:.3f} [{effect.ci[0]:.3f}, "

@@ -152,7 +152,7 @@ def _verify_here(job: FreshJob) -> Verification:
     forward_at = schedule_forward_at(prepared.model, prepared.x, job.schedules, backend=workload.backend,
                                      device=prepared.setup.device, threads=workload.threads,
                                      cache_dir=Path(workload.output_dir) / prepared.cache_dir)
-    session = Session(LiveSource(forward_at, prepared.setup.device, workload.threads))
+    session = Session(LiveSource(forward_at, prepared.setup.device, workload.threads, backend=workload.backend))
     return verify(session, n, [n - kept for kept in job.schedules], reps=job.reps, rounds=job.rounds,
                   min_gain=job.min_gain, min_step=job.min_step, alpha=job.alpha, seed=workload.seed, progress=False)
 

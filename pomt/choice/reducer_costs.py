@@ -1,14 +1,14 @@
 """Each reducer's own cost at a pruning block, measured inside the model at a few (tokens entering, removed).
 
-What both choices charge a reducer for: the frontier search at every pruning block, the step policy at its
-one block (`pomt.choice.verify.method_cost`). The model with n tokens entering block j and the reducer
-removing r there, against the same model with n tokens entering block j and r of them simply dropped after
-it (its block runs plain at n). Every round visits each variant once in a seeded random order (one untimed
-forward, then `reps` timed, through `pomt.measurement.timing`); a cost is the median over rounds of patched
-minus dropped. Measured at the last block, where nothing after it differs, on the model cut to its last two blocks
-(`pomt.models.shortened`: the same difference at a fraction of the forward's jitter). The smallest removal (one
-token) is always among the points: a reducer's fixed cost (scores, sorting, matching) shows there, before
-the MLP's saving on the tokens removed offsets it.
+What both choices charge a reducer for: the frontier search at every pruning block, the step policy at its one block
+(`pomt.choice.verify.method_cost`). The model with n tokens entering block j and the reducer removing r there,
+against the same model with n tokens entering block j and r of them simply dropped after it (its block runs plain at
+n). Every round visits each variant once in a seeded random order (`reps` timed forwards through
+`pomt.measurement.timing`, after an untimed one where the runtime needs it); a cost is the median over rounds of
+patched minus dropped. Measured at the last block, where nothing after it differs, on the model cut to its last two
+blocks (`pomt.models.shortened`: the same difference at a fraction of the forward's jitter). The smallest removal
+(one token) is always among the points: a reducer's fixed cost (scores, sorting, matching) shows there, before the
+MLP's saving on the tokens removed offsets it.
 
 ToMe is also measured on the whole model, in one more set of paired rounds:
 - its proportional attention in the blocks after its first merge (its carry): ToMe merging r of n tokens at
@@ -72,7 +72,7 @@ from pomt.models.shortened import last_blocks
 from pomt.models.tokens import dropped_to, truncate_tokens
 from pomt.patching import patched
 from pomt.patching.plan import removed_at, token_counts
-from pomt.runtimes import IN_PROCESS, Backend, build_forward
+from pomt.runtimes import IN_PROCESS, Backend, build_forward, settles_every_visit
 
 SHARES = (0.0, 0.25, 0.5)  # removals measured at each count, as shares of its patch tokens (0: one token)
 MEASURED_BLOCKS = 2  # the cut model's depth: one plain block, then the last block, where costs are measured
@@ -284,16 +284,20 @@ def _paired_rounds(model: nn.Module, x: torch.Tensor, contexts: Mapping[Hashable
                    seed: int, backend: str = Backend.EAGER.value) -> dict[Hashable, list[float]]:
     """Per variant, one median latency (ms) over its `reps` forwards (one number for all, or by variant) per
     round; every round visits all variants (`model` inside each one's context, run in `backend`: eager, or
-    captured there as a CUDA graph and replayed) in a seeded order."""
+    captured there as a CUDA graph and replayed) in a seeded order, each visit after an untimed forward where
+    the runtime needs one (`settles_every_visit`: on the CPU, eager, at a variant's first visit only)."""
     reps = reps if isinstance(reps, Mapping) else dict.fromkeys(contexts, reps)
     rng, keys = np.random.default_rng(seed), list(contexts)
     times: dict[Hashable, list[float]] = {k: [] for k in keys}
+    settle_always, settled = settles_every_visit(device, backend), set()
     with fixed_threads(threads) as used, torch.inference_mode():
         for _ in range(rounds):
             for i in rng.permutation(len(keys)):
                 with contexts[keys[i]](), build_forward(model, x, backend=backend, device=device,
                                                          threads=used) as forward:
-                    forward()  # untimed: the first forward of a new shape sets it up
-                    synchronize(device)
+                    if settle_always or keys[i] not in settled:
+                        forward()  # untimed: a new shape's first forward sets it up
+                        synchronize(device)
+                        settled.add(keys[i])
                     times[keys[i]].append(float(np.median(time_calls(forward, device, reps[keys[i]], used))))
     return times

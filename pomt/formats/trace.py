@@ -1,9 +1,9 @@
 """Latency traces on disk: every timed forward with its token count, pass and time, plus a JSON sidecar.
 
-A trace is two files: `NAME.csv` with one row per timed forward (`tokens,pass,rep,t_s,ms`) and
-`NAME.json` describing how it was taken (model, batch size, input size, N, prefix tokens, device...).
-Consecutive rows of one count starting at `rep == 0` form a *visit*: one untimed forward at the new shape,
-then `reps` timed forwards. `pomt record` writes dense traces; the offline computation writes its own
+A trace is two files: `NAME.csv` with one row per timed forward (`tokens,pass,rep,t_s,ms`) and `NAME.json`
+describing how it was taken (model, batch size, input size, N, prefix tokens, device...). Consecutive rows of one
+count starting at `rep == 0` form a *visit*: `reps` timed forwards, after an untimed one where the runtime needed it
+(`pomt.runtimes.settles_every_visit`). `pomt record` writes dense traces; the offline computation writes its own
 measurements in the same format (so a run can be resumed, and re-analysed with `--replay`).
 This module is the I/O layer for them: reading with validation, appending durably, resuming.
 """
@@ -28,7 +28,8 @@ SIDECAR_REQUIRED = ("model", "batch_size", "input_size", "num_tokens", "prefix_t
 
 @dataclass(frozen=True)
 class Visit:
-    """`reps` timed forwards at one token count, taken back to back after one untimed forward."""
+    """`reps` timed forwards at one token count, taken back to back (after an untimed one where the runtime
+    needed it)."""
 
     tokens: int
     pass_index: int
@@ -69,6 +70,17 @@ class Trace:
     @property
     def prefix_tokens(self) -> int:
         return int(self.meta["prefix_tokens"])
+
+    @property
+    def device_kind(self) -> str:
+        """cpu, cuda...: what the trace was measured on (cpu for an older sidecar that names no device)."""
+        device = self.meta.get("device")
+        return (device.get("kind") if isinstance(device, dict) else None) or "cpu"
+
+    @property
+    def backend(self) -> str:
+        """The runtime the trace was measured in (eager for an older sidecar that names none)."""
+        return str(self.meta.get("backend", "eager"))
 
     def samples(self) -> int:
         return sum(len(v.samples_ms) for v in self.visits)

@@ -1,10 +1,10 @@
 """Where latency samples come from: the model on this machine (live) or a recorded trace (replay).
 
-Both answer the same question, `visit(tokens, reps, pass_index) -> Visit`: one untimed forward at the
-new token count, then `reps` timed forwards. Search, confirmation and verification are written against
-that one call, so they run unchanged on a live device, on a trace in a test, or on a trace a user
-recorded elsewhere (`--replay`). A `Session` adds the journal: every visit is appended to a trace file,
-and a resumed run is served the visits it already made, in order, before it measures anything new.
+Both answer the same question, `visit(tokens, reps, pass_index) -> Visit`: `reps` timed forwards at a token count,
+after one untimed forward where the runtime needs it (`pomt.runtimes.settles_every_visit`). Search, confirmation and
+verification are written against that one call, so they run unchanged on a live device, on a trace in a test, or on
+a trace a user recorded elsewhere (`--replay`). A `Session` adds the journal: every visit is appended to a trace
+file, and a resumed run is served the visits it already made, in order, before it measures anything new.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch import nn
 from pomt.formats.trace import Trace, TraceWriter, Visit, rounded
 from pomt.measurement.drift import drift_profile
 from pomt.measurement.timing import fixed_threads, synchronize, time_calls
-from pomt.runtimes import ProgramCache, build_forward
+from pomt.runtimes import ProgramCache, build_forward, settles_every_visit
 
 ForwardAt = Callable[[int], AbstractContextManager[Callable[[], object]]]
 PAIRED = 2  # a pass of two counts is a paired round
@@ -52,13 +52,18 @@ def forward_at_tokens(model: nn.Module, x: torch.Tensor, *, backend: str = "eage
 
 
 class LiveSource:
-    """Times forwards on this machine with `pomt.measurement.timing.time_calls` (CUDA events on CUDA)."""
+    """Times forwards on this machine with `pomt.measurement.timing.time_calls` (CUDA events on CUDA), after an
+    untimed forward at every visit, or at a count's first visit only where `backend` (the runtime `forward_at`
+    runs; None: not told) on `device` keeps what that forward sets up (`settles_every_visit`)."""
 
     def __init__(self, forward_at: ForwardAt, device: str = "cpu", threads: int | None = None,
-                 clock: Callable[[], float] = time.perf_counter, start_s: float = 0.0):
+                 clock: Callable[[], float] = time.perf_counter, start_s: float = 0.0,
+                 backend: str | None = None):
         self.forward_at, self.device, self.threads = forward_at, device, threads
         self._clock = clock
         self._origin = clock() - start_s
+        self._settle_always = backend is None or settles_every_visit(device, backend)
+        self._settled: set[int] = set()
 
     def now(self) -> float:
         """Seconds since the source started (continuing a resumed trace's time line)."""
@@ -66,8 +71,10 @@ class LiveSource:
 
     def visit(self, tokens: int, reps: int, pass_index: int) -> Visit:
         with fixed_threads(self.threads) as threads, torch.inference_mode(), self.forward_at(tokens) as forward:
-            forward()  # untimed: the first forward at a new shape pays for kernel and memory set-up
-            synchronize(self.device)
+            if self._settle_always or tokens not in self._settled:
+                forward()  # untimed: a new shape's first forward pays for kernel and memory set-up
+                synchronize(self.device)
+                self._settled.add(tokens)
             start = self.now()
             samples = time_calls(forward, self.device, reps, threads)
         return Visit(tokens, pass_index, start, tuple(samples))
@@ -87,7 +94,8 @@ class ReplaySource:
     """Serves a recorded trace as if it were the device.
 
     A virtual clock starts at the trace's first timestamp and advances by what each served visit costs (its
-    samples plus one untimed forward). A visit gets the recorded visit of its count nearest in time to that
+    samples, after one untimed forward where a live run of the trace's runtime would take it:
+    `settles_every_visit`). A visit gets the recorded visit of its count nearest in time to that
     clock that has not been served yet, moved to the clock: it carries the clock's time, and its samples are
     scaled by the machine's speed at the clock over its speed when the visit was recorded (the recording's own
     drift, `pomt.measurement.drift.drift_profile` over all its visits). So a search's visits lie back to back on
@@ -130,6 +138,8 @@ class ReplaySource:
         first, last = self._drift_times[0], self._drift_times[-1]
         self.clock_s = float(first + start * (last - first))
         self.served = 0
+        self._settle_always = settles_every_visit(trace.device_kind, trace.backend)
+        self._settled: set[int] = set()
 
     @classmethod
     def seeded(cls, trace: Trace, seed: int | Sequence[int]) -> ReplaySource:
@@ -181,10 +191,12 @@ class ReplaySource:
 
     def _moved_to_clock(self, recorded: Visit, recorded_log_drift: float, pass_index: int) -> Visit:
         """`recorded` as if measured now: at the clock's time and the recording's drift there (class docstring);
-        the clock advances past its untimed forward and its samples."""
+        the clock advances past its untimed forward, where a live run takes one, and its samples."""
         drift_now = float(np.interp(self.clock_s, self._drift_times, self._drift_log))
         samples = tuple(ms * math.exp(drift_now - recorded_log_drift) for ms in recorded.samples_ms)
-        start = self.clock_s + float(np.median(samples)) / 1e3
+        settles = self._settle_always or recorded.tokens not in self._settled
+        self._settled.add(recorded.tokens)
+        start = self.clock_s + (float(np.median(samples)) / 1e3 if settles else 0.0)
         self.clock_s = start + sum(samples) / 1e3
         return Visit(recorded.tokens, pass_index, start, samples)
 

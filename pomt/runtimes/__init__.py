@@ -17,6 +17,7 @@ from pomt.runtimes.backend import (
     package_version,
     parse_backend,
     resolve_dtype,
+    settles_every_visit,
 )
 from pomt.runtimes.cudagraph import GraphedForward, cuda_graph
 from pomt.runtimes.export import onnx_program
@@ -44,4 +45,5 @@ __all__ = [
     "parameter_dtype",
     "parse_backend",
     "resolve_dtype",
+    "settles_every_visit",
 ]

@@ -50,6 +50,18 @@ PACKAGES: dict[Backend, tuple[str, ...]] = {
 DISTRIBUTIONS = {"tensorrt": ("tensorrt", "tensorrt-cu13", "tensorrt-cu12", "tensorrt-cu11")}
 
 
+def settles_every_visit(device: str, backend: str) -> bool:
+    """Whether a timed visit begins with an untimed forward every time (True), or only at its shape's first
+    visit in the process (False: eager on the CPU). A new shape's first forward pays a one-time set-up (GPU
+    kernel selection and the caching allocator, a compiled, exported or captured program per visit); on the
+    CPU, eager, what it sets up is kept by the process. Measured on the 2-core AMD VM (2026-11-30, steady
+    allocator, three forwards a visit in random count order): the first over the second forward +1.5% [+0.4,
+    +2.5] on deit_tiny at batch 1 (23 ms) at counts mostly new, +0.3% [-0.4, +1.1] at counts seen before;
+    +0.5% [-0.9, +2.0] on deit_small at batch 4, -0.6% [-3.6, +2.4] on deit_base at batch 4 (1.2 s), where the
+    untimed forward doubled each visit's cost."""
+    return not (device == "cpu" and backend == Backend.EAGER.value)
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (at most 300 characters), for a one-line error."""
     text = str(exc).strip()

@@ -161,7 +161,8 @@ def live_session(workload: Workload, prepared: Prepared, journal: TraceWriter | 
     (none: nothing written, as in a fresh process's check)."""
     forward_at = forward_at_tokens(prepared.model, prepared.x, backend=workload.backend, device=prepared.setup.device,
                                    threads=workload.threads, cache_dir=Path(workload.output_dir) / prepared.cache_dir)
-    source = LiveSource(forward_at, prepared.setup.device, workload.threads, start_s=journal_end_s(journal))
+    source = LiveSource(forward_at, prepared.setup.device, workload.threads, start_s=journal_end_s(journal),
+                        backend=workload.backend)
     return Session(source, journal)
 
 

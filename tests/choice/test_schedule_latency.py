@@ -1,5 +1,7 @@
 """Latency of any schedule from one curve plus each reducer's own cost: synthetic curves, no timing."""
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,7 @@ from pomt.choice.policy import predict_latency
 from pomt.choice.reducer_costs import (
     UNPRUNED,
     _differences,
+    _paired_rounds,
     _variant,
     at_unit_speed,
     cost_points,
@@ -22,6 +25,7 @@ from pomt.choice.reducer_costs import (
 from pomt.choice.schedule_latency import LatencyModel, MixedCounts, ReducerCost, count_changes, has_trend
 from pomt.choice.verify import cost_function
 from pomt.models.registry import create_model
+from pomt.models.tokens import truncate_tokens
 from pomt.pipelines.offline.frontier_search import mixed_note
 
 from conftest import entering_counts
@@ -225,6 +229,18 @@ def test_reducer_costs_are_measured_only_where_the_live_model_runs(backend):
         measure_reducer_costs(model, torch.randn(1, 3, 64, 64), ["pomt"], rounds=2, backend=backend)
     with pytest.raises(ValueError, match="live model runs"):
         measure_mixed_counts(model, torch.randn(1, 3, 64, 64), rounds=2, backend=backend)
+
+
+def test_on_the_cpu_eager_each_variant_is_set_up_once_then_timed_at_once():
+    """The untimed forward of a visit (`settles_every_visit`): on the CPU, eager, at a variant's first visit only."""
+    model = create_model("test_vit", 64)
+    x = torch.randn(1, 3, 64, 64)
+    forwards = []
+    model.blocks[0].register_forward_pre_hook(lambda _m, args: forwards.append(args[0].shape[1]))
+    contexts = {17: contextlib.nullcontext, 9: lambda: truncate_tokens(model, 9)}
+    times = _paired_rounds(model, x, contexts, "cpu", 1, rounds=3, reps=2, seed=0)
+    assert {k: len(v) for k, v in times.items()} == {17: 3, 9: 3}
+    assert sorted(forwards) == [9] * 7 + [17] * 7  # one untimed, then two timed a round, for each variant
 
 
 def tokens_entering_blocks(model, x, variant, depth: int) -> list[int]:

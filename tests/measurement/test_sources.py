@@ -13,6 +13,7 @@ from pomt.measurement.sources import (
     forward_at_tokens,
 )
 from pomt.models.registry import create_model
+from pomt.runtimes import settles_every_visit
 
 from trace_data import N, linear_levels, synthetic_trace
 
@@ -30,6 +31,42 @@ def test_a_live_visit_times_the_model_at_its_token_count():
     assert seen[:4] == [10] * 4  # one untimed forward, then three timed ones, all at 10 tokens
     assert seen[4:] == [37] * 3
     assert all(ms > 0 for ms in first.samples_ms) and second.t_s > first.t_s
+
+
+@pytest.mark.parametrize(("backend", "untimed"), [("eager", 0), (None, 1)])
+def test_a_count_visited_again_on_the_cpu_eager_skips_its_untimed_forward(backend, untimed):
+    """On the CPU, eager, what a new shape's first forward sets up is kept by the process: a count's later visits
+    are timed at once; a runtime not named settles every visit."""
+    model = create_model("test_vit", input_size=96)
+    seen = []
+    model.blocks[0].register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[1]))
+    source = LiveSource(forward_at_tokens(model, torch.randn(1, 3, 96, 96)), threads=1, backend=backend)
+    for tokens in (10, 37, 10, 37):
+        source.visit(tokens, reps=2, pass_index=0)
+    assert seen == [10] * 3 + [37] * 3 + [10] * (2 + untimed) + [37] * (2 + untimed)
+
+
+@pytest.mark.parametrize(("device", "backend", "every"), [
+    ("cpu", "eager", False), ("cuda", "eager", True), ("cuda:1", "cudagraph", True), ("cpu", "compile", True),
+    ("cpu", "onnxruntime", True), ("cpu", "openvino", True),
+])
+def test_which_runtimes_settle_every_visit(device, backend, every):
+    assert settles_every_visit(device, backend) is every
+
+
+@pytest.mark.parametrize(("device", "settles_again"), [(None, False), ({"kind": "cpu"}, False),
+                                                       ({"kind": "cuda"}, True)])
+def test_a_replay_paces_a_count_visited_again_as_a_live_run_of_its_runtime(device, settles_again):
+    trace = synthetic_trace(linear_levels(), counts=[50, N], passes=4)
+    if device is not None:
+        trace = Trace(trace.visits, {**trace.meta, "device": device, "backend": "eager"})
+    source = ReplaySource(trace)
+    first = source.visit(50, reps=3, pass_index=0)
+    before = source.clock_s
+    again = source.visit(50, reps=3, pass_index=1)
+    untimed = sorted(again.samples_ms)[1] if settles_again else 0.0
+    assert source.clock_s == pytest.approx(before + (untimed + sum(again.samples_ms)) / 1e3)
+    assert first.t_s < again.t_s
 
 
 def test_replay_serves_the_nearest_unused_visit_and_never_one_twice():

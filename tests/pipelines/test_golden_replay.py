@@ -7,7 +7,9 @@ narrow reach and the windows grew to 20 counts (2026-11-27: lower limits on 13 o
 policy's reach found less often), and when the detection object gained the counts' scatter, and when the
 policies priced from the curve shrunk toward its trend (2026-11-29: predicted latencies only), every choice unchanged,
 and when the replay moved each visit to its clock (steps on 11 traces, one choice: tests/data/README.md), and when
-a window's shift needed its pinned pair to reach the minimum step (a 2.5% step fewer on one trace)."""
+a window's shift needed its pinned pair to reach the minimum step (a 2.5% step fewer on one trace), and when a
+count's later visits on the CPU, eager, took no untimed forward (2026-11-30: every CPU trace's numbers, one choice,
+a false 37-token prune gone: tests/data/README.md)."""
 
 from __future__ import annotations
 

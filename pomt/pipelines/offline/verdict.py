@@ -166,7 +166,8 @@ def verification_session(request: Request, run: Run, schedules: Mapping[int, Sch
     forward_at = schedule_forward_at(run.prepared.model, run.prepared.x, schedules, backend=workload.backend,
                                      device=run.setup.device, threads=workload.threads,
                                      cache_dir=Path(workload.output_dir) / run.prepared.cache_dir)
-    source = LiveSource(forward_at, run.setup.device, workload.threads, start_s=journal_end_s(journal))
+    source = LiveSource(forward_at, run.setup.device, workload.threads, start_s=journal_end_s(journal),
+                        backend=workload.backend)
     return Session(source, journal), journal, notes
 
 
