@@ -29,16 +29,22 @@ different stretches of the machine instead of one first minute counted once a ru
   untouched trace's smooth trend divided out, `pomt.measurement.windows.scan` at the run's alpha; no paired
   second look): a ceiling that tells "the visits could not show it" from "the search did not confirm it".
 
-No timing: everything replays recorded samples. Usage:
-    python benchmarks/detection_limits.py [--seeds 2] [--reach 48] [--traces NAME ...]
+No timing: everything replays recorded samples, each run a pure function of its trace and seeds, so the runs go on
+`--jobs` processes (one per CPU by default) with the same answer as on one. Usage:
+    python benchmarks/detection_limits.py [--seeds 2] [--reach 48] [--traces NAME ...] [--jobs 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import multiprocessing
+import os
 import zlib
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -141,12 +147,105 @@ def print_recall(title: str, found: dict[tuple[str, str], list[bool]]) -> None:
         print(f"  {size:>6}  " + "   ".join(cells))
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """One replay scored: what the scoring in `main` adds up (module docstring)."""
+
+    untouched: bool
+    size: str | None
+    noisy: str
+    hit: bool = False
+    alone: bool = False
+    why: str | None = None  # a key of MISSES, for a miss
+    honest: bool | None = None  # found, for an injected step at or above the stated limit; None below it
+    true_pos: int = 0
+    false_pos: int = 0
+    small_steps: int = 0
+    measured_right: int = 0
+    lines: tuple[str, ...] = ()  # what --show prints: false steps, then the miss
+    spent: str = ""  # for an untouched trace: its visits, limit and noise
+
+
+@functools.cache
+def loaded(name: str) -> tuple[Trace, dict[int, float]]:
+    """A bank trace and its smooth trend, read once per process."""
+    trace = read_trace(DATA / f"{name}.csv")
+    return trace, smooth_trend(trace)
+
+
+def replay(name: str, seed: int, size: str | None, reach_below: int) -> Outcome:
+    """One run: a step of `size` (none: the trace untouched) injected where the seed says, the search replayed,
+    its steps and stated limit scored. A pure function of its arguments and the bank, so runs may go in any order
+    and in any process."""
+    trace, trend = loaded(name)
+    reach = max(trace.counts[0], trace.num_tokens - reach_below)
+    noise = relative_noise(corrected_values(list(trace.visits)))
+    noisy = "noise > 3%" if noise > 0.03 else "noise <= 3%"
+    own = [s.tokens for s in steps_in_trace(list(trace.visits), min_step=0.03)]
+    small = [(s.tokens, s.kind) for s in steps_in_trace(list(trace.visits), min_step=0.02)]
+    significant = steps_in_trace(list(trace.visits), min_step=0.0)
+    size_index = 0 if size is None else list(SIZES).index(size) + 1
+    rng = np.random.default_rng([seed, len(name), size_index])
+    injected = None
+    if size is not None:
+        low, high = SIZES[size]
+        where = int(rng.integers(reach + 4, trace.num_tokens - 4))
+        factor = 1.0 + float(rng.uniform(low, high))
+        if rng.random() < 0.3:
+            factor = 1.0 / factor  # a rise
+        injected = (where, "drop" if factor > 1 else "rise", 100 * abs(1 - factor))
+        trace = inject_steps(trace, {where: factor})
+    result = search(trace, reach, seed, [seed, zlib.crc32(name.encode()), size_index])
+    found = confirmed_within(result, reach)
+    truth = [*own, *([injected[0]] if injected else [])]
+    scores = {"true_pos": 0, "false_pos": 0, "small_steps": 0, "measured_right": 0}
+    lines = []
+    for step in (s for s in result.steps if s.tokens >= reach):
+        tokens, kind = step.tokens, step.kind
+        ok = any(abs(tokens - t) <= NEAR for t in truth)
+        device = not ok and any(abs(tokens - t) <= 1 and kind == k for t, k in small)
+        scores["true_pos"] += ok
+        scores["false_pos"] += not ok
+        scores["small_steps"] += device
+        scores["measured_right"] += not ok and consistent(step, significant)
+        if not ok:
+            lines.append(f"false step: {name} seed {seed} injected {injected}: {kind} at {tokens}"
+                         + (" (next to a step of 2-3% in the dense trace)" if device else ""))
+    detection = getattr(result, "detection", None)
+    limit = detection.limit_pct if detection else None
+    limit_text = "-" if limit is None else f"{limit:.1f}%"
+    if injected is None:
+        return Outcome(True, size, noisy, lines=tuple(lines), **scores,
+                       spent=f"{name} seed {seed}: {result.visits}/{result.full_grid_visits} visits, limit "
+                             f"{limit_text}, noise {100 * noise:.1f}%")
+    hit = any(abs(t - injected[0]) <= NEAR and kind == injected[1] for t, kind in found)
+    within = sum(v.tokens >= reach for v in result.design)
+    if not hit:
+        lines.append(f"missed: {name} seed {seed} {injected[1]} of {injected[2]:.1f}% at {injected[0]} "
+                     f"(stated limit {limit_text}; found {found})")
+    return Outcome(False, size, noisy, hit=hit, alone=windows_alone(trace, trend, reach, within, injected),
+                   why=None if hit else why_missed(result, injected),
+                   honest=hit if limit is not None and injected[2] >= limit else None, lines=tuple(lines), **scores)
+
+
+def outcomes(runs: list[tuple[str, int, str | None]], reach_below: int, jobs: int) -> Iterator[Outcome]:
+    """`replay` of every run, in order, on `jobs` processes (1: in this one)."""
+    if jobs <= 1:
+        yield from (replay(name, seed, size, reach_below) for name, seed, size in runs)
+        return
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield from pool.map(replay, *zip(*runs, strict=True), [reach_below] * len(runs))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--reach", type=int, default=48, help="counts below N a schedule may land on")
     parser.add_argument("--traces", nargs="*", default=None)
     parser.add_argument("--show", action="store_true", help="print every missed injected step and every false step")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="replays run at once, each in its own process (default: one per CPU; nothing is timed, "
+                             "so they do not disturb each other's answers)")
     args = parser.parse_args()
     names = args.traces or bank()
     recall: dict[tuple[str, str], list[bool]] = defaultdict(list)
@@ -156,59 +255,20 @@ def main() -> None:
     true_pos = false_pos = small_steps = measured_right = 0
     spent: list[str] = []
     runs = [(name, seed, size) for name in names for seed in range(args.seeds) for size in [None, *SIZES]]
-    traces = {name: read_trace(DATA / f"{name}.csv") for name in names}
-    trends = {name: smooth_trend(trace) for name, trace in traces.items()}
-    for name, seed, size in tqdm(runs, desc="replays"):
-        trace = traces[name]
-        reach = max(trace.counts[0], trace.num_tokens - args.reach)
-        noise = relative_noise(corrected_values(list(trace.visits)))
-        noisy = "noise > 3%" if noise > 0.03 else "noise <= 3%"
-        own = [s.tokens for s in steps_in_trace(list(trace.visits), min_step=0.03)]
-        small = [(s.tokens, s.kind) for s in steps_in_trace(list(trace.visits), min_step=0.02)]
-        significant = steps_in_trace(list(trace.visits), min_step=0.0)
-        size_index = 0 if size is None else list(SIZES).index(size) + 1
-        rng = np.random.default_rng([seed, len(name), size_index])
-        injected = None
-        if size is not None:
-            low, high = SIZES[size]
-            where = int(rng.integers(reach + 4, trace.num_tokens - 4))
-            factor = 1.0 + float(rng.uniform(low, high))
-            if rng.random() < 0.3:
-                factor = 1.0 / factor  # a rise
-            injected = (where, "drop" if factor > 1 else "rise", 100 * abs(1 - factor))
-            trace = inject_steps(trace, {where: factor})
-        result = search(trace, reach, seed, [seed, zlib.crc32(name.encode()), size_index])
-        found = confirmed_within(result, reach)
-        truth = [*own, *([injected[0]] if injected else [])]
-        for step in (s for s in result.steps if s.tokens >= reach):
-            tokens, kind = step.tokens, step.kind
-            ok = any(abs(tokens - t) <= NEAR for t in truth)
-            device = not ok and any(abs(tokens - t) <= 1 and kind == k for t, k in small)
-            true_pos += ok
-            false_pos += not ok
-            small_steps += device
-            measured_right += not ok and consistent(step, significant)
-            if args.show and not ok:
-                tqdm.write(f"false step: {name} seed {seed} injected {injected}: {kind} at {tokens}"
-                           + (" (next to a step of 2-3% in the dense trace)" if device else ""))
-        detection = getattr(result, "detection", None)
-        limit = detection.limit_pct if detection else None
-        if injected is None:
-            spent.append(f"{name} seed {seed}: {result.visits}/{result.full_grid_visits} visits, limit "
-                         f"{'-' if limit is None else f'{limit:.1f}%'}, noise {100 * noise:.1f}%")
+    for out in tqdm(outcomes(runs, args.reach, args.jobs), total=len(runs), desc="replays"):
+        true_pos, false_pos = true_pos + out.true_pos, false_pos + out.false_pos
+        small_steps, measured_right = small_steps + out.small_steps, measured_right + out.measured_right
+        for line in out.lines if args.show else ():
+            tqdm.write(line)
+        if out.untouched:
+            spent.append(out.spent)
             continue
-        hit = any(abs(t - injected[0]) <= NEAR and kind == injected[1] for t, kind in found)
-        recall[(size, noisy)].append(hit)
-        within = sum(v.tokens >= reach for v in result.design)
-        alone[(size, noisy)].append(windows_alone(trace, trends[name], reach, within, injected))
-        if not hit:
-            missed[(size, noisy, why_missed(result, injected))] += 1
-        if args.show and not hit:
-            limit_text = "-" if limit is None else f"{limit:.1f}%"
-            tqdm.write(f"missed: {name} seed {seed} {injected[1]} of {injected[2]:.1f}% at {injected[0]} "
-                       f"(stated limit {limit_text}; found {found})")
-        if limit is not None and injected[2] >= limit:
-            honest.append(hit)
+        recall[(out.size, out.noisy)].append(out.hit)
+        alone[(out.size, out.noisy)].append(out.alone)
+        if out.why is not None:
+            missed[(out.size, out.noisy, out.why)] += 1
+        if out.honest is not None:
+            honest.append(out.honest)
     print_recall("\nrecall of one injected step within reach (found / injected)", recall)
     print_recall("the windows alone, the run's visits within reach spread evenly (a ceiling, no paired second look)",
                  alone)
