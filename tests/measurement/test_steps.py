@@ -6,7 +6,8 @@ import pytest
 
 from pomt.errors import CurveError
 from pomt.formats.trace import inject_steps, read_trace
-from pomt.measurement.steps import Step, detect_steps, steps_in_trace, trend
+from pomt.measurement.steps import Step, detect_steps, steps_in_trace
+from pomt.measurement.trend import trend
 
 from conftest import DATA
 
