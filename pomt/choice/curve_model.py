@@ -21,7 +21,7 @@ from the trend is kept in the share tau^2 / (tau^2 + se^2), se its standard erro
 root of its visits) and tau^2 the spread of the true levels about the trend, estimated from all residuals. A
 noisy machine (tau small against se) prices near the trend; a quiet one whose curve has real structure keeps
 it; a count visited many times (the reference) keeps its measured level. The trend is local, not the one robust
-quadratic over the whole range that step detection divides out (`pomt.measurement.steps.trend`): as a curve to
+quadratic over the whole range that step detection divides out (`pomt.measurement.trend.trend`): as a curve to
 price from, that misfits the Intel batch-1 curves (below).
 
 Fitted to one visit a count of each of the curve bank's 17 dense traces and scored against the mean of the other

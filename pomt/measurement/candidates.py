@@ -13,7 +13,8 @@ import numpy as np
 from pomt.formats.trace import Visit
 from pomt.measurement.confirmation import Confirmation
 from pomt.measurement.drift import CurvePoint
-from pomt.measurement.steps import detect_steps, trend
+from pomt.measurement.steps import detect_steps
+from pomt.measurement.trend import trend
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class Candidate:
 
 
 def expected_levels(points: list[CurvePoint]) -> dict[int, float]:
-    """The curve's smooth trend at each of its counts (`pomt.measurement.steps.trend`, noise from the points)."""
+    """The curve's smooth trend at each of its counts (`pomt.measurement.trend.trend`, noise from the points)."""
     t = np.array([p.tokens for p in points], dtype=float)
     smooth = trend(t, np.array([p.latency_ms for p in points]), float(np.median([p.se_ms for p in points])))
     return dict(zip([p.tokens for p in points], smooth.tolist(), strict=True))

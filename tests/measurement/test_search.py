@@ -378,15 +378,7 @@ def sawtooth(name):
     return found, expected_levels(found.points)
 
 
-TREND_BELOW_ZERO = ("deit_small_bs1_amd_aligned_shuffled: since a count's later visits take no untimed forward on "
-                    "the CPU (2026-11-30) the whole-grid search confirms a 7.4% rise at 15 -> 14 beside the 9.6% "
-                    "drop at 16 -> 15 (and its 18 aligned drops, as before); the trend takes the spike's two "
-                    "intervals out as offsets too and falls below zero between 24 and 76 tokens (-2.6 ms at 76, "
-                    "where the curve reads 25.0)")
-
-
-@pytest.mark.parametrize("name", [SAWTOOTHS[0], pytest.param(SAWTOOTHS[1], marks=pytest.mark.xfail(
-    strict=True, reason=TREND_BELOW_ZERO))])
+@pytest.mark.parametrize("name", SAWTOOTHS)
 def test_the_trend_of_a_sawtooth_stays_a_rising_curve_through_it(name):
     """An adaptive search's curve on these AMD traces is a sawtooth of aligned pairs: 7 tokens rising, then
     a drop at the aligned count. The trend set aside ever more of the rising intervals as steps, until they
@@ -407,8 +399,7 @@ TREND_ABOVE_THE_TEETH = ("on the replay's clock the search confirms 19 of deit_t
 
 @pytest.mark.parametrize("name", [pytest.param(SAWTOOTHS[0], marks=pytest.mark.xfail(strict=True,
                                                                                      reason=TREND_ABOVE_THE_TEETH)),
-                                  pytest.param(SAWTOOTHS[1], marks=pytest.mark.xfail(strict=True,
-                                                                                     reason=TREND_BELOW_ZERO))])
+                                  SAWTOOTHS[1]])
 def test_the_trend_of_a_sawtooth_stays_near_its_curve(name):
     """The trend through the sawtooth of test_the_trend_of_a_sawtooth_stays... stays within a factor of 1.5 of the
     curve at every count: the drops it takes out as steps do not carry it away from the levels."""
