@@ -31,6 +31,7 @@ from scipy import stats as scipy_stats
 OUTLIER_SD = 5.0  # a visit this many SDs from the window's fit was hit by interference
 MIN_SIDE = 2  # measured counts a jump needs on each side
 POWER = 0.8
+SCATTER_ALPHA = 0.01  # chi-square level under which a window's counts scatter beyond the noise model
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class JumpFit:
     tau: float
     df: int  # counts less the parameters
     dropped: int  # visits left out as interference
+    se_floor: float = 0.0  # what se would be with every count's visits infinitely many: tau's part alone
+    scatter_p: float = 1.0  # chance of the counts scattering so far from the fit by their visits' own spread
 
     @property
     def z(self) -> float:
@@ -195,8 +198,29 @@ def fit_jump(window: WindowVisits, position: int, line: bool = True) -> JumpFit:
     tau2 = _tau_squared(x, means, variances)
     beta, cov, _ = _wls(x, means, 1.0 / (variances + tau2))
     below = counts[counts < position]
+    floor = math.sqrt(tau2 * float(np.linalg.pinv(x.T @ x)[-1, -1]))
+    df = int(counts.size - parameters(line))
     return JumpFit(position=position, low=int(below.max()), jump=float(beta[-1]), se=float(math.sqrt(cov[-1, -1])),
-                   tau=math.sqrt(tau2), df=int(counts.size - parameters(line)), dropped=int((~keep).sum()))
+                   tau=math.sqrt(tau2), df=df, dropped=int((~keep).sum()), se_floor=floor,
+                   scatter_p=_scatter_p(t[keep], y[keep], x, means))
+
+
+def _scatter_p(t: np.ndarray, y: np.ndarray, x: np.ndarray, means: np.ndarray) -> float:
+    """One-way analysis of variance: the chance that the count levels (`means`, one per sorted count of `t`) sit so
+    far from their fit (`x`, unweighted) by their visits' spread within a count alone. Judged on that spread
+    itself, not on the run's noise model, which reads low at a few visits a count and would make chance look like
+    scatter; 1 where no count has two visits to tell."""
+    counts, index, visits = np.unique(t, return_inverse=True, return_counts=True)
+    within_df = int(t.size - counts.size)
+    between_df = int(counts.size - x.shape[1])
+    if within_df < 1 or between_df < 1:
+        return 1.0
+    within = float(np.sum((y - means[index]) ** 2)) / within_df
+    if within <= 0.0:
+        return 0.0
+    fit = x @ np.linalg.lstsq(x * np.sqrt(visits)[:, None], means * np.sqrt(visits), rcond=None)[0]
+    between = float(np.sum(visits * (means - fit) ** 2)) / between_df
+    return float(scipy_stats.f.sf(between / within, between_df, within_df))
 
 
 def level_shift(window: WindowVisits, positions: Sequence[int] | None = None,
@@ -222,8 +246,29 @@ def detectable_jump(fit: JumpFit, alpha: float, positions: int, power: float = P
     """The smallest |jump| (log) the test at `fit`'s position finds with probability `power`. Stated on the t
     reference whether or not this window needed tau: a window with a step in it may need it where this one
     did not, so a limit read off the normal would promise more than the test keeps."""
+    return _power_multiplier(fit, alpha, positions, power) * fit.se
+
+
+def _power_multiplier(fit: JumpFit, alpha: float, positions: int, power: float) -> float:
+    """Standard errors a jump must measure to be found with `power` (`detectable_jump`)."""
     df = float(max(fit.df, 1))
-    return (critical_z(alpha, positions, df) + _ppf(power, df)) * fit.se
+    return critical_z(alpha, positions, df) + _ppf(power, df)
+
+
+def visits_factor(fit: JumpFit, alpha: float, positions: int, target_pct: float, power: float = POWER) -> float:
+    """How many times its visits the window would need for `fit`'s position to show a step of `target_pct` with
+    `power` (1 when it already does; inf when the counts' own scatter keeps it out of reach at any number of
+    visits). The jump's variance is split into what more visits of the same counts average away and what they
+    do not: se^2 = floor^2 + (se^2 - floor^2) / k, exact when every count holds as many visits, the counts and
+    tau held as measured. The floor is tau's part where the counts scatter beyond the noise model (chi-square,
+    p < SCATTER_ALPHA), else none: a few visits a count read some scatter into plain noise by chance."""
+    needed = -math.log(1.0 - target_pct / 100.0) / _power_multiplier(fit, alpha, positions, power)
+    floor = fit.se_floor if fit.scatter_p < SCATTER_ALPHA else 0.0
+    if fit.se <= needed:
+        return 1.0
+    if floor >= needed:
+        return math.inf
+    return (fit.se ** 2 - floor ** 2) / (needed ** 2 - floor ** 2)
 
 
 def detection_limit_pct(window: WindowVisits, alpha: float, min_step: float, power: float = POWER,
@@ -246,3 +291,10 @@ def scatter_pct(shift: LevelShift) -> float:
     count-level spread tau, the least over the positions fitted (a step in the window explains itself at its
     own position, so what is left is scatter). More visits of the same counts do not average it away."""
     return 100.0 * math.expm1(min(f.tau for f in shift.profile))
+
+
+def scatter_shown(shift: LevelShift) -> bool:
+    """Whether the window's counts scatter beyond their visits' own spread even at the position that explains them
+    best (its least tau), by the analysis of variance (`JumpFit.scatter_p` < SCATTER_ALPHA): chance reads some tau
+    into plain noise at a few visits a count."""
+    return min(shift.profile, key=lambda f: f.tau).scatter_p < SCATTER_ALPHA

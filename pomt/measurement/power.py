@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from pomt.measurement.design import Measurer
 from pomt.measurement.sources import TraceExhausted
-from pomt.measurement.windows import WINDOW_COUNTS, WindowScan, counts_to_strengthen
+from pomt.measurement.windows import BUDGET, EXHAUSTED, NO_GAIN, WINDOW_COUNTS, WindowScan, counts_to_strengthen
 
 LEAST_GAIN = 0.9  # a power pass that lowers the detection limit by less than 10% is the last
 NOISY_VISIT = 0.04  # a visit's noise (unbiased, `drift.visit_noise`) above which power passes come first
@@ -39,25 +40,27 @@ def power_passes(measurer: Measurer, grid: Sequence[int], reach: tuple[int, int]
                  reserve: int, scan: Callable[[], WindowScan]) -> WindowScan:
     """Visit the counts within reach whose windows could miss a step of `target_pct`, one pass at a time, while
     the budget leaves `reserve` visits after the pass; `scan` states the windows on every visit so far.
-    Returns the last scan."""
+    Returns the last scan, with why the passes stopped short of the target (`WindowScan.stopped`) where they did."""
     before, spans = math.inf, None
     while True:
         found = scan()
         limit = found.limit_pct
         same = [(lo, hi) for lo, hi, _ in found.regions] == spans  # a pass over new counts cuts new windows
-        if limit is not None and (limit <= target_pct or (same and limit > LEAST_GAIN * before)):
-            return found  # reached, or the counts' own scatter sets the limit: visits cannot buy it
+        if limit is not None and limit <= target_pct:
+            return found
+        if limit is not None and same and limit > LEAST_GAIN * before:
+            return replace(found, stopped=NO_GAIN)  # the counts' own scatter sets the limit: visits cannot buy it
         before, spans = limit or math.inf, [(lo, hi) for lo, hi, _ in found.regions]
         counts = counts_to_strengthen(grid, found.above(target_pct), reach)
         room = measurer.left() - 1 - reserve  # the reference visits each pass too
         if room < len(counts):
             counts = counts[:max(0, int(room))]
         if len(counts) < WINDOW_COUNTS:  # the budget left cannot strengthen a window
-            return found
+            return replace(found, stopped=BUDGET)
         try:
             measurer.measure_passes(counts, 1)
         except TraceExhausted:  # a replay holds no more of these counts
-            return found
+            return replace(found, stopped=EXHAUSTED)
 
 
 __all__ = ["LEAST_GAIN", "NOISY_VISIT", "passes_first", "power_passes"]

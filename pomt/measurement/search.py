@@ -130,7 +130,8 @@ class SearchResult:
     def detection_sentence(self, target_pct: float | None = None) -> str | None:
         """The one line on what this run could have seen within reach (`WindowScan.sentence`)."""
         d = self.detection
-        return None if d is None else d.sentence(self.steps_within(d.reach), target_pct)
+        return None if d is None else d.sentence(self.steps_within(d.reach), target_pct,
+                                                 (self.visits, self.full_grid_visits))
 
     @property
     def rejected(self) -> list[Confirmation]:
@@ -186,6 +187,7 @@ class LatencySearch:
         self.judge = Judge(self.measurer, alpha=s.step_alpha, min_step=s.min_step, confirm_rounds=s.confirm_rounds)
         self._curve: tuple[tuple[int, int, int], list[CurvePoint]] | None = None
         self.shifts: tuple[WindowShift, ...] = ()  # what the windows within reach show
+        self.power_stop = ""  # why the last power passes stopped short of the target (`WindowScan.stopped`)
         self.reach = (focus_from if focus_from is not None else self.grid[0]), self.grid[-1]
 
     def curve(self) -> list[CurvePoint]:
@@ -316,7 +318,7 @@ class LatencySearch:
         """Power passes (`pomt.measurement.power`) leaving `reserve` visits; then the windows' shifts become
         candidates."""
         found = power_passes(self.measurer, self.grid, self.reach, self.settings.detect, reserve, self.detection)
-        self.shifts = found.shifts
+        self.shifts, self.power_stop = found.shifts, found.stopped
         return found
 
     def run(self) -> SearchResult:
@@ -353,7 +355,7 @@ class LatencySearch:
             reps=m.reps, visits=m.session.visits, measured=m.session.measured,
             full_grid_visits=self.full_grid_visits, budget_visits=self.budget,
             budget_spent=any(c.reason.startswith("not examined") for c in confirmations), design=m.visits(),
-            detection=self.detection(),
+            detection=self.detection().short_of(s.detect, self.power_stop),
         )
 
 

@@ -15,17 +15,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from pomt.formats.trace import Visit
 from pomt.measurement.candidates import confirmed_factor, expected_levels
 from pomt.measurement.confirmation import Confirmation
 from pomt.measurement.drift import CurvePoint, corrected_values, relative_noise
-from pomt.measurement.level_shift import MIN_SIDE, LevelShift, WindowVisits, level_shift, limits_of, scatter_pct
+from pomt.measurement.level_shift import (
+    MIN_SIDE,
+    LevelShift,
+    WindowVisits,
+    level_shift,
+    limits_of,
+    scatter_pct,
+    scatter_shown,
+    visits_factor,
+)
 
 WINDOW_COUNTS = 20  # measured counts a window spans (about ten each side of a jump in its middle)
 LEAST_COUNTS = 2 * MIN_SIDE + 1  # fewer measured counts leave no window to test
 SECOND_LOOK_P = 0.2  # the paired rounds' p-value under which they back a window's shift
+# why the power passes (`pomt.measurement.power`) stopped short of the target, as `WindowScan.stopped` says it
+BUDGET, NO_GAIN, EXHAUSTED = "budget", "no gain", "exhausted"
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,11 @@ class WindowScan:
     shifts: tuple[WindowShift, ...]
     scatter_pct: float = 0.0  # the most a window's counts scatter beyond a visit's noise (`level_shift.scatter_pct`)
     noise_pct: float = 0.0  # a visit's noise, as the windows modelled it
+    shown_scatter_pct: float = 0.0  # the same over the windows whose scatter is more than chance (`scatter_shown`)
+    visits: int = 0  # visits of the counts within reach that the windows tested
+    min_step_pct: float = 0.0  # no limit is stated below the smallest step pomt reports
+    stopped: str = ""  # why the power passes stopped short of the target (BUDGET, NO_GAIN, EXHAUSTED), if they ran
+    profiles: tuple[tuple[LevelShift, float], ...] = field(default=(), repr=False)  # each window's fit, its alpha
 
     @property
     def limit_pct(self) -> float | None:
@@ -63,9 +79,26 @@ class WindowScan:
         """The (first, last) counts of the windows whose limit is above `target_pct`, the widest limit first."""
         return [(lo, hi) for lo, hi, limit in sorted(self.regions, key=lambda r: -r[2]) if limit > target_pct]
 
-    def sentence(self, found: int, target_pct: float | None = None) -> str:
+    def short_of(self, target_pct: float, stopped: str) -> WindowScan:
+        """This scan with why the power passes `stopped`, where its limit is still above `target_pct`."""
+        short = self.limit_pct is None or self.limit_pct > target_pct
+        return replace(self, stopped=stopped if short else "")
+
+    def visits_factor(self, target_pct: float) -> float:
+        """How many times the visits within reach the windows would need for every position to show a step of
+        `target_pct` (`level_shift.visits_factor`; a position counts at the best of the windows that test it,
+        as in the regions): 1 when reached, inf when the counts' own scatter keeps some position out of reach."""
+        best: dict[int, float] = {}
+        for shift, alpha in self.profiles:
+            for fit in shift.profile:
+                factor = visits_factor(fit, alpha, shift.positions, target_pct)
+                best[fit.position] = min(factor, best.get(fit.position, math.inf))
+        return max(best.values(), default=math.inf)
+
+    def sentence(self, found: int, target_pct: float | None = None, spent: tuple[int, int] | None = None) -> str:
         """What the run could see, in one line: "within reach (150-197 tokens), steps of 6% or more would have
-        been found; none was", and the target it missed, if any."""
+        been found; none was", and the target it missed, if any, with what would reach it (`_more`; `spent`:
+        the run's visits and its full grid's, to say it as a --budget)."""
         lo, hi = self.reach
         limit = self.limit_pct
         if limit is None:
@@ -73,21 +106,47 @@ class WindowScan:
         seen = "none was" if found == 0 else f"{found} confirmed within reach"
         line = f"within reach ({lo}-{hi} tokens), steps of {limit:.0f}% or more would have been found; {seen}"
         if target_pct is not None and limit > target_pct:
-            line += f" (--detect {target_pct:g}% not reached within the visit budget{self._scatter()})"
+            line += f" (--detect {target_pct:g}% not reached{self._why(target_pct, spent)})"
+        return line
+
+    def _why(self, target_pct: float, spent: tuple[int, int] | None) -> str:
+        """Why the target was not reached, from where the power passes stopped, and what would reach it."""
+        if self.stopped == NO_GAIN:
+            return (": a pass of more visits within reach barely lowered the limit, so the search stopped"
+                    f"{self._scatter()}")
+        if self.stopped == EXHAUSTED:
+            return ": the recording holds no more visits of these counts"
+        return f" within the visit budget{self._scatter()}{self._more(target_pct, spent)}"
+
+    def _more(self, target_pct: float, spent: tuple[int, int] | None) -> str:
+        """What would reach the target: about how many times the visits within reach (`visits_factor`), as a
+        --budget where the run's visits are known, or that no number of visits would."""
+        if target_pct < self.min_step_pct:
+            return f"; no limit is stated below the minimum step, {self.min_step_pct:g}%"
+        factor = self.visits_factor(target_pct)
+        if not math.isfinite(factor):
+            named = "" if self._scatter() else "; the counts there scatter beyond a visit's noise"
+            return f"{named}; more visits of the same counts would not reach it"
+        if factor <= 1.0 or not self.visits:
+            return ""
+        line = f"; about {factor:.1f} times its {self.visits} visits within reach would reach it"
+        if spent is not None and spent[1] > 0:
+            budget = (spent[0] + (factor - 1.0) * self.visits) / spent[1]
+            line += f" (--budget {budget:.2f})" if budget <= 1.0 else " (more than the full grid's: --budget 1)"
         return line
 
     def _scatter(self) -> str:
         """The counts' own scatter beyond a visit's noise, where there is enough to name: more visits of the same
         counts do not average it away."""
-        if self.scatter_pct < max(0.5, 0.5 * self.noise_pct):  # chance reads a little scatter in plain noise
+        if self.shown_scatter_pct < max(0.5, 0.5 * self.noise_pct):  # too little to matter, or chance
             return ""
-        return f"; the counts there scatter {self.scatter_pct:.1f}% from one to the next, beyond a visit's noise"
+        return f"; the counts there scatter {self.shown_scatter_pct:.1f}% from one to the next, beyond a visit's noise"
 
     def to_dict(self) -> dict:
         limit = self.limit_pct
         return {"reach": list(self.reach), "limit_pct": None if limit is None else round(limit, 2),
                 "regions": [[lo, hi, round(limit, 2)] for lo, hi, limit in self.regions],
-                "scatter_pct": round(self.scatter_pct, 2)}
+                "scatter_pct": round(self.scatter_pct, 2), "stopped": self.stopped or None}
 
 
 def windows(counts: Sequence[int], size: int = WINDOW_COUNTS) -> list[list[int]]:
@@ -124,18 +183,22 @@ def scan(values_by_count: Mapping[int, Sequence[float]], reach: tuple[int, int],
               if lo <= n <= hi and values_by_count[n] and min(values_by_count[n]) > 0.0]
     spans = windows(counts, size)
     share = alpha / max(len(spans), 1)
-    by_window, shifts, scatter = [], [], 0.0
+    by_window, shifts, scatter, shown, profiles = [], [], 0.0, 0.0, []
     for span in spans:
         shift = level_shift(window_visits(values_by_count, span, noise), line=line)
         by_window.append((span, {} if shift is None else limits_of(shift, share, min_step)))
         if shift is None:
             continue
+        profiles.append((shift, share))
         scatter = max(scatter, scatter_pct(shift))
+        shown = max(shown, scatter_pct(shift) if scatter_shown(shift) else 0.0)
         if shift.p_value * len(spans) < alpha and _large_enough(shift, min_step):
             best = shift.best
             shifts.append(WindowShift(best.low, best.position, shift.saving_pct,
                                       min(1.0, shift.p_value * len(spans)), best.z))
-    return WindowScan(reach, tuple(_regions(by_window)), tuple(_distinct(shifts)), scatter, 100.0 * noise)
+    visits = sum(len(values_by_count[n]) for n in counts)
+    return WindowScan(reach, tuple(_regions(by_window)), tuple(_distinct(shifts)), scatter, 100.0 * noise,
+                      shown_scatter_pct=shown, visits=visits, min_step_pct=100.0 * min_step, profiles=tuple(profiles))
 
 
 def _regions(by_window: list[tuple[list[int], dict[int, float]]]) -> list[tuple[int, int, float]]:
@@ -217,5 +280,5 @@ def window_verdicts(shifts: Sequence[WindowShift], judged: Mapping[tuple[int, in
     return out
 
 
-__all__ = ["WINDOW_COUNTS", "WindowScan", "WindowShift", "counts_to_strengthen", "scan", "scan_visits",
-           "window_verdicts", "window_visits", "windows"]
+__all__ = ["BUDGET", "EXHAUSTED", "NO_GAIN", "WINDOW_COUNTS", "WindowScan", "WindowShift", "counts_to_strengthen",
+           "scan", "scan_visits", "window_verdicts", "window_visits", "windows"]

@@ -7,7 +7,15 @@ import math
 import numpy as np
 import pytest
 
-from pomt.measurement.level_shift import WindowVisits, detection_limit_pct, fit_jump, level_shift
+from pomt.measurement.level_shift import (
+    SCATTER_ALPHA,
+    WindowVisits,
+    detectable_jump,
+    detection_limit_pct,
+    fit_jump,
+    level_shift,
+    visits_factor,
+)
 
 COUNTS = list(range(150, 180, 2))
 ALPHA = 0.01
@@ -91,3 +99,28 @@ def test_the_limit_never_reads_below_the_smallest_step_reported():
 def test_a_window_too_small_for_a_jump_gives_no_verdict():
     small = window(np.random.default_rng(7), counts=[160, 162, 164])
     assert level_shift(small) is None and detection_limit_pct(small, ALPHA, 0.03) == {}
+
+
+def test_counts_that_scatter_are_told_from_plain_noise_by_their_visits_own_spread():
+    """At two visits a count the run's noise model reads low and Paule-Mandel finds some tau in plain noise; the
+    analysis of variance on the visits' own spread calls that scatter about as often as its level says."""
+    rng = np.random.default_rng(7)
+    plain = [fit_jump(window(rng, noise=0.08, visits=2), 166) for _ in range(100)]
+    assert sum(f.tau > 0 for f in plain) > 20  # chance reads scatter into plain noise
+    assert sum(f.scatter_p < SCATTER_ALPHA for f in plain) <= 5
+    wiggly = [fit_jump(window(rng, noise=0.05, visits=2, tau=0.08), 166) for _ in range(20)]
+    assert sum(f.scatter_p < SCATTER_ALPHA and f.se_floor > 0 for f in wiggly) >= 16  # 8% scatter, 5% noise
+
+
+def test_the_visits_a_target_needs_bring_the_limit_to_it_and_scatter_keeps_it_out_of_reach():
+    rng = np.random.default_rng(8)
+    fit = fit_jump(window(rng, noise=0.06, visits=2), 166)
+    target = 100.0 * (1.0 - math.exp(-0.5 * detectable_jump(fit, ALPHA, 10)))  # half the jump it can show now
+    factor = visits_factor(fit, ALPHA, 10, target)
+    assert 3.0 < factor < 5.0  # about four: the jump's standard error falls as one over the root of the visits
+    more = [fit_jump(window(rng, noise=0.06, visits=math.ceil(2 * factor)), 166) for _ in range(20)]
+    reached = [100.0 * (1.0 - math.exp(-detectable_jump(f, ALPHA, 10))) for f in more]
+    assert 0.8 * target < float(np.median(reached)) < 1.2 * target
+    assert visits_factor(fit, ALPHA, 10, 2 * target) == 1.0  # a target it already reaches
+    wiggly = fit_jump(window(rng, noise=0.05, visits=2, tau=0.08), 166)
+    assert visits_factor(wiggly, ALPHA, 10, 5.0) == math.inf

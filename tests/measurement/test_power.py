@@ -1,5 +1,6 @@
 """Power passes on replays: when they come first, where they go, and when they stop (no timing)."""
 
+import numpy as np
 import pytest
 
 from pomt.formats.trace import read_trace
@@ -8,7 +9,7 @@ from pomt.measurement.drift import corrected_values, pool_visits, visit_noise
 from pomt.measurement.power import NOISY_VISIT, passes_first, power_passes
 from pomt.measurement.search import LatencySearch, SearchSettings
 from pomt.measurement.sources import ReplaySource, Session
-from pomt.measurement.windows import WINDOW_COUNTS, scan_visits
+from pomt.measurement.windows import BUDGET, EXHAUSTED, NO_GAIN, WINDOW_COUNTS, scan_visits
 
 from conftest import DATA
 from trace_data import N, linear_levels, synthetic_trace
@@ -41,9 +42,9 @@ def test_the_coarse_scan_tells_the_banks_noisy_traces_from_its_quiet_ones(name, 
     assert (visit_noise(corrected_values(search.measurer.visits())) > NOISY_VISIT) is noisy
 
 
-def passes(budget, target_pct, reserve):
-    measurer = Measurer(Session(ReplaySource(synthetic_trace(linear_levels(), passes=16, noise=0.05))), N,
-                        budget=budget, progress=False)
+def passes(budget, target_pct, reserve, trace=None):
+    trace = trace or synthetic_trace(linear_levels(), passes=16, noise=0.05)
+    measurer = Measurer(Session(ReplaySource(trace)), N, budget=budget, progress=False)
     measurer.measure_passes(list(range(REACH[0], N, 4)), 2)  # a coarse scan
 
     def scan():
@@ -60,3 +61,20 @@ def test_passes_stop_at_the_target_and_leave_the_reserve():
     spent = len(measurer.visits())
     assert spent <= 200 - 40 and 200 - 40 - spent < WINDOW_COUNTS + 1
     assert {v.tokens for v in measurer.visits()} >= set(range(REACH[0], N + 1))  # every count within reach
+
+
+def test_the_scan_says_why_the_passes_stopped_short_of_the_target():
+    """The budget, a pass that no longer lowers the limit (counts that scatter 8% from one to the next beside 2%
+    noise a visit), or a recording with no more visits of the counts: the run's line says which."""
+    assert passes(None, 99.0, 0)[1].stopped == ""  # reached
+    assert passes(150, 4.0, 40)[1].stopped == BUDGET
+    rng = np.random.default_rng(3)
+    wiggle = {n: float(np.exp(rng.normal(0.0, 0.08))) for n in GRID}
+    scattered = synthetic_trace(lambda n: linear_levels()(n) * wiggle[n], passes=16, noise=0.02)
+    measurer, found = passes(None, 5.0, 0, scattered)
+    assert found.stopped == NO_GAIN and found.limit_pct > 5.0 and measurer.left() > 0
+    assert "barely lowered the limit, so the search stopped" in found.sentence(0, 5.0)
+    short = synthetic_trace(linear_levels(), passes=2, noise=0.05)  # the coarse scan takes both
+    found = passes(None, 1.0, 0, short)[1]
+    assert found.stopped == EXHAUSTED
+    assert found.sentence(0, 5.0).endswith("not reached: the recording holds no more visits of these counts)")

@@ -109,7 +109,27 @@ def test_the_sentence_names_the_scatter_between_counts_where_it_kept_the_target_
     assert found.to_dict()["scatter_pct"] == round(found.scatter_pct, 2)
     plain = scan(visits(counts, 2, 0.05), (150, 197), 0.05, alpha=0.01, min_step=0.03)
     assert plain.scatter_pct < 0.5 * plain.noise_pct  # chance reads a little scatter into plain noise
-    assert plain.sentence(0, 1.0).endswith("(--detect 1% not reached within the visit budget)")
+    assert plain.sentence(0, 1.0).endswith("(--detect 1% not reached within the visit budget; no limit is stated "
+                                           "below the minimum step, 3%)")
+    assert found.sentence(0, 5.0).endswith("more visits of the same counts would not reach it)")
+
+
+def test_the_sentence_says_about_how_many_visits_would_reach_the_target_and_as_what_budget():
+    """Plain noise: the limit falls as one over the root of the visits, so the sentence names a multiple of the
+    visits within reach and the --budget it takes; a scan of that many visits states about the target."""
+    counts = list(range(150, 198))
+    found = scan(visits(counts, 2, 0.05, seed=3), (150, 197), 0.05, alpha=0.01, min_step=0.03)
+    assert found.visits == 2 * len(counts) and found.limit_pct > 8.0
+    factor = found.visits_factor(8.0)
+    assert 1.5 < factor < 8.0
+    line = found.sentence(0, 8.0, spent=(200, 1000))
+    budget = (200 + (factor - 1.0) * found.visits) / 1000
+    assert line.endswith(f"about {factor:.1f} times its 96 visits within reach would reach it (--budget {budget:.2f}))")
+    assert found.sentence(0, 8.0, spent=(900, 1000)).endswith("(more than the full grid's: --budget 1))")
+    assert found.visits_factor(found.limit_pct + 1.0) == 1.0
+    more = [scan(visits(counts, math.ceil(2 * factor), 0.05, seed=s), (150, 197), 0.05, alpha=0.01,
+                 min_step=0.03).limit_pct for s in range(10, 15)]
+    assert 0.7 * 8.0 < float(np.median(more)) < 1.3 * 8.0
 
 
 def test_power_passes_visit_the_regions_above_the_target_or_all_of_reach():
