@@ -173,6 +173,16 @@ def loaded(name: str) -> tuple[Trace, dict[int, float]]:
     return trace, smooth_trend(trace)
 
 
+@functools.cache
+def dense_steps(name: str) -> tuple[list[int], list[tuple[int, str]], list[Step]]:
+    """What the untouched trace itself confirms, read once per process: the counts of its steps of 3% or more,
+    (count, kind) of those of 2% or more, and every significant one."""
+    visits = list(loaded(name)[0].visits)
+    return ([s.tokens for s in steps_in_trace(visits, min_step=0.03)],
+            [(s.tokens, s.kind) for s in steps_in_trace(visits, min_step=0.02)],
+            steps_in_trace(visits, min_step=0.0))
+
+
 def replay(name: str, seed: int, size: str | None, reach_below: int) -> Outcome:
     """One run: a step of `size` (none: the trace untouched) injected where the seed says, the search replayed,
     its steps and stated limit scored. A pure function of its arguments and the bank, so runs may go in any order
@@ -181,9 +191,7 @@ def replay(name: str, seed: int, size: str | None, reach_below: int) -> Outcome:
     reach = max(trace.counts[0], trace.num_tokens - reach_below)
     noise = relative_noise(corrected_values(list(trace.visits)))
     noisy = "noise > 3%" if noise > 0.03 else "noise <= 3%"
-    own = [s.tokens for s in steps_in_trace(list(trace.visits), min_step=0.03)]
-    small = [(s.tokens, s.kind) for s in steps_in_trace(list(trace.visits), min_step=0.02)]
-    significant = steps_in_trace(list(trace.visits), min_step=0.0)
+    own, small, significant = dense_steps(name)
     size_index = 0 if size is None else list(SIZES).index(size) + 1
     rng = np.random.default_rng([seed, len(name), size_index])
     injected = None
@@ -217,7 +225,8 @@ def replay(name: str, seed: int, size: str | None, reach_below: int) -> Outcome:
     if injected is None:
         return Outcome(True, size, noisy, lines=tuple(lines), **scores,
                        spent=f"{name} seed {seed}: {result.visits}/{result.full_grid_visits} visits, limit "
-                             f"{limit_text}, noise {100 * noise:.1f}%")
+                             f"{limit_text}, noise {100 * noise:.1f}%"
+                             + (f", passes stopped: {detection.stopped}" if detection and detection.stopped else ""))
     hit = any(abs(t - injected[0]) <= NEAR and kind == injected[1] for t, kind in found)
     within = sum(v.tokens >= reach for v in result.design)
     if not hit:
