@@ -31,7 +31,7 @@ from scipy import stats as scipy_stats
 OUTLIER_SD = 5.0  # a visit this many SDs from the window's fit was hit by interference
 MIN_SIDE = 2  # measured counts a jump needs on each side
 POWER = 0.8
-SCATTER_ALPHA = 0.01  # chi-square level under which a window's counts scatter beyond the noise model
+SCATTER_ALPHA = 0.01  # analysis-of-variance level under which a window's counts scatter beyond their visits' spread
 
 
 @dataclass(frozen=True)
@@ -260,8 +260,8 @@ def visits_factor(fit: JumpFit, alpha: float, positions: int, target_pct: float,
     `power` (1 when it already does; inf when the counts' own scatter keeps it out of reach at any number of
     visits). The jump's variance is split into what more visits of the same counts average away and what they
     do not: se^2 = floor^2 + (se^2 - floor^2) / k, exact when every count holds as many visits, the counts and
-    tau held as measured. The floor is tau's part where the counts scatter beyond the noise model (chi-square,
-    p < SCATTER_ALPHA), else none: a few visits a count read some scatter into plain noise by chance."""
+    tau held as measured. The floor is tau's part where the counts scatter beyond their visits' own spread
+    (`scatter_p` < SCATTER_ALPHA), else none: a few visits a count read some tau into plain noise by chance."""
     needed = -math.log(1.0 - target_pct / 100.0) / _power_multiplier(fit, alpha, positions, power)
     floor = fit.se_floor if fit.scatter_p < SCATTER_ALPHA else 0.0
     if fit.se <= needed:

@@ -146,7 +146,8 @@ class WindowScan:
         limit = self.limit_pct
         return {"reach": list(self.reach), "limit_pct": None if limit is None else round(limit, 2),
                 "regions": [[lo, hi, round(limit, 2)] for lo, hi, limit in self.regions],
-                "scatter_pct": round(self.scatter_pct, 2), "stopped": self.stopped or None}
+                "scatter_pct": round(self.scatter_pct, 2), "shown_scatter_pct": round(self.shown_scatter_pct, 2),
+                "stopped": self.stopped or None}
 
 
 def windows(counts: Sequence[int], size: int = WINDOW_COUNTS) -> list[list[int]]:
