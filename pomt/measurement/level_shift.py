@@ -255,15 +255,17 @@ def _power_multiplier(fit: JumpFit, alpha: float, positions: int, power: float) 
     return critical_z(alpha, positions, df) + _ppf(power, df)
 
 
-def visits_factor(fit: JumpFit, alpha: float, positions: int, target_pct: float, power: float = POWER) -> float:
+def visits_factor(fit: JumpFit, alpha: float, positions: int, target_pct: float, *, scattered: bool,
+                  power: float = POWER) -> float:
     """How many times its visits the window would need for `fit`'s position to show a step of `target_pct` with
     `power` (1 when it already does; inf when the counts' own scatter keeps it out of reach at any number of
     visits). The jump's variance is split into what more visits of the same counts average away and what they
     do not: se^2 = floor^2 + (se^2 - floor^2) / k, exact when every count holds as many visits, the counts and
-    tau held as measured. The floor is tau's part where the counts scatter beyond their visits' own spread
-    (`scatter_p` < SCATTER_ALPHA), else none: a few visits a count read some tau into plain noise by chance."""
+    tau held as measured. The floor is tau's part where the window's counts are `scattered` (`scatter_shown`),
+    else none: a few visits a count read some tau into plain noise by chance, and judged position by position
+    over every window within reach, the analysis of variance finds some by chance too."""
     needed = -math.log(1.0 - target_pct / 100.0) / _power_multiplier(fit, alpha, positions, power)
-    floor = fit.se_floor if fit.scatter_p < SCATTER_ALPHA else 0.0
+    floor = fit.se_floor if scattered else 0.0
     if fit.se <= needed:
         return 1.0
     if floor >= needed:

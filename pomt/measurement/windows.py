@@ -36,7 +36,7 @@ WINDOW_COUNTS = 20  # measured counts a window spans (about ten each side of a j
 LEAST_COUNTS = 2 * MIN_SIDE + 1  # fewer measured counts leave no window to test
 SECOND_LOOK_P = 0.2  # the paired rounds' p-value under which they back a window's shift
 # why the power passes (`pomt.measurement.power`) stopped short of the target, as `WindowScan.stopped` says it
-BUDGET, NO_GAIN, EXHAUSTED = "budget", "no gain", "exhausted"
+BUDGET, EXHAUSTED = "budget", "exhausted"
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class WindowScan:
     shown_scatter_pct: float = 0.0  # the same over the windows whose scatter is more than chance (`scatter_shown`)
     visits: int = 0  # visits of the counts within reach that the windows tested
     min_step_pct: float = 0.0  # no limit is stated below the smallest step pomt reports
-    stopped: str = ""  # why the power passes stopped short of the target (BUDGET, NO_GAIN, EXHAUSTED), if they ran
+    stopped: str = ""  # why the power passes stopped short of the target (BUDGET, EXHAUSTED), if they ran
     profiles: tuple[tuple[LevelShift, float], ...] = field(default=(), repr=False)  # each window's fit, its alpha
 
     @property
@@ -87,11 +87,13 @@ class WindowScan:
     def visits_factor(self, target_pct: float) -> float:
         """How many times the visits within reach the windows would need for every position to show a step of
         `target_pct` (`level_shift.visits_factor`; a position counts at the best of the windows that test it,
-        as in the regions): 1 when reached, inf when the counts' own scatter keeps some position out of reach."""
+        as in the regions): 1 when reached, inf when the counts' own scatter keeps some position out of reach (in a
+        window whose scatter is more than chance, `scatter_shown`, as the line names it)."""
         best: dict[int, float] = {}
         for shift, alpha in self.profiles:
+            scattered = scatter_shown(shift)
             for fit in shift.profile:
-                factor = visits_factor(fit, alpha, shift.positions, target_pct)
+                factor = visits_factor(fit, alpha, shift.positions, target_pct, scattered=scattered)
                 best[fit.position] = min(factor, best.get(fit.position, math.inf))
         return max(best.values(), default=math.inf)
 
@@ -111,9 +113,6 @@ class WindowScan:
 
     def _why(self, target_pct: float, spent: tuple[int, int] | None) -> str:
         """Why the target was not reached, from where the power passes stopped, and what would reach it."""
-        if self.stopped == NO_GAIN:
-            return (": a pass of more visits within reach barely lowered the limit, so the search stopped"
-                    f"{self._scatter()}")
         if self.stopped == EXHAUSTED:
             return ": the recording holds no more visits of these counts"
         return f" within the visit budget{self._scatter()}{self._more(target_pct, spent)}"
@@ -281,5 +280,5 @@ def window_verdicts(shifts: Sequence[WindowShift], judged: Mapping[tuple[int, in
     return out
 
 
-__all__ = ["BUDGET", "EXHAUSTED", "NO_GAIN", "WINDOW_COUNTS", "WindowScan", "WindowShift", "counts_to_strengthen",
+__all__ = ["BUDGET", "EXHAUSTED", "WINDOW_COUNTS", "WindowScan", "WindowShift", "counts_to_strengthen",
            "scan", "scan_visits", "window_verdicts", "window_visits", "windows"]

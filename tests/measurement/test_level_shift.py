@@ -116,11 +116,12 @@ def test_the_visits_a_target_needs_bring_the_limit_to_it_and_scatter_keeps_it_ou
     rng = np.random.default_rng(8)
     fit = fit_jump(window(rng, noise=0.06, visits=2), 166)
     target = 100.0 * (1.0 - math.exp(-0.5 * detectable_jump(fit, ALPHA, 10)))  # half the jump it can show now
-    factor = visits_factor(fit, ALPHA, 10, target)
+    factor = visits_factor(fit, ALPHA, 10, target, scattered=False)
     assert 3.0 < factor < 5.0  # about four: the jump's standard error falls as one over the root of the visits
     more = [fit_jump(window(rng, noise=0.06, visits=math.ceil(2 * factor)), 166) for _ in range(20)]
     reached = [100.0 * (1.0 - math.exp(-detectable_jump(f, ALPHA, 10))) for f in more]
     assert 0.8 * target < float(np.median(reached)) < 1.2 * target
-    assert visits_factor(fit, ALPHA, 10, 2 * target) == 1.0  # a target it already reaches
+    assert visits_factor(fit, ALPHA, 10, 2 * target, scattered=False) == 1.0  # a target it already reaches
     wiggly = fit_jump(window(rng, noise=0.05, visits=2, tau=0.08), 166)
-    assert visits_factor(wiggly, ALPHA, 10, 5.0) == math.inf
+    assert wiggly.scatter_p < SCATTER_ALPHA and visits_factor(wiggly, ALPHA, 10, 5.0, scattered=True) == math.inf
+    assert visits_factor(wiggly, ALPHA, 10, 5.0, scattered=False) < math.inf  # where the window shows no scatter

@@ -10,7 +10,9 @@ and when the replay moved each visit to its clock (steps on 11 traces, one choic
 a window's shift needed its pinned pair to reach the minimum step (a 2.5% step fewer on one trace), and when a
 count's later visits on the CPU, eager, took no untimed forward (2026-11-30: every CPU trace's numbers, one choice,
 a false 37-token prune gone: tests/data/README.md), and when the detection object gained what stopped the power
-passes and the scatter shown to be more than chance (2026-11-30: those keys alone)."""
+passes and the scatter shown to be more than chance (2026-11-30: those keys alone), and when the power passes no
+longer stopped on a pass that barely lowered the limit (2026-11-30: `stopped` on three traces, "no gain" -> "budget",
+the same visits)."""
 
 from __future__ import annotations
 
