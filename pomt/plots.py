@@ -5,6 +5,7 @@ imported at the first plot (`_pyplot`)."""
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -25,6 +26,7 @@ def _pyplot():
 
 
 STEPS_LISTED = 8  # confirmed steps listed with their interval in the plot's box
+NOTE_WIDTH = 90  # characters a line of the plot's box holds before it wraps
 DOUBTFUL_BANDS = 4.0  # a count's band this many times the curve's median band is drawn apart from the curve
 
 
@@ -107,24 +109,7 @@ def plot_offline(
                 zorder=5, label="step in this process only (not in a fresh one)")
     if chosen_tokens is not None:
         ax.axvline(chosen_tokens, color="tab:green", lw=2, label=f"chosen: keep {chosen_tokens}")
-    notes = []
-    if drift is not None:
-        notes.append(f"drift during measurement: {drift.pct:.0f}% (reference {drift.reference_tokens})")
-    plural = "s" if len(steps) != 1 else ""
-    notes.append(f"{len(steps)} step{plural} confirmed, {len(rejected)} rejected by paired test"
-                 + (f", {len(elsewhere)} in this process only" if elsewhere else ""))
-    if detection is not None:
-        notes.append(detection)
-    for step in list(steps)[:STEPS_LISTED]:
-        low, high = step.paired_ci_pct or (step.paired_pct, step.paired_pct)
-        notes.append(f"  {step.upper_tokens}->{step.tokens}: {-step.paired_pct:+.1f}% [{-high:+.1f}, {-low:+.1f}]")
-    if len(steps) > STEPS_LISTED:
-        notes.append(f"  (+{len(steps) - STEPS_LISTED} more in the schedule)")
-    if verified is not None:
-        chosen = verified.chosen
-        notes.append("verified: no candidate measurably faster, nothing removed" if chosen is None else
-                     f"verified: {chosen.speedup:.3f}x [{chosen.speedup_ci[0]:.3f}, {chosen.speedup_ci[1]:.3f}] "
-                     f"removing {chosen.remove}")
+    notes = offline_notes(steps, len(rejected), len(elsewhere), drift=drift, detection=detection, verified=verified)
     ax.text(0.99, 0.02, "\n".join(notes), transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
             bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8})
     ax.set_ylabel("latency per batch (ms)")
@@ -145,6 +130,31 @@ def plot_offline(
         ax2.legend(fontsize=8, loc="lower right")
     axes[-1][0].set_xlabel("kept tokens")
     return _saved(path, figure)
+
+
+def offline_notes(steps: Sequence, rejected: int, elsewhere: int, *, drift=None, detection: str | None = None,
+                  verified=None) -> list[str]:
+    """The lines of the offline plot's box: drift, the steps judged, what the run could have seen (`detection`,
+    wrapped to NOTE_WIDTH), each confirmed step with its interval, and what verification measured."""
+    notes = []
+    if drift is not None:
+        notes.append(f"drift during measurement: {drift.pct:.0f}% (reference {drift.reference_tokens})")
+    plural = "s" if len(steps) != 1 else ""
+    notes.append(f"{len(steps)} step{plural} confirmed, {rejected} rejected by paired test"
+                 + (f", {elsewhere} in this process only" if elsewhere else ""))
+    if detection is not None:
+        notes.extend(textwrap.wrap(detection, NOTE_WIDTH, subsequent_indent="  "))
+    for step in list(steps)[:STEPS_LISTED]:
+        low, high = step.paired_ci_pct or (step.paired_pct, step.paired_pct)
+        notes.append(f"  {step.upper_tokens}->{step.tokens}: {-step.paired_pct:+.1f}% [{-high:+.1f}, {-low:+.1f}]")
+    if len(steps) > STEPS_LISTED:
+        notes.append(f"  (+{len(steps) - STEPS_LISTED} more in the schedule)")
+    if verified is not None:
+        chosen = verified.chosen
+        notes.append("verified: no candidate measurably faster, nothing removed" if chosen is None else
+                     f"verified: {chosen.speedup:.3f}x [{chosen.speedup_ci[0]:.3f}, {chosen.speedup_ci[1]:.3f}] "
+                     f"removing {chosen.remove}")
+    return notes
 
 
 def _saved(path: str | Path, figure) -> Path:

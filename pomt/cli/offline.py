@@ -19,10 +19,10 @@ from pomt.workload.prepare import Workload
 def offline_command(workload: Workload, config: OfflineConfig, settings: SearchSettings) -> None:
     """Measure latency against kept tokens in shuffled passes, confirm its steps by paired measurement, choose a
     removal, verify it on the patched model, and save the schedule."""
-    print_report(run_offline(workload, config, settings), detect=settings.detect)
+    print_report(run_offline(workload, config, settings))
 
 
-def print_report(result: OfflineResult, detect: float | None = None) -> None:
+def print_report(result: OfflineResult) -> None:
     """A short human report: geometry, measurement and drift, steps judged, choice, verification, files."""
     g, echo = result.geometry, typer.echo
     device = result.device
@@ -54,7 +54,7 @@ def print_report(result: OfflineResult, detect: float | None = None) -> None:
                  f"{s.pairs} pairs")
         for c in rejected:
             echo(f"  {c.high:>5d} -> {c.low:<5d} {c.reason}")
-        if (seen := search.detection_sentence(detect)) is not None:
+        if (seen := search.detection_sentence()) is not None:
             echo(f"detection  {seen}")
         if result.fresh_steps:
             held = sum(f["held"] for f in result.fresh_steps)

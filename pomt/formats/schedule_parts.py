@@ -83,7 +83,9 @@ class MeasurementRecord:
     align: int | None = None
     screened_edges: list[list[int]] | None = None
     detection_limit_pct: float | None = None  # the smallest step within reach the run would have found (80%)
-    detection: dict | None = None  # that limit by region: {"reach", "limit_pct", "regions": [[lo, hi, pct]]}
+    # that limit by region ({"reach", "limit_pct", "regions": [[lo, hi, pct]]}), the counts' scatter, the --detect
+    # target and what stopped the power passes short of it (`pomt.measurement.windows.WindowScan.to_dict`)
+    detection: dict | None = None
     warning: str | None = None  # the drift warning, when drift could explain an effect
     replay: str | None = None
     trace: str | None = None

@@ -127,11 +127,11 @@ class SearchResult:
     def steps_within(self, reach: tuple[int, int]) -> int:
         return sum(reach[0] <= s.tokens and s.upper_tokens <= reach[1] for s in self.steps)
 
-    def detection_sentence(self, target_pct: float | None = None) -> str | None:
-        """The one line on what this run could have seen within reach (`WindowScan.sentence`)."""
+    def detection_sentence(self) -> str | None:
+        """The one line on what this run could have seen within reach, and the target it missed, if any
+        (`WindowScan.sentence`)."""
         d = self.detection
-        return None if d is None else d.sentence(self.steps_within(d.reach), target_pct,
-                                                 (self.visits, self.full_grid_visits))
+        return None if d is None else d.sentence(self.steps_within(d.reach), spent=(self.visits, self.full_grid_visits))
 
     @property
     def rejected(self) -> list[Confirmation]:

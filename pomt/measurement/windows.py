@@ -69,6 +69,7 @@ class WindowScan:
     visits: int = 0  # visits of the counts within reach that the windows tested
     min_step_pct: float = 0.0  # no limit is stated below the smallest step pomt reports
     stopped: str = ""  # why the power passes stopped short of the target (BUDGET, EXHAUSTED), if they ran
+    target_pct: float | None = None  # the limit the run aimed at (--detect), once the passes have run (`short_of`)
     profiles: tuple[tuple[LevelShift, float], ...] = field(default=(), repr=False)  # each window's fit, its alpha
 
     @property
@@ -80,9 +81,10 @@ class WindowScan:
         return [(lo, hi) for lo, hi, limit in sorted(self.regions, key=lambda r: -r[2]) if limit > target_pct]
 
     def short_of(self, target_pct: float, stopped: str) -> WindowScan:
-        """This scan with why the power passes `stopped`, where its limit is still above `target_pct`."""
+        """This scan with the target the power passes aimed at and why they `stopped`, where its limit is still
+        above it."""
         short = self.limit_pct is None or self.limit_pct > target_pct
-        return replace(self, stopped=stopped if short else "")
+        return replace(self, stopped=stopped if short else "", target_pct=target_pct)
 
     def visits_factor(self, target_pct: float) -> float:
         """How many times the visits within reach the windows would need for every position to show a step of
@@ -100,8 +102,9 @@ class WindowScan:
     def sentence(self, found: int, target_pct: float | None = None, spent: tuple[int, int] | None = None) -> str:
         """What the run could see, in one line: "within reach (150-197 tokens), steps of 6% or more would have
         been found; none was", and the target it missed, if any, with what would reach it (`_more`; `spent`:
-        the run's visits and its full grid's, to say it as a --budget)."""
+        the run's visits and its full grid's, to say it as a --budget). The target: `target_pct`, else the run's."""
         lo, hi = self.reach
+        target_pct = self.target_pct if target_pct is None else target_pct
         limit = self.limit_pct
         if limit is None:
             return f"within reach ({lo}-{hi} tokens) too few counts were measured to state a detection limit"
@@ -146,7 +149,7 @@ class WindowScan:
         return {"reach": list(self.reach), "limit_pct": None if limit is None else round(limit, 2),
                 "regions": [[lo, hi, round(limit, 2)] for lo, hi, limit in self.regions],
                 "scatter_pct": round(self.scatter_pct, 2), "shown_scatter_pct": round(self.shown_scatter_pct, 2),
-                "stopped": self.stopped or None}
+                "stopped": self.stopped or None, "target_pct": self.target_pct}
 
 
 def windows(counts: Sequence[int], size: int = WINDOW_COUNTS) -> list[list[int]]:

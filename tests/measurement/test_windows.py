@@ -16,6 +16,7 @@ from pomt.measurement.level_shift import detection_limit_pct
 from pomt.measurement.paired import PairedEffect
 from pomt.measurement.search import SearchSettings
 from pomt.measurement.windows import (
+    BUDGET,
     WINDOW_COUNTS,
     WindowShift,
     counts_to_strengthen,
@@ -24,6 +25,7 @@ from pomt.measurement.windows import (
     window_visits,
     windows,
 )
+from pomt.plots import NOTE_WIDTH, offline_notes
 
 
 def visits(counts, per_count: int, noise: float, jump_at: int | None = None, jump: float = 0.0, seed: int = 0):
@@ -210,3 +212,23 @@ def test_the_widest_windows_come_first_so_that_a_pass_cut_short_strengthens_them
     assert [limits[r] for r in above] == sorted(limits.values(), reverse=True)
     order = counts_to_strengthen(counts, above, (150, 197))
     assert order[0] == above[0][0] and sorted(order) == counts
+
+
+def test_the_target_missed_travels_with_the_scan_into_the_schedule_and_the_plot():
+    """Once the power passes ran (`short_of`), the scan carries the target it aimed at: the sentence says it
+    without being told, the schedule's detection object keeps it, and the PNG's box holds the whole sentence,
+    wrapped (until 2026-11-30 the PNG said the limit without the target missed or what stopped the passes)."""
+    counts = list(range(150, 198))
+    found = scan(visits(counts, 2, 0.05, seed=3), (150, 197), 0.05, alpha=0.01, min_step=0.03)
+    assert "not reached" not in found.sentence(0) and found.to_dict()["target_pct"] is None
+    short = found.short_of(5.0, BUDGET)
+    line = short.sentence(0, spent=(200, 1000))
+    assert line == found.sentence(0, 5.0, spent=(200, 1000))
+    assert "(--detect 5% not reached within the visit budget" in line
+    assert short.to_dict()["target_pct"] == 5.0 and short.to_dict()["stopped"] == BUDGET
+    box = offline_notes([], 0, 0, detection=line)
+    wrapped = box[1:]
+    assert len(wrapped) > 1 and all(len(row) <= NOTE_WIDTH for row in wrapped)
+    assert " ".join(row.strip() for row in wrapped) == line
+    reached = found.short_of(found.limit_pct + 1.0, BUDGET)
+    assert reached.stopped == "" and "not reached" not in reached.sentence(0)
