@@ -13,7 +13,8 @@ a false 37-token prune gone: tests/data/README.md), and when the detection objec
 passes and the scatter shown to be more than chance (2026-11-30: those keys alone), and when the power passes no
 longer stopped on a pass that barely lowered the limit (2026-11-30: `stopped` on three traces, "no gain" -> "budget",
 the same visits), and when the detection object gained its target and a `no_step` reason the target missed
-(2026-11-30: those alone)."""
+(2026-11-30: those alone), and when that reason said the visits the target would take as a floor (the same day,
+its wording alone)."""
 
 from __future__ import annotations
 
