@@ -56,7 +56,7 @@ from pomt.measurement.drift import corrected_values, relative_noise
 from pomt.measurement.search import BUDGET_SPENT, LatencySearch, SearchResult, SearchSettings
 from pomt.measurement.sources import ReplaySource, Session, TraceExhausted
 from pomt.measurement.steps import Step, steps_in_trace
-from pomt.measurement.windows import WindowShift, scan
+from pomt.measurement.windows import WindowShift, scan, window_span
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 SIZES = {"5-8%": (0.05, 0.08), "8-15%": (0.08, 0.15), ">=15%": (0.15, 0.20)}
@@ -94,12 +94,13 @@ def windows_alone(trace: Trace, trend: dict[int, float], reach: int, visits: int
     """Whether the windows alone show the injected step with `visits` visits within reach spread evenly (module
     docstring): a shift of its sign within NEAR of it, significant at the search's alpha."""
     values = corrected_values(list(trace.visits))
-    inside = [n for n in sorted(values) if n >= reach]
+    below, _ = window_span(trace.counts, (reach, trace.num_tokens))
+    inside = [n for n in sorted(values) if n >= below]
     each = max(1, visits // len(inside))
     flat = {n: [v / trend[n] for v in values[n][:each]] for n in inside}
     settings = SearchSettings()
     found = scan(flat, (reach, trace.num_tokens), relative_noise(flat), alpha=settings.step_alpha,
-                 min_step=settings.min_step)
+                 min_step=settings.min_step, below=below)
     return shows(found.shifts, injected)
 
 
@@ -228,7 +229,7 @@ def replay(name: str, seed: int, size: str | None, reach_below: int) -> Outcome:
                              f"{limit_text}, noise {100 * noise:.1f}%"
                              + (f", passes stopped: {detection.stopped}" if detection and detection.stopped else ""))
     hit = any(abs(t - injected[0]) <= NEAR and kind == injected[1] for t, kind in found)
-    within = sum(v.tokens >= reach for v in result.design)
+    within = sum(v.tokens >= window_span(trace.counts, (reach, trace.num_tokens))[0] for v in result.design)
     if not hit:
         lines.append(f"missed: {name} seed {seed} {injected[1]} of {injected[2]:.1f}% at {injected[0]} "
                      f"(stated limit {limit_text}; found {found})")

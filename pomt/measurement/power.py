@@ -24,10 +24,10 @@ from pomt.measurement.windows import BUDGET, EXHAUSTED, WINDOW_COUNTS, WindowSca
 NOISY_VISIT = 0.04  # a visit's noise (unbiased, `drift.visit_noise`) above which power passes come first
 
 
-def passes_first(grid: Sequence[int], reach: tuple[int, int], left: float, noise: float) -> bool:
+def passes_first(grid: Sequence[int], windowed: tuple[int, int], left: float, noise: float) -> bool:
     """Whether power passes come before the candidates: on a noisy machine (the coarse scan's visits scatter
-    more than NOISY_VISIT) and where a pass over the counts within reach (and the reference) costs at most half
-    the `left` budget.
+    more than NOISY_VISIT) and where a pass over the counts the windows take in (`windowed`, first and last:
+    `pomt.measurement.windows.window_span`) and the reference costs at most half the `left` budget.
 
     On a noisy machine the paired rounds of one candidate cost as much as such a pass and confirm far less. On a
     quiet one they confirm in a few rounds, and passes first left the candidates too little budget where several
@@ -36,21 +36,22 @@ def passes_first(grid: Sequence[int], reach: tuple[int, int], left: float, noise
     this rule spent the whole budget in one pass there, and a synthetic replay missed a planted step. The
     coarse scan's unbiased noise read 1.0-2.9% on the bank's quiet traces (one outlier at 6.4%) and 4.8-16% on
     the noisy ones; the threshold lies between."""
-    inside = sum(reach[0] <= n <= reach[1] for n in grid)
+    inside = sum(windowed[0] <= n <= windowed[1] for n in grid)
     return noise > NOISY_VISIT and inside + 1 <= left / 2
 
 
-def power_passes(measurer: Measurer, grid: Sequence[int], reach: tuple[int, int], target_pct: float,
+def power_passes(measurer: Measurer, grid: Sequence[int], windowed: tuple[int, int], target_pct: float,
                  reserve: int, scan: Callable[[], WindowScan]) -> WindowScan:
-    """Visit the counts within reach whose windows could miss a step of `target_pct`, one pass at a time, while
-    the budget leaves `reserve` visits after the pass; `scan` states the windows on every visit so far.
+    """Visit the counts the windows take in (`windowed`, first and last) of the windows that could miss a step of
+    `target_pct`, one pass at a time, while the budget leaves `reserve` visits after the pass; `scan` states the
+    windows on every visit so far.
     Returns the last scan, with why the passes stopped short of the target (`WindowScan.stopped`) where they did."""
     while True:
         found = scan()
         limit = found.limit_pct
         if limit is not None and limit <= target_pct:
             return found
-        counts = counts_to_strengthen(grid, found.above(target_pct), reach)
+        counts = counts_to_strengthen(grid, found.above(target_pct), windowed)
         room = measurer.left() - 1 - reserve  # the reference visits each pass too
         if room < len(counts):
             counts = counts[:max(0, int(room))]

@@ -39,6 +39,7 @@ from pomt.measurement.windows import (
     WindowScan,
     WindowShift,
     scan_visits,
+    window_span,
     window_verdicts,
 )
 from pomt.options import option
@@ -189,6 +190,7 @@ class LatencySearch:
         self.shifts: tuple[WindowShift, ...] = ()  # what the windows within reach show
         self.power_stop = ""  # why the last power passes stopped short of the target (`WindowScan.stopped`)
         self.reach = (focus_from if focus_from is not None else self.grid[0]), self.grid[-1]
+        self.windowed = window_span(self.grid, self.reach)  # the counts the windows over the reach take in
 
     def curve(self) -> list[CurvePoint]:
         """The pooled, drift-corrected curve of every visit so far (paired rounds included: they correct a
@@ -312,12 +314,12 @@ class LatencySearch:
     def detection(self) -> WindowScan:
         """The windows over the counts within reach on every visit so far (`pomt.measurement.windows`)."""
         return scan_visits(self.measurer.visits(), self.curve(), self._accepted_steps(), self.reach,
-                           alpha=self.settings.step_alpha, min_step=self.settings.min_step)
+                           alpha=self.settings.step_alpha, min_step=self.settings.min_step, below=self.windowed[0])
 
     def strengthen(self, reserve: int) -> WindowScan:
         """Power passes (`pomt.measurement.power`) leaving `reserve` visits; then the windows' shifts become
         candidates."""
-        found = power_passes(self.measurer, self.grid, self.reach, self.settings.detect, reserve, self.detection)
+        found = power_passes(self.measurer, self.grid, self.windowed, self.settings.detect, reserve, self.detection)
         self.shifts, self.power_stop = found.shifts, found.stopped
         return found
 
@@ -330,7 +332,7 @@ class LatencySearch:
             if self.adaptive:
                 m.measure_units(self.coarse, s.coarse_passes)
                 self.judge_anchors()
-                if passes_first(self.grid, self.reach, m.left(), visit_noise(corrected_values(m.visits()))):
+                if passes_first(self.grid, self.windowed, m.left(), visit_noise(corrected_values(m.visits()))):
                     self.strengthen(max(LEAST_CANDIDATES * s.verdict_cost, int(m.left()) // 2))
             else:
                 m.measure_passes(self.grid, s.passes)

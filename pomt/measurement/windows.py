@@ -1,14 +1,15 @@
 """Level-shift windows over the counts within reach: what steps the visits show, and the smallest step they
 could have shown (the run's detection limit). Pure functions of the drift-corrected visits.
 
-The counts measured within reach are cut into overlapping windows of `WINDOW_COUNTS` counts (each window
-shares half its counts with the next), each tested for a jump (`pomt.measurement.level_shift`), Bonferroni-
-corrected over the windows as well as over the positions within each. The values tested have the curve's
-robust trend divided out (`scan_visits`), so a window fits a level and a jump, no slope of its own: what the
-trend misses locally is count-level scatter, which the test estimates and pays for. A window's detection limit
-is the smallest step its worst position would show with 80% power, each position at the best of the windows
-that test it (the edges of one window lie in the middle of the next); the run's limit is the largest, so that
-"steps of L% or more would have been found" holds wherever such a step lies.
+The counts measured within reach, and the MARGIN grid counts below it (`window_span`: a step at the reach's low
+edge has counts below it too), are cut into overlapping windows of `WINDOW_COUNTS` counts (each window
+shares half its counts with the next), each tested for a jump at the positions within reach
+(`pomt.measurement.level_shift`), Bonferroni-corrected over the windows as well as over the positions within
+each. The values tested have the curve's robust trend divided out (`scan_visits`), so a window fits a level and
+a jump, no slope of its own: what the trend misses locally is count-level scatter, which the test estimates and
+pays for. A window's detection limit is the smallest step its worst position would show with 80% power, each
+position at the best of the windows that test it (the edges of one window lie in the middle of the next); the
+run's limit is the largest, so that "steps of L% or more would have been found" holds wherever such a step lies.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from pomt.measurement.level_shift import (
 )
 
 WINDOW_COUNTS = 20  # measured counts a window spans (about ten each side of a jump in its middle)
+# grid counts below the reach the windows take in (`window_span`): a quarter window, so that a step at the reach's
+# low edge has six counts below it; ten made a power pass a fifth dearer and read worse on the bank (2026-11-30)
+MARGIN = 5
 LEAST_COUNTS = 2 * MIN_SIDE + 1  # fewer measured counts leave no window to test
 SECOND_LOOK_P = 0.2  # the paired rounds' p-value under which they back a window's shift
 # why the power passes (`pomt.measurement.power`) stopped short of the target, as `WindowScan.stopped` says it
@@ -66,7 +70,7 @@ class WindowScan:
     scatter_pct: float = 0.0  # the most a window's counts scatter beyond a visit's noise (`level_shift.scatter_pct`)
     noise_pct: float = 0.0  # a visit's noise, as the windows modelled it
     shown_scatter_pct: float = 0.0  # the same over the windows whose scatter is more than chance (`scatter_shown`)
-    visits: int = 0  # visits of the counts within reach that the windows tested
+    visits: int = 0  # visits the windows tested (the counts within reach and the margin below it, `window_span`)
     min_step_pct: float = 0.0  # no limit is stated below the smallest step pomt reports
     stopped: str = ""  # why the power passes stopped short of the target (BUDGET, EXHAUSTED), if they ran
     target_pct: float | None = None  # the limit the run aimed at (--detect), once the passes have run (`short_of`)
@@ -134,7 +138,7 @@ class WindowScan:
             return f"{named}; more visits of the same counts would not reach it"
         if factor <= 1.0 or not self.visits:
             return ""
-        line = f"; it would take at least about {factor:.1f} times its {self.visits} visits within reach"
+        line = f"; it would take at least about {factor:.1f} times the {self.visits} visits its windows tested"
         if spent is not None and spent[1] > 0:
             budget = (spent[0] + (factor - 1.0) * self.visits) / spent[1]
             line += (f" (--budget {budget:.2f} or more)" if budget <= 1.0
@@ -179,20 +183,35 @@ def window_visits(values_by_count: Mapping[int, Sequence[float]], counts: Sequen
     return WindowVisits.of(tokens, values, max(noise, 1e-4) ** 2)
 
 
+def window_span(grid: Sequence[int], reach: tuple[int, int]) -> tuple[int, int]:
+    """(first, last) of the counts the windows over `reach` take in: the reach and the MARGIN grid counts below it.
+    A step at the reach's low edge needs counts below it as much as above: with the reach's own counts alone the
+    reach's first three positions were never tested and the fourth had two counts below it, and that edge set the
+    run's limit (the noisy deit_tiny_bs4 replay at --budget 0.4: 18.7% at 152 where the windows' middles read
+    9-12%, 2026-11-30)."""
+    below = [n for n in grid if n < reach[0]]
+    return (below[-MARGIN] if len(below) >= MARGIN else (below[0] if below else reach[0])), reach[1]
+
+
 def scan(values_by_count: Mapping[int, Sequence[float]], reach: tuple[int, int], noise: float, *,
-         alpha: float, min_step: float, size: int = WINDOW_COUNTS, line: bool = False) -> WindowScan:
-    """Test every window over the counts within `reach` (inclusive) that have a visit, and state each
-    window's detection limit, both at `alpha` corrected for the number of windows. The values are flat but
-    for steps (the trend divided out); `line` fits each window a slope as well. A count with a value at or
-    below zero (no latency: a trend bent below zero divided it) is left out."""
+         alpha: float, min_step: float, size: int = WINDOW_COUNTS, line: bool = False,
+         below: int | None = None) -> WindowScan:
+    """Test every window over the counts from `below` (default: the reach's first) to the reach's last that have a
+    visit, and state each window's detection limit, both at `alpha` corrected for the number of windows. Jumps
+    are tried and limits stated only at positions within `reach` (a jump whose low side is a count of the reach:
+    landing below it keeps a count the policy can reach). The values are flat but for steps (the trend divided
+    out); `line` fits each window a slope as well. A count with a value at or below zero (no latency: a trend bent
+    below zero divided it) is left out."""
     lo, hi = reach
+    first = lo if below is None else min(below, lo)
     counts = [n for n in sorted(values_by_count)
-              if lo <= n <= hi and values_by_count[n] and min(values_by_count[n]) > 0.0]
+              if first <= n <= hi and values_by_count[n] and min(values_by_count[n]) > 0.0]
     spans = windows(counts, size)
     share = alpha / max(len(spans), 1)
     by_window, shifts, scatter, shown, profiles = [], [], 0.0, 0.0, []
     for span in spans:
-        shift = level_shift(window_visits(values_by_count, span, noise), line=line)
+        within = [n for n in span if lo < n <= hi]
+        shift = level_shift(window_visits(values_by_count, span, noise), within, line=line)
         by_window.append((span, {} if shift is None else limits_of(shift, share, min_step)))
         if shift is None:
             continue
@@ -204,20 +223,26 @@ def scan(values_by_count: Mapping[int, Sequence[float]], reach: tuple[int, int],
             shifts.append(WindowShift(best.low, best.position, shift.saving_pct,
                                       min(1.0, shift.p_value * len(spans)), best.z))
     visits = sum(len(values_by_count[n]) for n in counts)
-    return WindowScan(reach, tuple(_regions(by_window)), tuple(_distinct(shifts)), scatter, 100.0 * noise,
+    return WindowScan(reach, tuple(_regions(by_window, (first, hi))), tuple(_distinct(shifts)), scatter, 100.0 * noise,
                       shown_scatter_pct=shown, visits=visits, min_step_pct=100.0 * min_step, profiles=tuple(profiles))
 
 
-def _regions(by_window: list[tuple[list[int], dict[int, float]]]) -> list[tuple[int, int, float]]:
+def _regions(by_window: list[tuple[list[int], dict[int, float]]],
+             ends: tuple[int, int]) -> list[tuple[int, int, float]]:
     """(first count, last count, limit) per window: a step at a position is found by whichever window
     tests it best, so a position's limit is the lowest of the windows that test it, and a window's the
-    largest of its positions' (the edges of one window are the middle of the next)."""
+    largest of its positions' (the edges of one window are the middle of the next). The lowest and the highest
+    region reach to the `ends` of the counts the windows take in, measured or not, so that the power passes visit
+    them: the coarse scan does not measure the reach's first counts and the margin below it (the noisy
+    deit_tiny_bs4 replay, reach 148-197, never visited 148 or 149 before 2026-11-30)."""
     best: dict[int, float] = {}
     for _, limits in by_window:
         for position, limit in limits.items():
             best[position] = min(limit, best.get(position, math.inf))
-    return [(span[0], span[-1], max(best[position] for position in limits))
-            for span, limits in by_window if limits]
+    regions = [[span[0], span[-1], max(best[position] for position in limits)] for span, limits in by_window if limits]
+    if regions:
+        regions[0][0], regions[-1][1] = min(ends[0], regions[0][0]), max(ends[1], regions[-1][1])
+    return [(lo, hi, limit) for lo, hi, limit in regions]
 
 
 def _supports(pin: Confirmation, shift: WindowShift, min_step: float) -> bool:
@@ -230,7 +255,7 @@ def _supports(pin: Confirmation, shift: WindowShift, min_step: float) -> bool:
 
 
 def scan_visits(visits: Sequence[Visit], points: list[CurvePoint], confirmed: list[Confirmation],
-                reach: tuple[int, int], *, alpha: float, min_step: float) -> WindowScan:
+                reach: tuple[int, int], *, alpha: float, min_step: float, below: int | None = None) -> WindowScan:
     """`scan` on a search's visits: drift divided out, the `confirmed` steps and the curve's trend (its bend,
     `expected_levels` of the pooled `points`) taken out, so that the windows fit what is left. A count whose
     trend reads at or below zero (sub-millisecond noise can bend a tiny model's trend there) has no level to
@@ -239,7 +264,7 @@ def scan_visits(visits: Sequence[Visit], points: list[CurvePoint], confirmed: li
     factor = dict(zip(values, confirmed_factor(list(values), confirmed), strict=True))
     expected = expected_levels(points)
     values = {n: [v * factor[n] / expected[n] for v in vs] for n, vs in values.items() if expected.get(n, 0.0) > 0.0}
-    return scan(values, reach, relative_noise(values), alpha=alpha, min_step=min_step)
+    return scan(values, reach, relative_noise(values), alpha=alpha, min_step=min_step, below=below)
 
 
 def _large_enough(shift: LevelShift, min_step: float) -> bool:
@@ -255,11 +280,13 @@ def _distinct(shifts: list[WindowShift]) -> list[WindowShift]:
     return sorted(best.values(), key=lambda s: s.p_value)
 
 
-def counts_to_strengthen(grid: Sequence[int], regions: Sequence[tuple[int, int]], reach: tuple[int, int]) -> list[int]:
-    """The grid counts within reach a power pass visits: every count of the regions above the target (the
-    unmeasured ones among them too), region by region in the order given (the widest limit first, so that a
-    pass the budget cuts short strengthens those), or, while no window exists yet, every count within reach."""
-    lo, hi = reach
+def counts_to_strengthen(grid: Sequence[int], regions: Sequence[tuple[int, int]],
+                         windowed: tuple[int, int]) -> list[int]:
+    """The grid counts a power pass visits, among those the windows take in (`windowed`, first and last:
+    `window_span`): every count of the regions above the target (the unmeasured ones among them too), region by
+    region in the order given (the widest limit first, so that a pass the budget cuts short strengthens those),
+    or, while no window exists yet, every count the windows take in."""
+    lo, hi = windowed
     inside = [n for n in grid if lo <= n <= hi]
     chosen = {n: None for a, b in regions for n in inside if a <= n <= b}
     return list(chosen) or inside

@@ -14,7 +14,8 @@ passes and the scatter shown to be more than chance (2026-11-30: those keys alon
 longer stopped on a pass that barely lowered the limit (2026-11-30: `stopped` on three traces, "no gain" -> "budget",
 the same visits), and when the detection object gained its target and a `no_step` reason the target missed
 (2026-11-30: those alone), and when that reason said the visits the target would take as a floor (the same day,
-its wording alone)."""
+its wording alone), and when the windows took in the counts below the reach (2026-11-30: limits and regions, one
+choice: tests/data/README.md)."""
 
 from __future__ import annotations
 
