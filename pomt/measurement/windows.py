@@ -125,8 +125,8 @@ class WindowScan:
         return f" within the visit budget{self._scatter()}{self._more(target_pct, spent)}"
 
     def _more(self, target_pct: float, spent: tuple[int, int] | None) -> str:
-        """What the target would take: at least about how many times the visits within reach (`visits_factor`), as
-        a --budget where the run's visits are known, or that no number of visits would. At least: the factor counts
+        """What the target would take: at least about how many times the visits the windows tested (`visits_factor`),
+        as a --budget where the run's visits are known, or that no number of visits would. At least: the factor counts
         on the counts' scatter averaging away where it is not shown to be more than chance, and where it is real it
         does not (the noisy deit_tiny_bs4 replay's "about 2.3 times (--budget 0.40)" stated 19% at 0.40 against
         the 12% asked, and reached it at 0.80, 2026-11-30)."""
