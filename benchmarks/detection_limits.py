@@ -229,7 +229,8 @@ def replay(name: str, seed: int, size: str | None, reach_below: int) -> Outcome:
                              f"{limit_text}, noise {100 * noise:.1f}%"
                              + (f", passes stopped: {detection.stopped}" if detection and detection.stopped else ""))
     hit = any(abs(t - injected[0]) <= NEAR and kind == injected[1] for t, kind in found)
-    within = sum(v.tokens >= window_span(trace.counts, (reach, trace.num_tokens))[0] for v in result.design)
+    below, _ = window_span(trace.counts, (reach, trace.num_tokens))
+    within = sum(v.tokens >= below for v in result.design)  # the visits the run's windows tested
     if not hit:
         lines.append(f"missed: {name} seed {seed} {injected[1]} of {injected[2]:.1f}% at {injected[0]} "
                      f"(stated limit {limit_text}; found {found})")
