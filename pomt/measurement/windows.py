@@ -15,7 +15,7 @@ run's limit is the largest, so that "steps of L% or more would have been found" 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from pomt.formats.trace import Visit
@@ -95,13 +95,14 @@ class WindowScan:
         `target_pct` (`level_shift.visits_factor`; a position counts at the best of the windows that test it,
         as in the regions): 1 when reached, inf when the counts' own scatter keeps some position out of reach (in a
         window whose scatter is more than chance, `scatter_shown`, as the line names it)."""
-        best: dict[int, float] = {}
-        for shift, alpha in self.profiles:
-            scattered = scatter_shown(shift)
-            for fit in shift.profile:
-                factor = visits_factor(fit, alpha, shift.positions, target_pct, scattered=scattered)
-                best[fit.position] = min(factor, best.get(fit.position, math.inf))
+        best = best_by_position({fit.position: visits_factor(fit, alpha, shift.positions, target_pct,
+                                                             scattered=scatter_shown(shift))
+                                 for fit in shift.profile} for shift, alpha in self.profiles)
         return max(best.values(), default=math.inf)
+
+    def position_limits(self) -> dict[int, float]:
+        """{position: its detection limit in %, at the best of the windows that test it}."""
+        return best_by_position(limits_of(shift, alpha, self.min_step_pct / 100.0) for shift, alpha in self.profiles)
 
     def sentence(self, found: int, target_pct: float | None = None, spent: tuple[int, int] | None = None) -> str:
         """What the run could see, in one line: "within reach (150-197 tokens), steps of 6% or more would have
@@ -235,14 +236,21 @@ def _regions(by_window: list[tuple[list[int], dict[int, float]]],
     region reach to the `ends` of the counts the windows take in, measured or not, so that the power passes visit
     them: the coarse scan does not measure the reach's first counts and the margin below it (the noisy
     deit_tiny_bs4 replay, reach 148-197, never visited 148 or 149 before 2026-11-30)."""
-    best: dict[int, float] = {}
-    for _, limits in by_window:
-        for position, limit in limits.items():
-            best[position] = min(limit, best.get(position, math.inf))
+    best = best_by_position(limits for _, limits in by_window)
     regions = [[span[0], span[-1], max(best[position] for position in limits)] for span, limits in by_window if limits]
     if regions:
         regions[0][0], regions[-1][1] = min(ends[0], regions[0][0]), max(ends[1], regions[-1][1])
     return [(lo, hi, limit) for lo, hi, limit in regions]
+
+
+def best_by_position(per_window: Iterable[Mapping[int, float]]) -> dict[int, float]:
+    """{position: the least of the windows' values there}: a step at a position is found by whichever window tests
+    it best (the edges of one window are the middle of the next)."""
+    best: dict[int, float] = {}
+    for values in per_window:
+        for position, value in values.items():
+            best[position] = min(value, best.get(position, math.inf))
+    return best
 
 
 def _supports(pin: Confirmation, shift: WindowShift, min_step: float) -> bool:
@@ -314,5 +322,5 @@ def window_verdicts(shifts: Sequence[WindowShift], judged: Mapping[tuple[int, in
     return out
 
 
-__all__ = ["BUDGET", "EXHAUSTED", "WINDOW_COUNTS", "WindowScan", "WindowShift", "counts_to_strengthen",
-           "scan", "scan_visits", "window_verdicts", "window_visits", "windows"]
+__all__ = ["BUDGET", "EXHAUSTED", "MARGIN", "WINDOW_COUNTS", "WindowScan", "WindowShift", "best_by_position",
+           "counts_to_strengthen", "scan", "scan_visits", "window_span", "window_verdicts", "window_visits", "windows"]

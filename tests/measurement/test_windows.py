@@ -12,7 +12,7 @@ import pytest
 from pomt.errors import GridError
 from pomt.measurement.confirmation import Confirmation, rejected
 from pomt.measurement.drift import relative_noise
-from pomt.measurement.level_shift import detection_limit_pct, limits_of, visits_factor
+from pomt.measurement.level_shift import detection_limit_pct, visits_factor
 from pomt.measurement.paired import PairedEffect
 from pomt.measurement.search import SearchSettings
 from pomt.measurement.windows import (
@@ -245,15 +245,6 @@ def test_the_target_missed_travels_with_the_scan_into_the_schedule_and_the_plot(
     assert reached.stopped == "" and "not reached" not in reached.sentence(0)
 
 
-def position_limits(found) -> dict[int, float]:
-    """{position: its limit at the best window that tests it}."""
-    best: dict[int, float] = {}
-    for shift, alpha in found.profiles:
-        for position, limit in limits_of(shift, alpha, 0.03).items():
-            best[position] = min(limit, best.get(position, math.inf))
-    return best
-
-
 def test_the_windows_take_in_the_counts_below_the_reach_so_that_its_low_edge_has_two_sides():
     """A step just inside the reach's low edge (150 -> 149, the reach 149-197) was never tested with the reach's own
     counts alone (a jump needs two counts each side), the next positions had two or three counts below them, and that
@@ -271,11 +262,12 @@ def test_the_windows_take_in_the_counts_below_the_reach_so_that_its_low_edge_has
     assert not any(s.high == 150 for s in alone.shifts)
     assert [s.span for s in found.shifts][:1] == [(149, 150)]
     flat = visits(counts, 3, 0.04, seed=2)
-    edge = position_limits(scan(flat, (149, 197), 0.04, alpha=0.01, min_step=0.03))
+    edge = scan(flat, (149, 197), 0.04, alpha=0.01, min_step=0.03).position_limits()
     wide = scan(flat, (149, 197), 0.04, alpha=0.01, min_step=0.03, below=149 - MARGIN)
-    limits = position_limits(wide)
+    limits = wide.position_limits()
     assert min(limits) == 150 and max(limits) <= 197 and min(edge) == 151
-    assert limits[151] < 0.7 * edge[151]  # two counts below it before, a window's half now
+    assert limits[151] < 0.7 * edge[151]  # two counts below it before, six now
+    assert max(limits.values()) == pytest.approx(wide.limit_pct)  # the regions state the same limits
     assert limits[151] < 1.2 * limits[170]  # about a middle's
     assert wide.visits == 3 * len(counts)
     reach_only = {n: v for n, v in flat.items() if n >= 152}  # the coarse scan measured neither the margin nor 149-151
