@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import optimize
 from scipy import stats as scipy_stats
 
 OUTLIER_SD = 5.0  # a visit this many SDs from the window's fit was hit by interference
@@ -158,11 +159,7 @@ def _tau_squared(x: np.ndarray, y: np.ndarray, v: np.ndarray) -> float:
     high = max(float(np.var(y)), float(v.max()), 1e-12)
     while excess(high) > 0:
         high *= 4.0
-    low = 0.0
-    for _ in range(60):
-        mid = 0.5 * (low + high)
-        low, high = (mid, high) if excess(mid) > 0 else (low, mid)
-    return high
+    return float(optimize.brentq(excess, 0.0, high, xtol=1e-12 * high))
 
 
 def _levels(t: np.ndarray, y: np.ndarray, v: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, ...]:
