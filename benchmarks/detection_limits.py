@@ -11,6 +11,8 @@ different stretches of the machine instead of one first minute counted once a ru
   above): the injected step found when a confirmed step of the same sign lies within +-2 tokens;
 - precision: confirmed steps within reach that lie within +-2 tokens of the injected step or of a step the dense
   trace itself confirms (`steps_in_trace` at 3%), among all confirmed within reach; the untouched traces count too.
+  Its 95% interval (`precision_interval`) is the wider of Wilson's and a bootstrap over the traces: a trace's runs
+  share its curve and often its false steps, so counting them as independent draws alone reads it too narrow.
   Counted apart among the false ones: those within one token of a step of the same sign that the dense trace
   confirms at 2-3% (a run reports a step whose paired estimate reaches the minimum step, 3%, and its interval is
   a point or more wide: the device's step, not an invention). On the AMD batch-1 traces, whose curves step at
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import multiprocessing
 import os
 import zlib
@@ -48,8 +51,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy import stats as scipy_stats
 from tqdm import tqdm
 
+from pomt.choice.binomial import wilson_interval
 from pomt.choice.curve_model import SMOOTH_SHARE, lowess
 from pomt.formats.trace import Trace, inject_steps, read_trace
 from pomt.measurement.drift import corrected_values, relative_noise
@@ -239,6 +244,22 @@ def replay(name: str, seed: int, size: str | None, reach_below: int) -> Outcome:
                    honest=hit if limit is not None and injected[2] >= limit else None, lines=tuple(lines), **scores)
 
 
+def precision_interval(by_trace: dict[str, tuple[int, int]], confidence: float = 0.95) -> tuple[float, float]:
+    """An interval of the precision (`by_trace`: name -> (true, false) confirmed steps): the wider of the Wilson
+    interval, which counts every confirmed step as an independent draw, and a bootstrap over the traces, since a
+    trace's runs share its curve and often its false steps (a count that misleads one seed misleads the next)."""
+    cells = np.array([(t, t + f) for t, f in by_trace.values() if t + f], int)
+    if not len(cells):
+        return math.nan, math.nan
+    low, high = wilson_interval(int(cells[:, 0].sum()), int(cells[:, 1].sum()), confidence)
+    if len(cells) >= 2:
+        found = scipy_stats.bootstrap((cells[:, 0], cells[:, 1]), lambda t, n, axis: t.sum(axis) / n.sum(axis),
+                                      paired=True, confidence_level=confidence, method="percentile",
+                                      n_resamples=4000, rng=np.random.default_rng(0))
+        low, high = min(low, float(found.confidence_interval.low)), max(high, float(found.confidence_interval.high))
+    return low, high
+
+
 def outcomes(runs: list[tuple[str, int, str | None]], reach_below: int, jobs: int) -> Iterator[Outcome]:
     """`replay` of every run, in order, on `jobs` processes (1: in this one)."""
     if jobs <= 1:
@@ -264,10 +285,13 @@ def main() -> None:
     honest: list[bool] = []
     missed: dict[tuple[str, str, str], int] = defaultdict(int)
     true_pos = false_pos = small_steps = measured_right = 0
+    by_trace: dict[str, tuple[int, int]] = defaultdict(lambda: (0, 0))
     spent: list[str] = []
     runs = [(name, seed, size) for name in names for seed in range(args.seeds) for size in [None, *SIZES]]
-    for out in tqdm(outcomes(runs, args.reach, args.jobs), total=len(runs), desc="replays"):
+    for (name, _, _), out in zip(runs, tqdm(outcomes(runs, args.reach, args.jobs), total=len(runs), desc="replays"),
+                                 strict=True):
         true_pos, false_pos = true_pos + out.true_pos, false_pos + out.false_pos
+        by_trace[name] = (by_trace[name][0] + out.true_pos, by_trace[name][1] + out.false_pos)
         small_steps, measured_right = small_steps + out.small_steps, measured_right + out.measured_right
         for line in out.lines if args.show else ():
             tqdm.write(line)
@@ -289,8 +313,10 @@ def main() -> None:
         print(f"  {text}: " + ", ".join(cells))
     total = true_pos + false_pos
     if total:
-        print(f"precision within reach: {true_pos}/{total} = {true_pos / total:.3f}; of the {false_pos} false, "
-              f"{small_steps} lie within a token of a step of the same sign the dense trace confirms at 2-3%")
+        low, high = precision_interval(by_trace)
+        print(f"precision within reach: {true_pos}/{total} = {true_pos / total:.3f} (95% [{low:.3f}, {high:.3f}]: "
+              f"Wilson's or the traces resampled, the wider); of the {false_pos} false, {small_steps} lie within a "
+              "token of a step of the same sign the dense trace confirms at 2-3%")
         print(f"  of the {false_pos} false, {measured_right} are consistent with the dense trace: it confirms a step "
               "of the same sign within a token, its size inside the run's own 95% interval; counted true, "
               f"precision would read {(true_pos + measured_right) / total:.3f}")
