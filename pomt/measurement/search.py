@@ -62,7 +62,8 @@ class SearchSettings:
     coarse_stride: int | None = option(None, "Adaptive search's coarse stride (default: sqrt of the grid).", min=1)
     candidate_k: float = option(3.0, "Detector threshold (noise units) for a candidate step.")
     step_alpha: float = option(0.01, "False-step rate of the paired confirmation (t-test level).")
-    min_step: float = option(0.03, "Smallest step (fraction of latency, beyond the trend) that is reported.")
+    min_step: float = option(0.03, "Smallest step (fraction of latency, beyond the trend) that is reported: a "
+                                   "confirmed step's paired estimate less one standard error reaches it.")
     confirm_rounds: int = option(6, "Paired rounds (A B, B A, ...) that confirm a step.", min=3)
     budget: float = option(0.2, "Adaptive search's most visits, as a fraction of the full grid's.")
     detect: float = option(5.0, "Detection target in %: after the coarse scan, an adaptive search keeps visiting "

@@ -8,6 +8,7 @@ import pytest
 from pomt.measurement.confirmation import (
     LOOK_ALPHAS,
     MIN_ROUNDS,
+    MIN_STEP_SE,
     Judge,
     accepted,
     confirmation_looks,
@@ -90,12 +91,14 @@ def test_a_judge_rejects_a_flat_pair_after_all_its_rounds():
 
 
 def test_a_promising_step_earns_the_extra_look_where_the_budget_pays_for_it():
-    """A 4% step in noise of 2% a sample: six rounds leave it at p = 0.015, short of the second look's 0.004."""
+    """A 5% step in noise of 2.5% a sample: six rounds leave it at p = 0.016, short of the second look's 0.004.
+    (A 4% step at 2% was the case until its estimate had to clear the minimum step by a standard error: its twelve
+    rounds read 3.1% +- 0.6%.)"""
     offset = trend_offset(100, 101)
-    rich = judge_on(linear_levels({100: 1.04}), noise=0.02, seed=1)
+    rich = judge_on(linear_levels({100: 1.05}), noise=0.025, seed=1)
     verdict = rich.confirm(100, 101, 4.0, offset)
     assert verdict.accepted and len(rich.rounds[(100, 101)]) == 12
-    poor = judge_on(linear_levels({100: 1.04}), budget=16, noise=0.02, seed=1)  # six rounds and 4 visits
+    poor = judge_on(linear_levels({100: 1.05}), budget=16, noise=0.025, seed=1)  # six rounds and 4 visits
     verdict = poor.confirm(100, 101, 4.0, offset)
     assert not verdict.accepted and verdict.reason.startswith("not significant") and len(poor.measurer.paired) == 12
 
@@ -111,3 +114,14 @@ def test_screening_on_rounds_already_taken_judges_or_leaves_open():
     assert z[(140, 141)] is None and flat.screened and not flat.accepted
     small = judge.judged[(120, 121)]  # a 2% step, below the minimum
     assert z[(120, 121)] is None and small.screened and small.reason.startswith("smaller than the minimum step")
+
+
+def test_a_step_must_clear_the_minimum_step_by_a_standard_error():
+    """Six rounds reading 3.4% at a standard error of 0.6%: significant and past the minimum's 3%, but the kind of
+    estimate a real 2-3% step gives when its rounds happen to read it large; 5% with the same spread clears it."""
+    judge = judge_on(linear_levels())
+    spread = np.array([0.015, -0.015, 0.0, 0.02, -0.02, 0.0])
+    near, clear = effect_of(spread - 0.035), effect_of(spread - 0.05)
+    assert near.p_value < 0.01 and abs(near.excess - 1) >= judge.min_step  # the rule before 2026-11-30 took it
+    assert abs(near.excess - 1) - MIN_STEP_SE * near.standard_error < judge.min_step
+    assert not judge.clears_min_step(near) and judge.clears_min_step(clear)

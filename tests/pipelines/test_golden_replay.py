@@ -15,7 +15,8 @@ longer stopped on a pass that barely lowered the limit (2026-11-30: `stopped` on
 the same visits), and when the detection object gained its target and a `no_step` reason the target missed
 (2026-11-30: those alone), and when that reason said the visits the target would take as a floor (the same day,
 its wording alone), and when the windows took in the counts below the reach (2026-11-30: limits and regions, one
-choice: tests/data/README.md)."""
+choice: tests/data/README.md), and when a paired step had to clear the minimum step by a standard error (2026-11-30:
+steps on three traces, no choice: tests/data/README.md)."""
 
 from __future__ import annotations
 
