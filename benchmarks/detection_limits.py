@@ -14,12 +14,13 @@ different stretches of the machine instead of one first minute counted once a ru
   Its 95% interval (`precision_interval`) is the wider of Wilson's and a bootstrap over the traces: a trace's runs
   share its curve and often its false steps, so counting them as independent draws alone reads it too narrow.
   Counted apart among the false ones: those within one token of a step of the same sign that the dense trace
-  confirms at 2-3% (a run reports a step whose paired estimate reaches the minimum step, 3%, and its interval is
-  a point or more wide: the device's step, not an invention). On the AMD batch-1 traces, whose curves step at
-  most counts, such a step lies next to 30-60% of the positions within reach, so the count says where the
-  false steps come from, not that they are right. Stricter, and printed as a second precision: a false step is
-  consistent with the dense trace when the trace confirms (paired, alpha 1e-3) a step of the same sign within a
-  token whose size lies inside the run's own 95% interval of it: measured right, only sized near the 3% line;
+  confirms at 2-3% (a run reports a step whose paired estimate less one standard error reaches the minimum step,
+  3%, and its interval is a point or more wide: the device's step, not an invention). On the AMD batch-1 traces,
+  whose curves step at most counts, such a step lies next to 30-60% of the positions within reach, so the count
+  says where the false steps come from, not that they are right. Stricter, and printed as a second precision: a
+  false step is consistent with the dense trace when the trace confirms (paired, alpha 1e-3) a step of the same
+  sign within a token whose size lies inside the run's own 95% interval of it: measured right, only sized near the
+  3% line;
 - honesty: of the injected steps at least as large as the limit the run stated (`measurement.detection_limit_pct`),
   the share found (issue 29's goal: at least 80%);
 - the visits each run spent (against the full grid's), untouched traces apart;

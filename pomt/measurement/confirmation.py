@@ -8,8 +8,8 @@ estimate clears the minimum step by MIN_STEP_SE standard errors, and while the r
 round carries it.
 
 Until 2026-11-30 the estimate had only to reach the minimum step. The device's own steps of 2-3% then passed as
-3% steps about a quarter of the time (only the rounds that read them large pass), 11 of the issue-29 bank's 17
-false steps; one standard error removed those 11 and left the recall of its injected steps as it was
+3% steps whenever their rounds happened to read them large: 11 of the issue-29 bank's 17 false steps. One
+standard error removed those 11 and left the recall of its injected steps as it was
 (docs/results/amd-epyc-2core-2026-11-30-h.md).
 """
 
