@@ -79,8 +79,9 @@ MEASURED_BLOCKS = 2  # the cut model's depth: one plain block, then the last blo
 MIN_VISIT_MS = 5.0  # a visit's forwards last about this long (`visit_reps`)
 MAX_REPS = 32
 COST_ROUNDS = 21  # paired rounds of the costs (module docstring)
-MIXED_ROUNDS = 2 * COST_ROUNDS  # of the mixed counts' calibration: two whole-model variants, charged only where
-# significant (at 21 rounds its interval spanned +-4% in a noisy stretch on the Intel VM and held a +2.3% excess)
+# of the mixed counts' calibration: its layout against the mean of its counts' visits in the same round, about the
+# precision the two-variant pair (layout against unpruned) had at twice the rounds; charged only where significant
+MIXED_ROUNDS = COST_ROUNDS
 SPEED_WINDOW = 5  # rounds over which the unpruned model's time is smoothed into a round's speed
 UNPRUNED = "unpruned"  # the whole model, unpatched: each round's speed
 
@@ -230,7 +231,7 @@ def _whole_model_tome(model: nn.Module, x: torch.Tensor, cost: ReducerCost, poin
 
 def mixed_layout(num_tokens: int, prefix_tokens: int, depth: int) -> tuple[int, ...]:
     """The counts entering each block of uniform ToMe (`repeat_schedule`): a layout that changes its count at
-    every block, whose excess over the curve calibrates `MixedCounts`."""
+    every block, whose excess over its blocks' sum calibrates `MixedCounts`."""
     uniform = repeat_schedule(num_tokens, prefix_tokens, depth)
     return tuple(token_counts(num_tokens, prefix_tokens, depth, "tome", uniform.as_dict())[:depth])
 
@@ -238,17 +239,23 @@ def mixed_layout(num_tokens: int, prefix_tokens: int, depth: int) -> tuple[int, 
 def measure_mixed_counts(model: nn.Module, x: torch.Tensor, *, device: str = "cpu", threads: int | None = None,
                          rounds: int = MIXED_ROUNDS, reps: int | None = None, seed: int = 0,
                          backend: str = Backend.EAGER.value) -> MixedCounts:
-    """`mixed_layout`'s counts dropped (no reducer) against the unpruned model, in `rounds` paired rounds of
-    `reps` forwards a visit (None: `visit_reps`) in `backend` (one of `IN_PROCESS`): the latency model's
-    calibration of mixed counts (`pomt.choice.schedule_latency`, Mixed counts)."""
+    """`mixed_layout`'s counts dropped (no reducer), the whole model at each of its counts and the unpruned model,
+    in `rounds` paired rounds of `reps` forwards a visit (None: `visit_reps`) in `backend` (one of `IN_PROCESS`):
+    the layout over its blocks' sum round by round, the latency model's calibration of mixed counts
+    (`pomt.choice.schedule_latency`, Mixed counts)."""
     check_in_process(backend)
     geometry = model_geometry(model)
     layout = mixed_layout(geometry.num_tokens, geometry.prefix_tokens, geometry.depth)
     reps = visit_reps(model, x, device, threads) if reps is None else reps
-    contexts = {UNPRUNED: contextlib.nullcontext, "mixed": partial(dropped_to, model, layout)}
+    counts = sorted(set(layout) - {geometry.num_tokens})
+    contexts: dict[Hashable, Callable[[], ContextManager]] = {UNPRUNED: contextlib.nullcontext,
+                                                              "mixed": partial(dropped_to, model, layout)}
+    contexts.update({n: partial(truncate_tokens, model, n) for n in counts})
     times = _paired_rounds(model, x, contexts, device, threads, rounds, reps, seed, backend)
-    effect = paired_effect(times[UNPRUNED], times["mixed"])
-    return MixedCounts(layout, effect.ratio, effect.ci)
+    whole = {n: times[UNPRUNED if n == geometry.num_tokens else n] for n in layout}
+    blocks = np.mean([whole[n] for n in layout], axis=0)  # each round's blocks' sum over the depth
+    excess = paired_effect(list(blocks), times["mixed"])
+    return MixedCounts(layout, excess.ratio, excess.ci, paired_effect(times[UNPRUNED], times["mixed"]).ratio)
 
 
 def paired_variants(method: str, block: int, tokens: int, remove: int) -> tuple[Variant, Variant]:

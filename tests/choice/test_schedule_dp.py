@@ -74,9 +74,10 @@ def test_every_allowance_gets_the_fastest_schedule_within_it():
 
 def test_the_programme_charges_mixed_counts_as_predict_does():
     flat = LatencyModel(CURVE, N, P, D)
-    layout = (N, 10, 7)  # two count changes: the curve's sum of its blocks, then 10% x sqrt(2) over it
-    ratio = flat.predict_counts(layout) * (1 + 0.1 * 2 ** 0.5)
-    latency = LatencyModel(CURVE, N, P, D, mixed=MixedCounts(layout, ratio, (ratio - 0.01, ratio + 0.01)))
+    layout = (N, 10, 7)  # two count changes: 10% x sqrt(2) over the sum of its blocks
+    excess = 1 + 0.1 * 2 ** 0.5
+    mixed = MixedCounts(layout, excess, (excess - 0.01, excess + 0.01), flat.predict_counts(layout) * excess)
+    latency = LatencyModel(CURVE, N, P, D, mixed=mixed)
     assert latency.kappa == pytest.approx(0.1)
     programme, step = BlockProgramme(latency, "pomt", SURROGATE, range(2, N + 1), max_share=1.0), 0.002
     for buckets in range(41):  # blind to the term, allowances of 24-29 buckets got schedules 1.3-3.8% slower

@@ -54,7 +54,7 @@ def test_the_frontier_run_writes_its_files_a_schedule_that_applies_and_resumes(t
     assert set(document["seconds"]) == {"latency", "reducer_costs", "accuracy"}
     assert set(document["reducer_costs"]) == {"pomt", "topk", "tome", "l2norm"}
     mixed = document["mixed_counts"]  # the latency model's calibration of mixed counts, measured in the run
-    assert len(mixed["layout"]) == 6 and mixed["ci"][0] <= mixed["ratio"] <= mixed["ci"][1]
+    assert len(mixed["layout"]) == 6 and mixed["ci"][0] <= mixed["over_blocks"] <= mixed["ci"][1]
     assert isinstance(mixed["kappa"], float)
 
     data = json.loads((tmp_path / f"{STEM}.schedule.json").read_text())

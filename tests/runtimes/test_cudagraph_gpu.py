@@ -117,7 +117,7 @@ def test_reducer_costs_are_measured_as_graphs(model):
     assert costs["tome"].carrying and costs["tome"].later != 0.0
     assert all(abs(ms) < 1e3 for c in costs.values() for ms in c.pruning.values())
     mixed = measure_mixed_counts(model, x, device="cuda", rounds=3, backend="cudagraph")
-    assert mixed.ci[0] <= mixed.ratio <= mixed.ci[1]
+    assert mixed.ci[0] <= mixed.over_blocks <= mixed.ci[1]
     cost = method_cost(model, x, 3, "pomt", [4, 8], device="cuda", rounds=3, backend="cudagraph")
     assert sorted(cost) == [4, 8]
     assert model(x).shape == (4, model.num_classes)  # no patch, hook or cut left behind

@@ -122,10 +122,9 @@ def mixed_note(latency: LatencyModel) -> tuple[str, ...]:
     if latency.mixed is None or not latency.kappa:
         return ()
     mixed = latency.mixed
-    return (f"mixed counts: a layout that changes its count at every block ran {mixed.ratio:.3f} of the unpruned "
-            f"model [{mixed.ci[0]:.3f}, {mixed.ci[1]:.3f}] where the curve's blocks add up to "
-            f"{latency.predict_counts(mixed.layout):.3f}; a schedule whose counts change c times is charged "
-            f"{100 * latency.kappa:+.2f}% x sqrt(c) of its blocks",)
+    return (f"mixed counts: a layout that changes its count at every block ran {100 * (mixed.over_blocks - 1):+.1f}% "
+            f"[{100 * (mixed.ci[0] - 1):+.1f}, {100 * (mixed.ci[1] - 1):+.1f}] over its blocks' sum timed beside it; a "
+            f"schedule whose counts change c times is charged {100 * latency.kappa:+.2f}% x sqrt(c) of its blocks",)
 
 
 def stopped_note(result: FrontierResult, images: int, beyond: float) -> tuple[str, ...]:
