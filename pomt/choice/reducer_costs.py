@@ -252,8 +252,7 @@ def measure_mixed_counts(model: nn.Module, x: torch.Tensor, *, device: str = "cp
                                                               "mixed": partial(dropped_to, model, layout)}
     contexts.update({n: partial(truncate_tokens, model, n) for n in counts})
     times = _paired_rounds(model, x, contexts, device, threads, rounds, reps, seed, backend)
-    whole = {n: times[UNPRUNED if n == geometry.num_tokens else n] for n in layout}
-    blocks = np.mean([whole[n] for n in layout], axis=0)  # each round's blocks' sum over the depth
+    blocks = np.mean([times[UNPRUNED if n == geometry.num_tokens else n] for n in layout], axis=0)  # per round, / D
     excess = paired_effect(list(blocks), times["mixed"])
     return MixedCounts(layout, excess.ratio, excess.ci, paired_effect(times[UNPRUNED], times["mixed"]).ratio)
 
