@@ -41,7 +41,7 @@ its blocks' sum: `predict` charges it, and the dynamic programme (`pomt.choice.s
 in its state, since it is not a sum over blocks. Until 2026-12-01 the layout was timed against the unpruned model
 alone and its excess read against the run's curve, measured minutes away: the curve's shape moves by some 4% at
 those counts from one minute to the next (Intel VM, 2026-11-29), and kappa took that in, with either sign. On the
-AMD VM at batch 16 (2026-12-01) the old reading was +5.2% in one run, pricing the two- and three-block schedules
+AMD VM at batch 16 (2026-12-01) the old reading was +5.2% in one run, pricing four two- and three-block schedules
 3-4% slow, and +3.1% in the next; the layout over its blocks timed beside it read +2.5% and +0.9%. What the curve's
 own movement leaves of the 3% goal is known weakness 14.
 
