@@ -20,7 +20,7 @@ from pomt.errors import GridError
 from pomt.formats.trace import Visit
 from pomt.measurement import candidates as cand
 from pomt.measurement.candidates import Candidate
-from pomt.measurement.confirmation import Confirmation, Judge, confirmed_steps, rejected
+from pomt.measurement.confirmation import MIN_STEP_SE, Confirmation, Judge, confirmed_steps, rejected
 from pomt.measurement.design import BudgetSpent, Measurer, anchor_pairs, checked_grid, coarse_units, design_rounds
 from pomt.measurement.drift import (
     CurvePoint,
@@ -63,7 +63,7 @@ class SearchSettings:
     candidate_k: float = option(3.0, "Detector threshold (noise units) for a candidate step.")
     step_alpha: float = option(0.01, "False-step rate of the paired confirmation (t-test level).")
     min_step: float = option(0.03, "Smallest step (fraction of latency, beyond the trend) that is reported: a "
-                                   "confirmed step's paired estimate less one standard error reaches it.")
+                                   f"confirmed step's paired estimate less {MIN_STEP_SE:g} standard error reaches it.")
     confirm_rounds: int = option(6, "Paired rounds (A B, B A, ...) that confirm a step.", min=3)
     budget: float = option(0.2, "Adaptive search's most visits, as a fraction of the full grid's.")
     detect: float = option(5.0, "Detection target in %: after the coarse scan, an adaptive search keeps visiting "
