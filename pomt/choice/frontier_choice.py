@@ -217,6 +217,13 @@ def unresolved(result: FrontierResult, goal: Goal) -> Unresolved | None:
                             for p in found))
 
 
+def bound_text(bound_points: float, goal_points: float) -> str:
+    """A drop bound in points as a note prints it: two decimals, or "just over" the goal where two decimals would
+    read as the goal itself (a bound of 1.004 misses a 1-point goal; "bound 1.00" said it met it)."""
+    text = f"{bound_points:.2f}"
+    return f"just over {goal_points:g}" if float(text) <= goal_points < bound_points else text
+
+
 def unresolved_note(found: Unresolved | None, baseline: Evaluated, goal: Goal,
                     held_out_share: float) -> tuple[str, ...]:
     """The run's note on what `unresolved` found: how many, the fastest and the one the fewest images would
@@ -228,7 +235,7 @@ def unresolved_note(found: Unresolved | None, baseline: Evaluated, goal: Goal,
         facts = told(point, images, baseline, goal.confidence)
         text = (f"{facts['key']} (predicted {facts['predicted_speedup']:.2f}x, drop {100 * point.search.drop:+.2f} "
                 f"points, {facts['search_changed']} of {facts['search_images']} images changed, bound "
-                f"{facts['search_drop_bound_points']:.2f}) ")
+                f"{bound_text(100 * point.search.drop_bound(goal.confidence), goal.max_drop_points)}) ")
         if images is None:
             return text + "would need more than a million search images at the same rates"
         return (text + f"would be bounded within {goal.max_drop_points:g} points on about {images} search images at "

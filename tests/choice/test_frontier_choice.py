@@ -18,6 +18,7 @@ from pomt.choice.frontier_choice import (
     Unresolved,
     best_by_family,
     best_uniform,
+    bound_text,
     fastest_held_out_by_family,
     first_verified,
     held_out_drop,
@@ -257,6 +258,19 @@ def test_faster_schedules_within_the_goal_only_on_their_measured_drop_are_report
         "key": "tome:0=15,1=9", "predicted_speedup": 1.6667, "search_drop_points": -0.495,
         "search_drop_bound_points": 1.591, "search_changed": 26, "search_images": 404, "search_images_to_bound": 743}
     assert frontier_record("x.frontier.json", "top1", Goal(1.0), base, met, None, {}, 6)["unresolved"] is None
+
+
+def test_a_bound_that_misses_the_goal_by_less_than_a_hundredth_never_reads_as_the_goal():
+    """4 lost and 5 gained of 404, the unpruned model right on 292: a bound of 1.0036 points, over a 1-point goal
+    (a run on the Intel VM printed it "bound 1.00" beside "would be bounded within 1 points")."""
+    base = Evaluated(Candidate.of("pomt", {}), "unpruned", 10.0, Proportion(292, 404, 0, 0))
+    edge = Evaluated(Candidate.of("tome", {0: 8, 1: 9}), "search-tome", 7.5, Proportion(293, 404, 4, 5))
+    bound = 100 * edge.search.drop_bound(0.95)
+    assert 1.0 < bound < 1.005 and not Goal(1.0).meets(edge, base.accuracy)
+    note = unresolved_note(Unresolved(((edge, 405),)), base, Goal(1.0), held_out_share=0.5)[0]
+    assert "9 of 404 images changed, bound just over 1) would be bounded within 1 points on about 405" in note
+    assert bound_text(1.59, 1.0) == "1.59" and bound_text(0.999, 1.0) == "1.00" and bound_text(2.004, 2.0) == \
+        "just over 2"
 
 
 def test_a_schedule_that_does_not_verify_falls_back_to_the_next_or_to_nothing():
