@@ -20,7 +20,9 @@ same paired rounds (seeded random order per round, the one model truncated or pa
 offline computation measures and verifies), so that what is compared is the latency model and not the
 machine's state minutes apart: on this VM the step between 49 and 50 tokens of deit_tiny at 112 px, batch 16,
 read 12% in one minute and 29% in another. Printed per schedule: the predicted and measured speedup and the
-error of the predicted latency, both at this run's unpruned median.
+error of the predicted latency, both at this run's unpruned median. `--also SCHEDULE ...` adds schedules to the
+same rounds (e.g. one a frontier run shipped, `tome:0=2,6=13,7=10,8=6`): whether the model prices it right on a
+curve measured beside it tells its own error from the noise of the curve it was chosen on.
 Goal (issue 30): |error| <= 3% for multi-block schedules of every reducer.
 
 changes: how the excess grows with the count changes. Layouts whose blocks average about the same count m (about
@@ -37,7 +39,7 @@ VM the counts dropped ran 3.5-6.8% slower than the blocks' sum while the AMD VM 
 part says in which operators the difference lies (CPU only).
 
 Usage: python benchmarks/prediction_error.py [--part multi|ops|changes] [--workloads deit_small:4:224 ...]
-       [-- extra options]
+       [--also tome:0=2,6=13 ...] [-- extra options]
 Tiny check: python benchmarks/prediction_error.py --part multi --workloads deit_tiny:1:64 --rounds 3 \
     --cost-rounds 2 --curve-points 6
 On a GPU (multi only): --device cuda --dtype float16 --workloads deit_base:64:224 [--backend cudagraph: the curve,
@@ -273,7 +275,7 @@ def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
     x = x.to(args.device, dtype)
     g = model_geometry(net)
     n, prefix, depth = g.num_tokens, g.prefix_tokens, g.depth
-    schedules = multi_block_schedules(n, prefix, depth)
+    schedules = list(dict.fromkeys([*multi_block_schedules(n, prefix, depth), *args.also]))
     probe = LatencyModel({n: 1.0, prefix + 1: 1.0}, n, prefix, depth)
     lowest = min(min(probe.counts(c)) for c in schedules)
     counts = sorted({*np.linspace(lowest, n, args.curve_points).round().astype(int).tolist(), n})
@@ -363,14 +365,29 @@ def main() -> None:
                         help="multi: the runtime timed (cudagraph: every variant captured as a CUDA graph)")
     parser.add_argument("--allocator", choices=ALLOCATORS, default="steady",
                         help="multi, ops: the host allocator measured under (as the offline computation's --allocator)")
+    parser.add_argument("--also", nargs="+", default=[], metavar="SCHEDULE",
+                        help="multi: schedules to measure and price beside the others, e.g. tome:0=2,6=13,7=10")
     parser.add_argument("extra", nargs="*", help="further offline_computation.py options (after --)")
     args = parser.parse_args()
+    from pomt.checks import check_removals
+    from pomt.choice.candidates import Candidate
     from pomt.cli.app import fail
+    from pomt.models.registry import geometry_of
 
     if args.part in ("ops", "changes") and (args.device != "cpu" or args.backend != "eager"):
         fail(f"--part {args.part} measures the CPU only, eager")
+    if args.also and args.part not in ("multi", "both"):
+        fail("--also adds schedules to --part multi")
     try:
         check_backend(args.backend, args.device)
+        args.also = list(dict.fromkeys(Candidate.parse(text) for text in args.also))
+        if any(c.unpruned for c in args.also):
+            raise PomtError("--also takes pruned schedules: the unpruned model is measured anyway")
+        for workload in args.workloads if args.also else ():  # one line before anything is timed
+            model_name, _, size = workload.split(":")
+            geometry = geometry_of(model_name, int(size))  # on the meta device
+            for c in args.also:
+                check_removals(c.method, c.as_dict(), geometry.num_tokens, geometry.prefix_tokens, geometry.depth)
     except PomtError as exc:
         fail(str(exc))
     if args.part in ("multi", "ops", "changes", "both"):

@@ -245,6 +245,13 @@ SCRIPT_CASES = [
      ["cudagraph backend runs on an NVIDIA GPU"]),
     ("prediction-error-changes-on-cuda", "benchmarks/prediction_error.py", ["--part", "changes", "--device", "cuda"],
      ["--part changes measures the CPU only"]),
+    ("prediction-error-unreadable-also", "benchmarks/prediction_error.py", ["--part", "multi", "--also", "tome:0"],
+     ["cannot read schedule 'tome:0'"]),
+    ("prediction-error-also-beyond-depth", "benchmarks/prediction_error.py",
+     ["--part", "multi", "--workloads", "test_vit:1:64", "--also", "tome:40=2"], ["prune block 40", "0..5"]),
+    ("prediction-error-also-outside-multi", "benchmarks/prediction_error.py", ["--part", "changes", "--also",
+                                                                                "tome:0=2"],
+     ["--also adds schedules to --part multi"]),
 ]
 # One case of each script through a real interpreter (what a user's shell runs, import-time warnings
 # included); the others in this process, as the same script runs there.
