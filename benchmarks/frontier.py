@@ -35,11 +35,10 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pomt.checks import check_removals
 from pomt.choice.accuracy import eval_transform, open_image_folder, seeded_subset
 from pomt.choice.accuracy_journal import AccuracyJournal, model_identity
 from pomt.choice.calibration import HELD_OUT, SEARCH, Calibration
-from pomt.choice.candidates import NONE, Candidate
+from pomt.choice.candidates import NONE, Candidate, given_schedules
 from pomt.choice.families import FAMILIES
 from pomt.choice.frontier_choice import (
     best_by_family,
@@ -304,15 +303,10 @@ def main() -> None:
     try:  # an unknown model, an absent device or an unreadable schedule: one line before anything trains
         args.device, recipe = resolve_device(args.device), recipe_of(args)
         check_backend(args.backend, args.device)
-        args.also = list(dict.fromkeys(Candidate.parse(text) for text in args.also))
         if args.budget is not None:
             replace(SearchSettings(), budget=args.budget).check()
-        if any(c.unpruned for c in args.also):
-            raise PomtError("--also takes pruned schedules: the unpruned model is measured anyway")
-        geometry = geometry_of(recipe.model, recipe.data.size)  # on the meta device: nothing stays in memory
-        for candidate in args.also:  # a removal the model cannot take: one line before anything trains
-            check_removals(candidate.method, candidate.as_dict(), geometry.num_tokens, geometry.prefix_tokens,
-                           geometry.depth)
+        # the geometry on the meta device (nothing stays in memory): one line before anything trains
+        args.also = given_schedules(args.also, [geometry_of(recipe.model, recipe.data.size)])
     except PomtError as exc:
         fail(str(exc))
     started = time.perf_counter()

@@ -369,8 +369,7 @@ def main() -> None:
                         help="multi: schedules to measure and price beside the others, e.g. tome:0=2,6=13,7=10")
     parser.add_argument("extra", nargs="*", help="further offline_computation.py options (after --)")
     args = parser.parse_args()
-    from pomt.checks import check_removals
-    from pomt.choice.candidates import Candidate
+    from pomt.choice.candidates import given_schedules
     from pomt.cli.app import fail
     from pomt.models.registry import geometry_of
 
@@ -380,14 +379,9 @@ def main() -> None:
         fail("--also adds schedules to --part multi")
     try:
         check_backend(args.backend, args.device)
-        args.also = list(dict.fromkeys(Candidate.parse(text) for text in args.also))
-        if any(c.unpruned for c in args.also):
-            raise PomtError("--also takes pruned schedules: the unpruned model is measured anyway")
-        for workload in args.workloads if args.also else ():  # one line before anything is timed
-            model_name, _, size = workload.split(":")
-            geometry = geometry_of(model_name, int(size))  # on the meta device
-            for c in args.also:
-                check_removals(c.method, c.as_dict(), geometry.num_tokens, geometry.prefix_tokens, geometry.depth)
+        # on the meta device, one line before anything is timed
+        args.also = given_schedules(args.also, [geometry_of(name, int(size)) for name, _, size in
+                                                (w.split(":") for w in args.workloads)] if args.also else [])
     except PomtError as exc:
         fail(str(exc))
     if args.part in ("multi", "ops", "changes", "both"):

@@ -6,11 +6,12 @@ it). Every candidate that removes nothing is the same candidate, the unpruned mo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pomt.checks import check_method
+from pomt.checks import check_method, check_removals
 from pomt.errors import ScheduleError
+from pomt.models.geometry import Geometry
 
 REDUCERS = ("pomt", "topk", "tome", "l2norm")
 UNPRUNED = "none"
@@ -81,3 +82,16 @@ class Candidate:
 
 
 NONE = Candidate(UNPRUNED)  # the unpruned model
+
+
+def given_schedules(texts: Sequence[str], geometries: Iterable[Geometry]) -> list[Candidate]:
+    """The schedules a user asks a benchmark to measure beside its own (`--also`), in order, each once: every one
+    readable, pruned (the unpruned model is measured anyway) and a removal each of `geometries`' models can take;
+    PomtError, in one line, for the first that is not."""
+    given = list(dict.fromkeys(Candidate.parse(text) for text in texts))
+    if any(c.unpruned for c in given):
+        raise ScheduleError("--also takes pruned schedules: the unpruned model is measured anyway")
+    for geometry in geometries:
+        for c in given:
+            check_removals(c.method, c.as_dict(), geometry.num_tokens, geometry.prefix_tokens, geometry.depth)
+    return given

@@ -2,8 +2,9 @@
 
 import pytest
 
-from pomt.choice.candidates import Candidate
-from pomt.errors import PatchError, ScheduleError
+from pomt.choice.candidates import Candidate, given_schedules
+from pomt.errors import PatchError, PomtError, ScheduleError
+from pomt.models.registry import geometry_of
 
 
 def test_a_candidate_is_normalised_and_named_stably():
@@ -34,3 +35,15 @@ def test_a_candidate_is_read_back_from_its_key():
 def test_an_unreadable_key_is_one_clear_error(text):
     with pytest.raises(ScheduleError, match="cannot read schedule"):
         Candidate.parse(text)
+
+
+def test_schedules_given_to_a_benchmark_are_read_once_each_and_fit_every_model_named():
+    tiny, small = geometry_of("deit_tiny", 112), geometry_of("test_vit", 64)  # 50 tokens, 12 blocks; 17, 6
+    given = given_schedules(["tome:0=2,4=3", "tome:4=3,0=2", "topk:3=4"], [tiny, small])
+    assert given == [Candidate.of("tome", {0: 2, 4: 3}), Candidate.of("topk", {3: 4})]
+    assert given_schedules([], [tiny]) == []
+    with pytest.raises(ScheduleError, match="--also takes pruned schedules"):
+        given_schedules(["tome:0=2", "none"], [tiny])
+    with pytest.raises(PomtError, match="prune block 7"):  # deit_tiny has block 7, test_vit does not
+        given_schedules(["tome:7=2"], [tiny, small])
+    given_schedules(["tome:7=2"], [tiny])
