@@ -138,7 +138,8 @@ def offline_notes(steps: Sequence, rejected: int, elsewhere: int, *, drift=None,
     wrapped to NOTE_WIDTH), each confirmed step with its interval, and what verification measured."""
     notes = []
     if drift is not None:
-        notes.append(f"drift during measurement: {drift.pct:.0f}% (reference {drift.reference_tokens})")
+        notes.append(f"drift during measurement: {drift.pct:.0f}% (reference {drift.reference_tokens}"
+                     f"{drift.one_pass_words()})")
     plural = "s" if len(steps) != 1 else ""
     notes.append(f"{len(steps)} step{plural} confirmed, {rejected} rejected by paired test"
                  + (f", {elsewhere} in this process only" if elsewhere else ""))

@@ -41,7 +41,8 @@ def print_report(result: OfflineResult) -> None:
         if search.drift is not None:
             d = search.drift
             echo(f"drift      reference {d.reference_tokens} tokens read {min(d.reference_ms):.2f}-"
-                 f"{max(d.reference_ms):.2f} ms over {len(d.reference_ms)} passes (max/min {d.max_over_min:.2f})")
+                 f"{max(d.reference_ms):.2f} ms over {len(d.reference_ms)} passes (max/min {d.max_over_min:.2f}"
+                 f"{d.one_pass_words()})")
         rejected = search.rejected_candidates
         edges = len(search.screened)
         screened = f"; {edges} aligned edges showed none in their coarse rounds" if edges else ""

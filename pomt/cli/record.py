@@ -20,7 +20,7 @@ def record_command(workload: Workload, settings: RecordSettings) -> None:
          f"{done.seconds:.0f} s; noise {100 * done.noise:.1f}% a visit")
     if done.drift is not None:
         echo(f"drift      reference {done.drift.reference_tokens} tokens: max/min {done.drift.max_over_min:.2f} "
-             f"over {len(done.drift.reference_ms)} passes")
+             f"over {len(done.drift.reference_ms)} passes{done.drift.one_pass_words()}")
     echo(f"steps      {len(done.steps)} confirmed by paired visits within passes (>= {100 * settings.min_step:.0f}%)")
     for s in done.steps:
         echo(f"  {s.upper_tokens:>5d} -> {s.tokens:<5d} {s.kind}: {-s.paired_pct:+.1f}% beyond the trend, "

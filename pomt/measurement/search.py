@@ -161,7 +161,8 @@ class SearchResult:
         if self.drift.pct <= smallest:
             return None
         return (f"the machine drifted {self.drift.pct:.1f}% during measurement (reference "
-                f"{self.drift.reference_tokens} tokens), more than the smallest effect reported ({smallest:.1f}%): "
+                f"{self.drift.reference_tokens} tokens{self.drift.one_pass_words()}), more than the smallest effect "
+                f"reported ({smallest:.1f}%): "
                 "steps and gains rest on paired measurements, absolute latencies do not")
 
 

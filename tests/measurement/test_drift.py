@@ -9,6 +9,7 @@ from pomt.formats.trace import Visit
 from pomt.measurement.drift import (
     MEDIAN_SE,
     CurvePoint,
+    Drift,
     corrected_values,
     drift,
     drift_profile,
@@ -91,6 +92,29 @@ def test_drift_reports_the_reference_per_pass_in_time_order():
     assert list(seen.reference_ms) == sorted(seen.reference_ms)  # the machine slowed down steadily
     assert seen.max_over_min == pytest.approx(seen.reference_ms[-1] / seen.reference_ms[0])
     assert drift(trace.visits[:2], N) is None
+
+
+def test_one_disturbed_pass_is_named_beside_the_drift_it_makes():
+    # the make run of 2026-12-01: seven passes within 10%, one read during another process
+    seen = Drift(197, 1277.69 / 504.94, (510.0, 504.94, 1277.69, 530.0, 555.0, 520.0, 515.0, 540.0))
+    assert seen.one_pass == (pytest.approx(555.0 / 504.94), "slowest")
+    assert seen.one_pass_words() == ", 1.10 without its slowest pass"
+    assert seen.to_dict()["max_over_min_but_one"] == pytest.approx(1.0992, abs=1e-4)
+    assert seen.to_dict()["left_out"] == "slowest"
+    fast_blip = Drift(197, 1.5, (600.0, 610.0, 400.0, 590.0, 605.0))
+    assert fast_blip.one_pass[1] == "fastest"
+
+
+@pytest.mark.parametrize("reference_ms", [
+    (500.0, 560.0, 620.0, 680.0, 750.0),  # a machine that slows down steadily: every pass makes the drift
+    (500.0, 505.0, 520.0),  # 4%: too small to look for a disturbed pass
+    (500.0, 900.0),  # two passes: nothing to compare a pass with
+])
+def test_a_drift_that_no_single_pass_makes_is_reported_whole(reference_ms):
+    seen = Drift(197, max(reference_ms) / min(reference_ms), reference_ms)
+    assert seen.one_pass is None
+    assert seen.one_pass_words() == ""
+    assert "left_out" not in seen.to_dict()
 
 
 def point(tokens, ms, se):
