@@ -69,9 +69,9 @@ class Drift:
     @property
     def one_pass(self) -> tuple[float, str] | None:
         """(max/min with one pass left out, "slowest" or "fastest": which) where that one pass makes most of a
-        drift of ONE_PASS_PCT or more, else None. On a 2-core CPU a few seconds of another process read as one
-        reference visit at 2.5 times the others ("drift 153%", where the other seven passes spanned 10%);
-        that is one disturbed pass, not a drifting machine."""
+        drift of ONE_PASS_PCT or more, else None. On the AMD trace deit_small_bs4_amd_shuffled one reference visit
+        read 265 ms where the other 22 passes read 209-219 ms: a drift of 26%, 5% without that pass, one disturbed
+        pass rather than a drifting machine (a `make run` on the Intel VM read "max/min 2.53" beside a test run)."""
         if len(self.reference_ms) < 3 or self.pct < ONE_PASS_PCT:
             return None
         ordered = sorted(self.reference_ms)

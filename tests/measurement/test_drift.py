@@ -95,7 +95,7 @@ def test_drift_reports_the_reference_per_pass_in_time_order():
 
 
 def test_one_disturbed_pass_is_named_beside_the_drift_it_makes():
-    # the make run of 2026-12-01: seven passes within 10%, one read during another process
+    # seven passes within 10%, one read while another process ran
     seen = Drift(197, 1277.69 / 504.94, (510.0, 504.94, 1277.69, 530.0, 555.0, 520.0, 515.0, 540.0))
     assert seen.one_pass == (pytest.approx(555.0 / 504.94), "slowest")
     assert seen.one_pass_words() == ", 1.10 without its slowest pass"
