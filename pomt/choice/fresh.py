@@ -9,13 +9,14 @@ the policy's reach are checked the same way before the policy sees them (docs/me
 
 from __future__ import annotations
 
+import ctypes
 import math
 import multiprocessing
 import signal
 import threading
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
@@ -32,6 +33,7 @@ from pomt.measurement.sources import LiveSource, Session
 from pomt.workload.prepare import Prepared, Workload, live_session, prepare
 
 Pair = tuple[int, int]
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 Job = TypeVar("Job")
 Answer = TypeVar("Answer")
 
@@ -61,22 +63,41 @@ class StepJob:
     rounds: int
 
 
+class FreshWorker:
+    """A new interpreter (`spawn`) that runs work sent to it, one call at a time, keeping what a call leaves in
+    its module globals for the next; errors there are raised here. Ctrl-C stops it from here: the new
+    interpreter ignores SIGINT from its start (and its warnings, given here already), so it ends without a
+    traceback of its own. As a context manager it is closed and joined on the way out, terminated where an
+    error left, so nothing leaks at exit; a parent killed outright takes it along (`_quiet_child`)."""
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        with _sigint_ignored():  # inherited by the new interpreter from its first instruction on
+            self._pool = context.Pool(1, initializer=_quiet_child)
+
+    def run(self, work: Callable[[Job], Answer], job: Job) -> Answer:
+        """`work(job)` there; the worker is terminated where it raised or was interrupted."""
+        try:
+            return self._pool.apply(work, (job,))
+        except BaseException:
+            self._pool.terminate()
+            raise
+
+    def __enter__(self) -> FreshWorker:
+        return self
+
+    def __exit__(self, kind: type | None, *_: object) -> None:
+        if kind is None:
+            self._pool.close()
+        else:
+            self._pool.terminate()
+        self._pool.join()
+
+
 def in_fresh_process(work: Callable[[Job], Answer], job: Job) -> Answer:
-    """`work(job)` in a new interpreter (`spawn`); errors there are raised here. Ctrl-C stops it from here:
-    the new interpreter ignores SIGINT from its start (and its warnings, given here already), so it ends
-    without a traceback of its own; the pool is closed and joined either way, so nothing leaks at exit."""
-    context = multiprocessing.get_context("spawn")
-    with _sigint_ignored():  # inherited by the new interpreter from its first instruction on
-        pool = context.Pool(1, initializer=_quiet_child)
-    try:
-        answer = pool.apply(work, (job,))
-        pool.close()
-        return answer
-    except BaseException:
-        pool.terminate()
-        raise
-    finally:
-        pool.join()
+    """`work(job)` in a new interpreter (`FreshWorker`), closed when it answered."""
+    with FreshWorker() as worker:
+        return worker.run(work, job)
 
 
 @contextmanager
@@ -93,9 +114,12 @@ def _sigint_ignored() -> Iterator[None]:
 
 
 def _quiet_child() -> None:
-    """Set up the fresh interpreter: SIGINT ignored (the parent stops it), warnings silenced."""
+    """Set up the fresh interpreter: SIGINT ignored (the parent stops it), warnings silenced, and on Linux
+    killed with its parent (a worker busy measuring would otherwise finish its call beside a resumed run)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     warnings.simplefilter("ignore")
+    with suppress(OSError, AttributeError):  # not Linux: the worker ends when it next reads its closed pipe
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def verify_in_fresh_process(job: FreshJob) -> Verification:
@@ -179,5 +203,5 @@ def placement_hint(fingerprint: Fingerprint, what: str = "the removal") -> str |
             f"under glibc's adaptive mmap threshold; {STEADY_ADVICE}")
 
 
-__all__ = ["FreshJob", "StepJob", "held_in_both", "in_fresh_process", "placement_hint", "step_holds",
+__all__ = ["FreshJob", "FreshWorker", "StepJob", "held_in_both", "in_fresh_process", "placement_hint", "step_holds",
            "step_rounds_in_fresh_process", "verify_in_fresh_process"]

@@ -1,6 +1,12 @@
 """Verification in a fresh process: a removal ships only where it qualified in both processes."""
 
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 
@@ -88,3 +94,37 @@ def test_a_step_holds_in_a_fresh_process_only_when_it_shows_there_in_the_same_di
     assert not holds(19.6)  # 1% beyond the trend, however significant
     fresh = step_holds(here, rounds_of(list(19.25 * (1 + wide)), list(20.0 * (1 - wide))), 0.01, 0.03)[0]
     assert 0.01 < fresh.p_value < 0.02 and holds(19.25, wide)
+
+
+KILLED_PARENT = """
+import os, sys, time
+from pomt.choice.fresh import FreshWorker
+
+def worker_pid(_):
+    return os.getpid()
+
+if __name__ == "__main__":
+    worker = FreshWorker()
+    print(worker.run(worker_pid, None), flush=True)
+    worker.run(time.sleep, 600)  # busy there when this process is killed
+"""
+
+
+def test_a_worker_busy_when_its_parent_is_killed_dies_with_it(tmp_path):
+    script = tmp_path / "parent.py"
+    script.write_text(KILLED_PARENT)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True)
+    try:
+        worker = int(parent.stdout.readline())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        for _ in range(300):  # the kill is delivered at once; the wait only covers a loaded machine
+            if not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(worker, signal.SIGKILL)
+            raise AssertionError("the worker outlived its killed parent")
+    finally:
+        parent.kill()

@@ -5,10 +5,14 @@ model's classifier, before anything is measured."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import torch
+from torch import nn
 from torch.utils.data import Dataset
 
 from pomt.choice import accuracy as acc
+from pomt.choice.fresh import in_fresh_process
 from pomt.measurement.steps import Step
 from pomt.pipelines.offline.config import OfflineConfig, needs_accuracy_model
 from pomt.pipelines.offline.prepare import Run
@@ -43,7 +47,29 @@ def estimate_accuracy(workload: Workload, config: OfflineConfig, run: Run, sampl
     geometry, (subset, kind) = run.geometry, sample
     extra = [s.tokens for s in steps] + [s.upper_tokens for s in steps]
     counts = acc.accuracy_token_counts(geometry.min_tokens, geometry.num_tokens, config.accuracy_points, extra)
-    loader = acc.image_loader(subset, config.accuracy_batch_size)
     device = run.setup.device if run.replay is None else "cpu"
-    return acc.measure_accuracy(run.prepared.model, loader, counts, kind, device=device, seed=workload.seed,
-                                progress=workload.progress)
+    job = AccuracyJob(run.prepared.model, subset, config.accuracy_batch_size, counts, kind, device, workload.seed,
+                      workload.progress, torch.get_num_threads())
+    return in_fresh_process(_measure_there, job)  # never in the timing process (`pomt.choice.hosted_calibration`)
+
+
+@dataclass(frozen=True)
+class AccuracyJob:
+    """What the worker measuring A(n) needs: the model (its weights travel in shared memory), the sample, the
+    counts, how, and the timing process's threads."""
+
+    model: nn.Module
+    sample: Dataset
+    batch_size: int
+    counts: list[int]
+    kind: str
+    device: str
+    seed: int
+    progress: bool
+    threads: int
+
+
+def _measure_there(job: AccuracyJob) -> acc.AccuracyCurve:
+    torch.set_num_threads(job.threads)
+    return acc.measure_accuracy(job.model, acc.image_loader(job.sample, job.batch_size), job.counts, job.kind,
+                                device=job.device, seed=job.seed, progress=job.progress)

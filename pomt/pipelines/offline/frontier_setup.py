@@ -11,6 +11,7 @@ from pomt.checks import check_drop_resolution
 from pomt.choice.accuracy_journal import AccuracyJournal, model_identity
 from pomt.choice.calibration import SEARCH, Calibration, split_indices
 from pomt.choice.frontier_choice import Goal
+from pomt.choice.hosted_calibration import HostedCalibration
 from pomt.errors import SettingError
 from pomt.pipelines.offline.accuracy import Sample
 from pomt.pipelines.offline.config import OfflineConfig, max_accuracy_drop
@@ -25,7 +26,7 @@ JOURNAL = "frontier-journal.jsonl"
 class FrontierSetup:
     """The calibration images and their journal, and what the shipped schedule must meet."""
 
-    calibration: Calibration
+    calibration: Calibration | HostedCalibration  # hosted in a worker process while the frontier runs
     goal: Goal
     journal: Path
 

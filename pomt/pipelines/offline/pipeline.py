@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pomt.choice.accuracy import AccuracyCurve, save_accuracy_curve
+from pomt.choice.hosted_calibration import hosted
 from pomt.choice.policy import Decision
 from pomt.choice.verify import Verification
 from pomt.device.fingerprint import Fingerprint
@@ -74,18 +75,30 @@ def run_offline(workload: Workload, config: OfflineConfig | None = None,
 
 
 def measure_and_choose(request: Request, run: Run, sample: Sample | None) -> OfflineResult:
-    """Latency, A(n), the policy's ranking, the verdict and the schedule, its outputs written."""
-    workload, config, settings = request.workload, request.config, request.settings
+    """The frontier policy (its accuracy measured in a worker process, `pomt.choice.hosted_calibration`), else
+    the step or utility policy (`measure_and_rank`); the outputs written."""
+    workload, config = request.workload, request.config
     accuracy = given_accuracy(config, run)
     known = accuracy is not None or sample is not None
-    frontier = prepare_frontier(workload, config, run, sample) if policy_name(config, known) == FRONTIER else None
+    if policy_name(config, known) != FRONTIER:
+        return measure_and_rank(request, run, sample, accuracy, known)
+    frontier = prepare_frontier(workload, config, run, sample)
+    with hosted(frontier.calibration) as calibration:  # its accuracy measured in a worker, nothing timed there
+        frontier = replace(frontier, calibration=calibration)
+        latency = measure_latency(request, run, run.geometry.num_tokens - max_remove(config, run.geometry, known))
+        paths = {} if latency.trace is None else {"trace": latency.trace}
+        return frontier_result(request, run, choose_on_frontier(request, run, frontier, latency), paths)
+
+
+def measure_and_rank(request: Request, run: Run, sample: Sample | None, accuracy: AccuracyCurve | None,
+                     known: bool) -> OfflineResult:
+    """The step and utility policies: latency, A(n), the ranking, the verdict and the schedule, written."""
+    workload, config, settings = request.workload, request.config, request.settings
     reach = run.geometry.num_tokens - max_remove(config, run.geometry, known)
     latency = measure_latency(request, run, reach)
     if run.replay is None and config.verify_fresh and policy_name(config, known) == "step":
         latency = check_steps_in_fresh_process(workload, settings, latency, reach)
     paths = {} if latency.trace is None else {"trace": latency.trace}
-    if frontier is not None:
-        return frontier_result(request, run, choose_on_frontier(request, run, frontier, latency), paths)
     if sample is not None:
         accuracy = estimate_accuracy(workload, config, run, sample, latency.search.steps)
     ranking = rank(config, policy_setting(config, run.geometry, latency.search, accuracy), latency.search)
