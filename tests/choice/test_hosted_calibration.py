@@ -33,6 +33,8 @@ def test_a_hosted_calibration_answers_as_here_journals_the_same_and_runs_no_forw
     away = calibration(tmp_path / "away.jsonl")
     with hosted(away) as hosted_away:
         away.model.forward = refuse_forward  # the worker holds its own model object, given before this
+        # its own copy: weights a worker maps in shared memory slowed the parent's forwards by 40%
+        assert not any(p.is_shared() for p in away.model.parameters())
         assert hosted_away.kind == TOP1 and hosted_away.size(SEARCH) == here.size(SEARCH)
         assert {split: hosted_away.measure(CANDIDATES, split) for split in (SEARCH, HELD_OUT)} == expected
         assert hosted_away.evaluated == 2 * len(CANDIDATES) and hosted_away.seconds > 0

@@ -4,6 +4,7 @@ model's classifier, before anything is measured."""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -12,7 +13,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from pomt.choice import accuracy as acc
-from pomt.choice.fresh import in_fresh_process
+from pomt.choice.fresh import by_value, in_fresh_process
 from pomt.measurement.steps import Step
 from pomt.pipelines.offline.config import OfflineConfig, needs_accuracy_model
 from pomt.pipelines.offline.prepare import Run
@@ -50,13 +51,13 @@ def estimate_accuracy(workload: Workload, config: OfflineConfig, run: Run, sampl
     device = run.setup.device if run.replay is None else "cpu"
     job = AccuracyJob(run.prepared.model, subset, config.accuracy_batch_size, counts, kind, device, workload.seed,
                       workload.progress, torch.get_num_threads())
-    return in_fresh_process(_measure_there, job)  # never in the timing process (`pomt.choice.hosted_calibration`)
+    return in_fresh_process(_measure_there, by_value(job))  # not in the timing process (`choice.hosted_calibration`)
 
 
 @dataclass(frozen=True)
 class AccuracyJob:
-    """What the worker measuring A(n) needs: the model (its weights travel in shared memory), the sample, the
-    counts, how, and the timing process's threads."""
+    """What the worker measuring A(n) needs: the model, the sample, the counts, how, and the timing process's
+    threads."""
 
     model: nn.Module
     sample: Dataset
@@ -69,7 +70,8 @@ class AccuracyJob:
     threads: int
 
 
-def _measure_there(job: AccuracyJob) -> acc.AccuracyCurve:
+def _measure_there(pickled: bytes) -> acc.AccuracyCurve:
+    job: AccuracyJob = pickle.loads(pickled)
     torch.set_num_threads(job.threads)
     return acc.measure_accuracy(job.model, acc.image_loader(job.sample, job.batch_size), job.counts, job.kind,
                                 device=job.device, seed=job.seed, progress=job.progress)
