@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 
 import torch
+from torch import nn
+from torch.utils.data import Dataset
 
 from pomt.bench.variants import BASELINE, Variant
 from pomt.choice import accuracy as acc
@@ -22,33 +24,39 @@ from pomt.runtimes import parameter_dtype
 DEFAULT_SAMPLES: int = OfflineConfig.accuracy_samples
 
 
+def accuracy_data(samples: int, dataset_root, agreement: bool, model: nn.Module, size: tuple[int, int], batch: int,
+                  seed: int = 0) -> tuple[Dataset, str] | None:
+    """The images the accuracy is measured on and their kind, opened and their labels checked against `model`
+    (before anything is timed, so that bad data fails at once); random images (agreement) without a folder; None
+    when no accuracy is asked (`samples` <= 0)."""
+    if samples <= 0:
+        return None
+    if dataset_root is None:
+        return acc.random_images(-(-samples // batch) * batch, size, seed), acc.AGREEMENT
+    dataset, kind = acc.open_image_folder(dataset_root, acc.eval_transform(model, size), agreement=agreement)
+    acc.check_labels(dataset, kind, model, dataset_root)
+    return dataset, kind
+
+
 def add_accuracy(
     rows: dict[str, dict],
     variants: Sequence[Variant],
     samples: int,
-    dataset_root,
-    agreement: bool,
+    data: tuple[Dataset, str] | None,
     device: str,
     batch: int,
-    size: tuple[int, int],
     seed: int = 0,
     progress: bool | None = None,
 ) -> tuple[str, int, dict[str, torch.Tensor]]:
-    """Fill each row's `accuracy` and its interval (`accuracy_low`, `accuracy_high`); returns (kind, images,
-    {variant: one bool per image, right or not}). `progress`: a bar over the batches (None: when stderr is a
-    terminal)."""
-    if samples <= 0:
+    """Fill each row's `accuracy` and its interval (`accuracy_low`, `accuracy_high`) on `data` (`accuracy_data`);
+    returns (kind, images, {variant: one bool per image, right or not}). `progress`: a bar over the batches
+    (None: when stderr is a terminal)."""
+    if data is None:
         for row in rows.values():
             row.update(accuracy=None, accuracy_low=None, accuracy_high=None, accuracy_correct=None)
         return "", 0, {}
-    samples = -(-samples // batch) * batch
-    if dataset_root is not None:
-        dataset, kind = acc.open_image_folder(dataset_root, acc.eval_transform(variants[0].model, size),
-                                              agreement=agreement)
-        acc.check_labels(dataset, kind, variants[0].model, dataset_root)
-    else:
-        dataset, kind = acc.random_images(samples, size, seed), acc.AGREEMENT
-    loader = acc.whole_batches(dataset, samples, batch, seed)
+    dataset, kind = data
+    loader = acc.whole_batches(dataset, -(-samples // batch) * batch, batch, seed)
     forwards = {v.name: lambda images, _, model=v.model: model(images) for v in variants}
     show = sys.stderr.isatty() if progress is None else progress
     right = acc.outcomes(forwards, loader, kind, forwards[BASELINE], device, progress=show,
