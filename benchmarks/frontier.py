@@ -5,7 +5,9 @@ digits model (`pomt.digits`) and its calibration folder: latency curve, reducer 
 the search split, held-out accuracies, the chosen schedule verified. Then, in the same process and from the
 same run, the chosen schedule and each uniform family's best schedule within the drop (ToMe constant and
 decreasing r, top-k at a constant keep rate, single-block POMT at block 3) are measured against the
-unpruned model in the same paired shuffled rounds, and their held-out accuracies measured (Wilson 95%).
+unpruned model in the same paired shuffled rounds, and their held-out accuracies measured (Wilson 95%; in a
+worker process, as the offline run's, `pomt.choice.hosted_calibration`, so that no accuracy pass runs where they
+are timed).
 The uniform families are also judged as the chosen schedule is reported: every uniform schedule the search
 measured is measured held out, and each family's fastest within the drop there (its measured drop; marked
 `*`) joins the same rounds. Printed side by side: predicted and verified speedup, held-out accuracy and drop,
