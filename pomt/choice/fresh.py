@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+import torch
 
 from pomt.choice.verify import CandidateResult, Verification, choose, schedule_forward_at, verify
 from pomt.device.allocator import STEADY_ADVICE
@@ -84,6 +85,11 @@ class FreshWorker:
             self._pool.terminate()
             raise
 
+    def run_copied(self, work: Callable[[Job], Answer], job: Job) -> Answer:
+        """`work(job)` there on a copy of `job` (`by_value`: for jobs that carry tensors), with this process's
+        thread count."""
+        return self.run(_copied_call, (work, by_value(job), torch.get_num_threads()))
+
     def __enter__(self) -> FreshWorker:
         return self
 
@@ -96,11 +102,18 @@ class FreshWorker:
 
 
 def by_value(job: object) -> bytes:
-    """`job` pickled with its tensors' data copied, for a worker to `pickle.loads`. Sent as it is, torch's
+    """`job` pickled with its tensors' data copied (`FreshWorker.run_copied`). Sent as it is, torch's
     multiprocessing pickling moves a tensor's storage to shared memory that both processes map, and while a worker
     held the digits model that way the parent's forwards ran 40% slower (deit_tiny at batch 16 on the 2-core
     Intel VM, 35.9 -> 50.3 ms; 12 kept tokens 0.36 -> 0.54 of it), back to 36.1 ms once the worker closed."""
     return pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _copied_call(packed: tuple[Callable[[Job], Answer], bytes, int]) -> Answer:
+    """The worker's side of `FreshWorker.run_copied`."""
+    work, job, threads = packed
+    torch.set_num_threads(threads)
+    return work(pickle.loads(job))
 
 
 def in_fresh_process(work: Callable[[Job], Answer], job: Job) -> Answer:

@@ -10,31 +10,26 @@ forwards, 60 patched batch-16 forwards at ten counts, or decoding the images cha
 verification came after its search's accuracy, and read its chosen schedule 1.159x where a fresh process read
 1.205x. A serving process runs one schedule, not a search's: the accuracy goes to a worker process
 (`pomt.choice.fresh.FreshWorker`), started and given the calibration before anything is timed, idle while the
-parent times. The calibration travels by value (`pomt.choice.fresh.by_value`): a model whose weights the worker
+parent times. The calibration travels as a copy (`FreshWorker.run_copied`): a model whose weights the worker
 mapped in shared memory ran 40% slower in the parent.
 """
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-
-import torch
 
 from pomt.choice.binomial import Proportion
 from pomt.choice.calibration import SEARCH, Calibration
 from pomt.choice.candidates import Candidate
-from pomt.choice.fresh import FreshWorker, by_value
+from pomt.choice.fresh import FreshWorker
 
 _HOSTED: dict[str, Calibration] = {}  # in the worker: the calibration it was given
 
 
-def _host(job: tuple[bytes, int]) -> None:
-    """The worker's side of `HostedCalibration`: keep the calibration, time nothing, use the parent's threads."""
-    calibration, threads = job
-    torch.set_num_threads(threads)
-    _HOSTED["calibration"] = pickle.loads(calibration)
+def _host(calibration: Calibration) -> None:
+    """The worker's side of `HostedCalibration`: keep the calibration, time nothing until asked."""
+    _HOSTED["calibration"] = calibration
 
 
 def _measure(job: tuple[list[Candidate], str, float | None]) -> tuple[dict[Candidate, Proportion], int, float]:
@@ -50,7 +45,7 @@ class HostedCalibration:
         self.kind, self.indices = calibration.kind, calibration.indices
         self.evaluated, self.seconds = calibration.evaluated, calibration.seconds
         self._worker = worker
-        worker.run(_host, (by_value(calibration), torch.get_num_threads()))  # returns once the worker holds it
+        worker.run_copied(_host, calibration)  # returns once the worker holds it
 
     def size(self, split: str = SEARCH) -> int:
         return len(self.indices[split])

@@ -4,16 +4,14 @@ model's classifier, before anything is measured."""
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 from torch.utils.data import Dataset
 
 from pomt.choice import accuracy as acc
-from pomt.choice.fresh import by_value, in_fresh_process
+from pomt.choice.fresh import FreshWorker
 from pomt.measurement.steps import Step
 from pomt.pipelines.offline.config import OfflineConfig, needs_accuracy_model
 from pomt.pipelines.offline.prepare import Run
@@ -50,14 +48,14 @@ def estimate_accuracy(workload: Workload, config: OfflineConfig, run: Run, sampl
     counts = acc.accuracy_token_counts(geometry.min_tokens, geometry.num_tokens, config.accuracy_points, extra)
     device = run.setup.device if run.replay is None else "cpu"
     job = AccuracyJob(run.prepared.model, subset, config.accuracy_batch_size, counts, kind, device, workload.seed,
-                      workload.progress, torch.get_num_threads())
-    return in_fresh_process(_measure_there, by_value(job))  # not in the timing process (`choice.hosted_calibration`)
+                      workload.progress)
+    with FreshWorker() as worker:  # not in the timing process (`pomt.choice.hosted_calibration`)
+        return worker.run_copied(_measure_there, job)
 
 
 @dataclass(frozen=True)
 class AccuracyJob:
-    """What the worker measuring A(n) needs: the model, the sample, the counts, how, and the timing process's
-    threads."""
+    """What the worker measuring A(n) needs: the model, the sample, the counts and how."""
 
     model: nn.Module
     sample: Dataset
@@ -67,11 +65,8 @@ class AccuracyJob:
     device: str
     seed: int
     progress: bool
-    threads: int
 
 
-def _measure_there(pickled: bytes) -> acc.AccuracyCurve:
-    job: AccuracyJob = pickle.loads(pickled)
-    torch.set_num_threads(job.threads)
+def _measure_there(job: AccuracyJob) -> acc.AccuracyCurve:
     return acc.measure_accuracy(job.model, acc.image_loader(job.sample, job.batch_size), job.counts, job.kind,
                                 device=job.device, seed=job.seed, progress=job.progress)
