@@ -42,6 +42,7 @@ from pomt.choice.accuracy_journal import AccuracyJournal, model_identity
 from pomt.choice.calibration import HELD_OUT, SEARCH, Calibration
 from pomt.choice.candidates import NONE, Candidate, given_schedules
 from pomt.choice.families import FAMILIES
+from pomt.choice.frontier import MAX_EVALS
 from pomt.choice.frontier_choice import (
     best_by_family,
     fastest_held_out_by_family,
@@ -283,7 +284,8 @@ def main() -> None:
     parser.add_argument("--drop", type=float, default=1.0, help="most accuracy lost, points (held-out reported)")
     parser.add_argument("--confidence", type=float, default=OfflineConfig.accuracy_confidence,
                         help="confidence the drop is met at, on the search split (the offline default)")
-    parser.add_argument("--max-evals", type=int, default=80)
+    parser.add_argument("--max-evals", type=int, default=MAX_EVALS,
+                        help="schedules whose accuracy the search may measure (the offline --max-evals)")
     parser.add_argument("--budget", type=float, default=None,
                         help="the latency curve's visit budget, a fraction of the full grid (the offline --budget)")
     parser.add_argument("--also", nargs="+", default=[], metavar="SCHEDULE",

@@ -74,6 +74,7 @@ from pomt.choice.schedule_dp import BlockProgramme, landing_counts
 from pomt.choice.schedule_latency import LatencyModel
 
 Oracle = Callable[[Sequence[Candidate]], Mapping[Candidate, Proportion]]
+MAX_EVALS = 80  # measured accuracies a search may spend by default (method, section 15: why not 120)
 MIN_BISECTION = 3  # evaluations a reducer's bisection gets at least (as far as its proposals go)
 NEAR_MISS = 2  # times the goal: how far past it by the refitted stand-in a proposal may still be measured
 
@@ -83,7 +84,7 @@ class SearchSettings:
     """How hard and where to search; `steps` are the confirmed steps' fast-side token counts (`Step.fast_tokens`)."""
 
     reducers: tuple[str, ...] = REDUCERS
-    max_evals: int = 80
+    max_evals: int = MAX_EVALS
     max_accuracy_drop: float = 1.0  # points
     confidence: float = CONFIDENCE  # of the drop (`pomt.choice.pareto.drop_within`)
     latency_budget_ms: float | None = None

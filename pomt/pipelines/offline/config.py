@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pomt.checks import METHODS, check_method, check_options, check_prune_block
 from pomt.choice.accuracy import load_accuracy_curve
+from pomt.choice.frontier import MAX_EVALS
 from pomt.choice.policy import POLICIES
 from pomt.choice.verify import verify_rounds
 from pomt.errors import DatasetError, GridError, PolicyError, SettingError
@@ -58,7 +59,7 @@ class OfflineConfig:
         0.95, "Frontier: confidence that a schedule meets --max-accuracy-drop and --min-accuracy, judged on the "
               "one-sided bound of its search-split accuracy (the drop paired with the unpruned model's on the same "
               "images); 0.5 judges on the measured value.", min=0.5, max=0.999)
-    max_evals: int = option(80, "Frontier: schedules whose accuracy the search may measure on the search split.",
+    max_evals: int = option(MAX_EVALS, "Frontier: schedules whose accuracy the search may measure on the search split.",
                             min=1)
     held_out: float = option(0.5, "Frontier: share of the calibration images held out to report the chosen "
                                   "schedule's accuracy on.", min=0.05, max=0.95)
