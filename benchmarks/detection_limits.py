@@ -55,14 +55,14 @@ import numpy as np
 from scipy import stats as scipy_stats
 from tqdm import tqdm
 
-from pomt.choice.binomial import wilson_interval
-from pomt.choice.curve_model import SMOOTH_SHARE, lowess
 from pomt.formats.trace import Trace, inject_steps, read_trace
 from pomt.measurement.drift import corrected_values, relative_noise
+from pomt.measurement.priced_curve import SMOOTH_SHARE, lowess
 from pomt.measurement.search import BUDGET_SPENT, LatencySearch, SearchResult, SearchSettings
 from pomt.measurement.sources import ReplaySource, Session, TraceExhausted
 from pomt.measurement.steps import Step, steps_in_trace
 from pomt.measurement.windows import WindowShift, scan, window_span
+from pomt.stats import wilson_interval
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 SIZES = {"5-8%": (0.05, 0.08), "8-15%": (0.08, 0.15), ">=15%": (0.15, 0.20)}
@@ -86,7 +86,7 @@ def confirmed_within(result: SearchResult, reach: int) -> list[tuple[int, str]]:
 
 def smooth_trend(trace: Trace) -> dict[int, float]:
     """{count: the trace's smooth level (ms)}: LOWESS through its counts' median drift-corrected visits, as the
-    priced curve's trend (`pomt.choice.curve_model`)."""
+    priced curve's trend (`pomt.measurement.priced_curve`)."""
     values = corrected_values(list(trace.visits))
     counts = np.array(sorted(values), float)
     medians = np.array([np.median(values[int(n)]) for n in counts])

@@ -10,7 +10,7 @@ steady settings (`pomt.device.allocator.STEADY`).
 On the 2-core VM (deit_small, batch 4, 2 threads), which placements run slow depends on the heap's whole
 history, so on the code that runs before them too. Under glibc's defaults, a loop timing with perf_counter
 found one or two of five placements at N / 194 = 1.09-1.11 (N at 210-211 ms, the level of the offline run
-whose cliff by N a fresh process did not have, `pomt.choice.fresh`) in each of four runs, a version timing
+whose cliff by N a fresh process did not have, `pomt.verification.fresh`) in each of four runs, a version timing
 with `time_calls` one of five at 1.061 [1.040, 1.082], and this version (visits through `LiveSource`) none of
 five (1.009-1.034). With the threshold fixed either way (128 KiB, 1 GiB), no placement of any version ran slow
 (1.010-1.027). A schedule's steps near N hold only under the allocator settings they were measured with; the

@@ -14,8 +14,8 @@ deit_tiny at 112 px (batch 1); a removal that does not pay is not shipped.
 
 multi: for each workload, multi-block schedules of every reducer (pomt, topk, tome, l2norm: two and three
 pruning blocks, ToMe's constant and decreasing r and a front-loaded ToMe schedule) priced by
-`pomt.choice.schedule_latency.LatencyModel` from a curve L(n) (`--curve-points` counts) and each reducer's own
-cost measured by `pomt.choice.reducer_costs`. The curve's counts and the patched schedules are measured in the
+`pomt.frontier.latency.LatencyModel` from a curve L(n) (`--curve-points` counts) and each reducer's own
+cost measured by `pomt.frontier.reducer_costs`. The curve's counts and the patched schedules are measured in the
 same paired rounds (seeded random order per round, the one model truncated or patched for each visit, as the
 offline computation measures and verifies), so that what is compared is the latency model and not the
 machine's state minutes apart: on this VM the step between 49 and 50 tokens of deit_tiny at 112 px, batch 16,
@@ -29,7 +29,7 @@ changes: how the excess grows with the count changes. Layouts whose blocks avera
 three quarters of the patch tokens) with 1 to depth - 1 changes, dropped, against the uniform model at m and the
 line's check (L(N) + L(2m - N)) / 2 against L(m), in the same paired rounds (CPU only). On the Intel VM (deit_tiny
 at 112 px, batch 16, 120 rounds, four runs) one change read +0.4% to +2.8%, eleven +3.7% to +5.7%: the form the
-latency model charges (`pomt.choice.schedule_latency`, Mixed counts).
+latency model charges (`pomt.frontier.latency`, Mixed counts).
 
 ops: where the curve fails to add up. For each multi-block schedule's token counts (no reducer: the counts
 dropped), one forward a round is profiled (torch.profiler, self CPU time per operator) beside the whole
@@ -82,8 +82,8 @@ def multi_block_schedules(num_tokens: int, prefix: int, depth: int) -> list:
     """Two- and three-block schedules of every reducer (a share of the patch tokens entering each pruning
     block), ToMe's constant and decreasing r, a front-loaded ToMe schedule, top-k's keep rate at its rate
     blocks."""
-    from pomt.choice.candidates import REDUCERS, Candidate
-    from pomt.choice.families import rate_blocks, tome_constant, tome_decreasing, tome_values, topk_rate
+    from pomt.frontier.candidates import REDUCERS, Candidate
+    from pomt.frontier.families import rate_blocks, tome_constant, tome_decreasing, tome_values, topk_rate
 
     layouts = {2: sorted({depth // 3, 2 * depth // 3}), 3: rate_blocks(depth)}
     schedules = []
@@ -157,7 +157,7 @@ def mixed_ops(workload: str, args: argparse.Namespace) -> None:
     import numpy as np
     import torch
 
-    from pomt.choice.schedule_latency import LatencyModel
+    from pomt.frontier.latency import LatencyModel
     from pomt.models.geometry import model_geometry
     from pomt.models.registry import create_model
     from pomt.models.tokens import dropped_to, truncate_tokens
@@ -219,11 +219,11 @@ def equal_mean_layouts(num_tokens: int, prefix: int, depth: int) -> tuple[int, d
 def count_changes_excess(workload: str, args: argparse.Namespace) -> None:
     """Layouts of about the same mean count m with 1 to depth - 1 count changes (counts dropped, no reducer)
     against the uniform model at m, in the same paired rounds: how the excess over the blocks' sum grows with
-    the changes (the form `pomt.choice.schedule_latency` charges, Mixed counts)."""
+    the changes (the form `pomt.frontier.latency` charges, Mixed counts)."""
     import numpy as np
     import torch
 
-    from pomt.choice.schedule_latency import count_changes
+    from pomt.frontier.latency import count_changes
     from pomt.measurement.paired import paired_effect
     from pomt.models.geometry import model_geometry
     from pomt.models.registry import create_model
@@ -258,9 +258,9 @@ def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
     import numpy as np
     import torch
 
-    from pomt.choice.candidates import REDUCERS
-    from pomt.choice.reducer_costs import measure_mixed_counts, measure_reducer_costs
-    from pomt.choice.schedule_latency import LatencyModel
+    from pomt.frontier.candidates import REDUCERS
+    from pomt.frontier.latency import LatencyModel
+    from pomt.frontier.reducer_costs import measure_mixed_counts, measure_reducer_costs
     from pomt.measurement.paired import paired_effect
     from pomt.models.geometry import model_geometry
     from pomt.models.registry import create_model
@@ -369,8 +369,8 @@ def main() -> None:
                         help="multi: schedules to measure and price beside the others, e.g. tome:0=2,6=13,7=10")
     parser.add_argument("extra", nargs="*", help="further offline_computation.py options (after --)")
     args = parser.parse_args()
-    from pomt.choice.candidates import given_schedules
     from pomt.cli.app import fail
+    from pomt.frontier.candidates import given_schedules
     from pomt.models.registry import geometry_of
 
     if args.part in ("ops", "changes") and (args.device != "cpu" or args.backend != "eager"):

@@ -16,9 +16,9 @@ from statistics import NormalDist
 
 import psutil
 
-from pomt.choice.binomial import CONFIDENCE, half_width, trials_for_half_width, wilson_interval
 from pomt.errors import BatchSizeError, CalibrationError, OutputError, PatchError, SettingError
 from pomt.options import SEED_MAX, flag
+from pomt.stats import CONFIDENCE, half_width, trials_for_half_width, wilson_interval
 
 METHODS = ("pomt", "topk", "tome", "l2norm", "random")
 

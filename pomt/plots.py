@@ -50,7 +50,7 @@ def plot_offline(
     priced: Mapping[int, float] | None = None,
 ) -> Path:
     """Latency vs kept tokens: every visit (drift-corrected) as a dot, the pooled curve with its 95% band, the
-    curve the choice priced from (`priced`: `pomt.choice.curve_model`),
+    curve the choice priced from (`priced`: `pomt.measurement.priced_curve`),
     confirmed steps with their paired effect and interval, candidates the paired test rejected, steps
     confirmed here that a fresh process did not show (`here_only`, (low, high) each), the counts within the
     policy's reach shaded (what `detection` states a limit over), the choice and what verification measured;
@@ -242,7 +242,7 @@ def plot_frontier(path: str | Path, title: str, rows: Sequence[Mapping], floor: 
     family (a reducer's per-block search is one): hollow at the predicted speedup, filled with its interval
     where verified; the frontier as a line, the chosen schedule as a star, the unpruned accuracy less the drop asked
     (`floor`) as a dashed line, and a ring round each schedule the search images were too few to tell (within the
-    drop measured, not on its bound). Rows as `pomt.choice.frontier_table.rows` gives them."""
+    drop measured, not on its bound). Rows as `pomt.frontier.report.rows` gives them."""
     plt = _pyplot()
     figure, ax = plt.subplots(figsize=(9, 5.4))
     def series(r: Mapping) -> str:  # probes and proposals of one reducer's per-block search are one series

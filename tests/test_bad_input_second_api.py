@@ -13,7 +13,7 @@ import timm
 import torch
 
 import pomt
-from pomt.choice.accuracy import load_accuracy_curve
+from pomt.accuracy import load_accuracy_curve
 from pomt.errors import (
     BatchSizeError,
     CurveError,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pomt.choice.binomial import wilson_interval
+from pomt.stats import wilson_interval
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "detection_limits.py"
 

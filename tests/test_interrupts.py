@@ -159,7 +159,7 @@ def test_ctrl_c_while_a_fresh_process_works_ends_both_quietly(tmp_path):
     started = tmp_path / "started"
     script = ("import sys; sys.path.insert(0, 'tests')\n"
               "from interrupt_job import touch_then_sleep\n"
-              "from pomt.choice.fresh import in_fresh_process\n"
+              "from pomt.verification.fresh import in_fresh_process\n"
               "try:\n"
               f"    in_fresh_process(touch_then_sleep, {str(started)!r})\n"
               "except KeyboardInterrupt:\n"
@@ -172,7 +172,7 @@ def test_ctrl_c_while_a_fresh_process_works_ends_both_quietly(tmp_path):
 
 
 def test_a_finished_fresh_process_leaves_a_quiet_exit():
-    script = ("import time\nfrom pomt.choice.fresh import in_fresh_process\n"
+    script = ("import time\nfrom pomt.verification.fresh import in_fresh_process\n"
               "print(in_fresh_process(time.sleep, 0.01))\n")
     result = subprocess.run([sys.executable, "-W", "default", "-c", script], cwd=ROOT, capture_output=True,
                             text=True, timeout=300)

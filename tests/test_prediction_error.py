@@ -4,7 +4,7 @@ a few rounds: the structure, not the figures)."""
 
 import re
 
-from pomt.choice.schedule_latency import count_changes
+from pomt.frontier.latency import count_changes
 
 from conftest import run_script_in_process
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from pomt.choice.accuracy import eval_transform, image_loader, open_image_folder
+from pomt.accuracy import eval_transform, image_loader, open_image_folder
 from pomt.models.registry import create_model
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (220, 220, 30)}

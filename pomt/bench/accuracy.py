@@ -15,11 +15,11 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from pomt import accuracy as acc
 from pomt.bench.variants import BASELINE, Variant
-from pomt.choice import accuracy as acc
-from pomt.choice.binomial import Proportion
 from pomt.pipelines.offline.config import OfflineConfig
 from pomt.runtimes import parameter_dtype
+from pomt.stats import Proportion
 
 DEFAULT_SAMPLES: int = OfflineConfig.accuracy_samples
 

@@ -1,7 +1,7 @@
 """Accuracies compared with intervals: every variant against the schedule (or, without one, the unpruned model).
 
 The variants ran on the same images, so a difference is judged paired, from the images one got right and the
-other did not (`pomt.choice.binomial.paired_difference_interval`): two variants that change few images differ
+other did not (`pomt.stats.paired_difference_interval`): two variants that change few images differ
 by an amount known far better than either accuracy. Without the per-image outcomes (rows alone) the interval
 is the unpaired one, which errs wide. A difference whose interval holds 0 is reported as such, not ranked: the
 images measured cannot tell the two apart.
@@ -16,7 +16,7 @@ import torch
 
 from pomt.bench.accuracy import proportion_of
 from pomt.bench.variants import BASELINE, SCHEDULE
-from pomt.choice.binomial import difference_interval, paired_difference_interval
+from pomt.stats import difference_interval, paired_difference_interval
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from pomt.choice.curve_model import priced_levels, step_spans
-from pomt.choice.policy import predict_from_counts
-from pomt.choice.verify import cost_function
 from pomt.errors import CurveError
 from pomt.formats.curve import read_points
 from pomt.formats.schedule import Schedule
+from pomt.frontier.reducer_costs import cost_function
+from pomt.measurement.priced_curve import priced_levels, step_spans
 from pomt.patching import token_counts
+from pomt.policies import predict_from_counts
 
 Predictor = Callable[[str | None, Mapping[int, int]], float]
 
@@ -19,7 +19,7 @@ Predictor = Callable[[str | None, Mapping[int, int]], float]
 def predictor(schedule: Schedule, source: object, geometry) -> Predictor | None:
     """Latency of a variant over the unpruned model's, predicted from the schedule's curve file (beside the
     schedule), priced between the schedule's steps as the offline computation priced it
-    (`pomt.choice.curve_model`): every block at the tokens it receives (`pomt.choice.policy.predict_from_counts`),
+    (`pomt.measurement.priced_curve`): every block at the tokens it receives (`pomt.policies.predict_from_counts`),
     plus the method's own cost where the schedule measured it. Without the curve, the schedule's own prediction
     only."""
     baseline, pruned = schedule.predicted.baseline_ms, schedule.predicted.pruned_ms

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from pomt.choice.accuracy import eval_transform, image_loader, open_image_folder
+from pomt.accuracy import eval_transform, image_loader, open_image_folder
 from pomt.digits.folder import DigitsSpec, write_digits
 from pomt.io import atomic_write_bytes, atomic_write_json
 from pomt.models.registry import create_model

@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from pomt.choice.accuracy import AccuracyCurve
+from pomt.accuracy import AccuracyCurve
 from pomt.errors import CurveError
 from pomt.io import atomic_write_csv
 from pomt.measurement.drift import CurvePoint

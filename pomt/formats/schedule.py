@@ -57,7 +57,7 @@ class Schedule:
     dtype: str = "float32"
     backend: dict | None = None
     measurement: MeasurementRecord | None = None  # how the curve was measured: passes, visits, drift, steps judged
-    verified: Verified | None = None  # the patched model measured against the unpruned one (pomt.choice.verify)
+    verified: Verified | None = None  # the patched model measured against the unpruned one (pomt.verification.verify)
     frontier: dict | None = None  # the frontier search that chose it: its file, accuracies, the uniform it beat
 
     @property

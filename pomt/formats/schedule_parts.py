@@ -24,7 +24,7 @@ def _read(cls: type, data: Mapping) -> Any:
 
 @dataclass(frozen=True)
 class SchedulePolicy:
-    """The policy that chose the removal, with its settings and its reason (`pomt.choice.policy`)."""
+    """The policy that chose the removal, with its settings and its reason (`pomt.policies`)."""
 
     name: str | None = None
     alpha: float | None = None
@@ -133,7 +133,7 @@ def _checked(data: Any, where: str) -> Mapping:
 
 @dataclass(frozen=True, kw_only=True)
 class VerificationRecord:
-    """One verification of the patched model against the unpruned one (`pomt.choice.verify`): the shipped
+    """One verification of the patched model against the unpruned one (`pomt.verification.verify`): the shipped
     candidate's figures (the unpruned ones when none ships), every candidate, and the device it ran on."""
 
     unpruned_ms: float
@@ -165,7 +165,7 @@ class VerificationRecord:
 class Verified(VerificationRecord):
     """The schedule's `verified` object: the verification in the measuring process, the method's measured
     cost at its block, the same candidates verified in a fresh process (None: not run), and on a GPU the
-    shipped schedule's GPU work against its verified latency (`pomt.choice.launch_bound.GpuWork.to_dict`)."""
+    shipped schedule's GPU work against its verified latency (`pomt.verification.launch_bound.GpuWork.to_dict`)."""
 
     method_cost_ms: dict[str, float] | None = None
     fresh_process: VerificationRecord | None = None

@@ -34,7 +34,7 @@ class Backend(str, Enum):
 BACKENDS = tuple(b.value for b in Backend)
 # The runtimes that run the live model in this process, patched, cut or truncated as it stands: eager, and its
 # forward replayed as a CUDA graph. A schedule measured there is served there (`pomt.apply_schedule`, then
-# `pomt.cuda_graph`), and the reducers' own costs are measured there (`pomt.choice.reducer_costs`); the others
+# `pomt.cuda_graph`), and the reducers' own costs are measured there (`pomt.frontier.reducer_costs`); the others
 # run a static program exported per token count.
 IN_PROCESS = (Backend.EAGER.value, Backend.CUDAGRAPH.value)
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -1,6 +1,6 @@
 """CUDA graphs: a forward captured once and replayed, so the host issues one launch, not one per kernel.
 
-On a GPU a pruned ViT can be launch-bound (`pomt.choice.launch_bound`): its kernels take less GPU time than the
+On a GPU a pruned ViT can be launch-bound (`pomt.verification.launch_bound`): its kernels take less GPU time than the
 host takes to issue them, and its speed is then the host's. A replayed graph takes the host out: on an H100
 (deit_base, batch 64, float16) the frontier's ToMe schedule ran 1.98x as a graph, steady from run to run,
 where eager it read 0.81-1.72x on three hosts (docs/results/h100-2026-11-28.md, where the capture below ran as

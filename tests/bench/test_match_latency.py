@@ -16,7 +16,6 @@ from pomt.bench.compare import Comparison, compare
 from pomt.bench.knobs import knob, largest_constant_r
 from pomt.bench.run import BenchConfig, resolve_match
 from pomt.checks import check_removals
-from pomt.choice.binomial import Proportion, difference_interval
 from pomt.cli import main
 from pomt.device import Fingerprint
 from pomt.errors import PatchError, ScheduleError, SettingError
@@ -25,6 +24,7 @@ from pomt.formats.schedule_parts import Prediction
 from pomt.models.geometry import model_geometry
 from pomt.models.registry import create_model
 from pomt.patching import token_counts
+from pomt.stats import Proportion, difference_interval
 
 REDUCERS = ("pomt", "topk", "tome", "l2norm")
 

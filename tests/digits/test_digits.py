@@ -5,7 +5,7 @@ import json
 import numpy as np
 import torch
 
-from pomt.choice.accuracy import TOP1, eval_transform, open_image_folder
+from pomt.accuracy import TOP1, eval_transform, open_image_folder
 from pomt.digits.folder import DigitsSpec, render, split_per_class, write_digits
 from pomt.digits.model import SMALL, digits_case, learning_rate
 from pomt.models.registry import create_model

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pomt.choice.candidates import NONE, Candidate
+from pomt.frontier.candidates import NONE, Candidate
 
 from conftest import ROOT
 

@@ -9,7 +9,6 @@ import functools
 
 import pytest
 
-from pomt.choice.policy import Setting, rank_step
 from pomt.errors import GridError
 from pomt.formats.trace import TraceWriter, inject_steps, read_trace
 from pomt.measurement.candidates import expected_levels
@@ -18,6 +17,7 @@ from pomt.measurement.search import LatencySearch, SearchSettings
 from pomt.measurement.sources import ReplaySource, Session
 from pomt.measurement.steps import steps_in_trace
 from pomt.measurement.windows import WINDOW_COUNTS
+from pomt.policies import Setting, rank_step
 
 from conftest import DATA
 from trace_data import N, linear_levels, slow_drift, synthetic_trace

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pomt.choice.candidates import REDUCERS
+from pomt.frontier.candidates import REDUCERS
 from pomt.models.geometry import transformer_blocks
 from pomt.models.registry import create_model
 from pomt.patching import patch, patch_state, token_counts, unpatch

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pomt.choice.binomial import Proportion
-from pomt.choice.candidates import Candidate
-from pomt.choice.frontier import FrontierResult
-from pomt.choice.frontier_choice import Goal, preference
-from pomt.choice.pareto import Evaluated, pareto_front
-from pomt.choice.schedule_latency import LatencyModel
-from pomt.choice.verify import CandidateResult
 from pomt.device.fingerprint import Fingerprint
+from pomt.frontier.candidates import Candidate
+from pomt.frontier.choice import Goal, preference
+from pomt.frontier.latency import LatencyModel
+from pomt.frontier.pareto import Evaluated, pareto_front
+from pomt.frontier.search import FrontierResult
 from pomt.measurement.search import SearchSettings
 from pomt.pipelines.offline.config import OfflineConfig, Request
 from pomt.pipelines.offline.frontier_search import FrontierFound, stopped_note
 from pomt.pipelines.offline.frontier_verdict import decide_frontier, prediction_note
+from pomt.stats import Proportion
+from pomt.verification.verify import CandidateResult
 from pomt.workload.prepare import Workload
 
 from offline_data import N, make_run

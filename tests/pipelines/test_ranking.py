@@ -3,9 +3,9 @@ remove nothing with its reason."""
 
 import pytest
 
-from pomt.choice.accuracy import AccuracyCurve
-from pomt.choice.curve_model import priced_curve
+from pomt.accuracy import AccuracyCurve
 from pomt.errors import PolicyError
+from pomt.measurement.priced_curve import priced_curve
 from pomt.pipelines.offline.config import OfflineConfig
 from pomt.pipelines.offline.ranking import Ranking, nothing, policy_setting, rank, verification_removals
 

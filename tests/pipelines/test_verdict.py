@@ -3,14 +3,14 @@
 from dataclasses import replace
 from pathlib import Path
 
-from pomt.choice.fresh import placement_hint
-from pomt.choice.verify import CandidateResult, Verification
 from pomt.device import Fingerprint
 from pomt.measurement.search import SearchSettings
 from pomt.pipelines.offline.config import OfflineConfig, Request
 from pomt.pipelines.offline.latency import Latency
 from pomt.pipelines.offline.ranking import policy_setting, rank, verification_removals
 from pomt.pipelines.offline.verdict import FreshCheck, Verdict, decide, here_only_note, priced, shipped
+from pomt.verification.fresh import placement_hint
+from pomt.verification.verify import CandidateResult, Verification
 from pomt.workload.prepare import Workload
 
 from offline_data import GEOMETRY, N, make_run, search_result

@@ -11,12 +11,17 @@ import pytest
 import torch
 
 import pomt
-from pomt.choice.reducer_costs import cost_points, default_counts, measure_mixed_counts, measure_reducer_costs
-from pomt.choice.verify import method_cost
 from pomt.deploy.apply import eager_fingerprint
 from pomt.device import Fingerprint, fingerprint_hash
 from pomt.formats.schedule import BlockRemoval, Schedule
 from pomt.formats.schedule_parts import Verified
+from pomt.frontier.reducer_costs import (
+    cost_points,
+    default_counts,
+    measure_mixed_counts,
+    measure_reducer_costs,
+    method_cost,
+)
 from pomt.models.registry import create_model
 from pomt.models.tokens import truncate_tokens
 from pomt.patching import METHODS, patch, unpatch

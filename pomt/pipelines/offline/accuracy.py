@@ -1,5 +1,5 @@
 """A(n) for the policy: read from `--accuracy-curve`, or measured on the `--dataset-root` sample with random
-pruning after embedding (`pomt.choice.accuracy`); the sample is opened, and its labels checked against the
+pruning after embedding (`pomt.accuracy`); the sample is opened, and its labels checked against the
 model's classifier, before anything is measured."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from torch import nn
 from torch.utils.data import Dataset
 
-from pomt.choice import accuracy as acc
-from pomt.choice.fresh import FreshWorker
+from pomt import accuracy as acc
 from pomt.measurement.steps import Step
 from pomt.pipelines.offline.config import OfflineConfig, needs_accuracy_model
 from pomt.pipelines.offline.prepare import Run
+from pomt.verification.fresh import FreshWorker
 from pomt.workload.prepare import Workload
 
 Sample = tuple[Dataset, str]  # the seeded sample of the dataset folder, and its kind (top-1 or agreement)
@@ -29,7 +29,7 @@ def given_accuracy(config: OfflineConfig, run: Run) -> acc.AccuracyCurve | None:
 
 def accuracy_sample(workload: Workload, config: OfflineConfig, run: Run) -> Sample | None:
     """The seeded sample A(n) is measured on, its labels checked against the model's classifier
-    (`pomt.choice.accuracy.check_labels`; `--agreement` needs none); None where this run measures no A(n)."""
+    (`pomt.accuracy.check_labels`; `--agreement` needs none); None where this run measures no A(n)."""
     if not (needs_accuracy_model(config) or config.accuracy_only) or config.dataset_root is None:
         return None
     model, geometry = run.prepared.model, run.geometry
@@ -49,7 +49,7 @@ def estimate_accuracy(workload: Workload, config: OfflineConfig, run: Run, sampl
     device = run.setup.device if run.replay is None else "cpu"
     job = AccuracyJob(run.prepared.model, subset, config.accuracy_batch_size, counts, kind, device, workload.seed,
                       workload.progress)
-    with FreshWorker() as worker:  # not in the timing process (`pomt.choice.hosted_calibration`)
+    with FreshWorker() as worker:  # not in the timing process (`pomt.frontier.hosted_calibration`)
         return worker.run_copied(_measure_there, job)
 
 

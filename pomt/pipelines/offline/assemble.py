@@ -6,14 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pomt.choice.accuracy import AccuracyCurve
-from pomt.choice.policy import Decision
+from pomt.accuracy import AccuracyCurve
 from pomt.formats.curve import rounded
 from pomt.formats.schedule import BlockRemoval, Schedule, utc_now
 from pomt.formats.schedule_parts import MeasurementRecord, Prediction, SchedulePolicy, Verified
 from pomt.measurement.steps import Step
 from pomt.pipelines.offline.config import OfflineConfig, max_remove
 from pomt.pipelines.offline.prepare import Run
+from pomt.policies import Decision
 
 
 @dataclass(frozen=True)

@@ -6,15 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pomt.accuracy import load_accuracy_curve
 from pomt.checks import METHODS, check_method, check_options, check_prune_block
-from pomt.choice.accuracy import load_accuracy_curve
-from pomt.choice.frontier import MAX_EVALS
-from pomt.choice.policy import POLICIES
-from pomt.choice.verify import verify_rounds
 from pomt.errors import DatasetError, GridError, PolicyError, SettingError
+from pomt.frontier.search import MAX_EVALS
 from pomt.measurement.search import SearchSettings
 from pomt.models.geometry import Geometry
 from pomt.options import option
+from pomt.policies import POLICIES
+from pomt.verification.verify import verify_rounds
 from pomt.workload.prepare import Workload
 
 SEARCHES = ("adaptive", "full")

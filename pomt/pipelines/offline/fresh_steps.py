@@ -1,15 +1,15 @@
-"""The confirmed steps a schedule could land below, measured again in a fresh process (`pomt.choice.fresh`):
+"""The confirmed steps a schedule could land below, measured again in a fresh process (`pomt.verification.fresh`):
 a step that does not hold there is rejected before the policy sees it."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from pomt.choice.fresh import StepJob, step_holds, step_rounds_in_fresh_process
 from pomt.measurement.confirmation import Confirmation, confirmed_steps
 from pomt.measurement.paired import PairedEffect
 from pomt.measurement.search import SearchSettings
 from pomt.pipelines.offline.latency import Latency
+from pomt.verification.fresh import StepJob, step_holds, step_rounds_in_fresh_process
 from pomt.workload.prepare import Workload
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pomt.choice.frontier_table import COLUMNS
+from pomt.frontier.report import COLUMNS
 from pomt.io import atomic_write_csv, atomic_write_json
 from pomt.plots import plot_frontier
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pomt.choice.frontier_choice import held_out_note
-from pomt.choice.frontier_table import document, rows
 from pomt.formats.schedule import Schedule
+from pomt.frontier.choice import held_out_note
+from pomt.frontier.report import document, rows
 from pomt.pipelines.offline.config import Request
 from pomt.pipelines.offline.frontier_outputs import FrontierReport
 from pomt.pipelines.offline.frontier_schedule import as_schedule, frontier_record

@@ -7,16 +7,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from pomt.choice.candidates import Candidate
-from pomt.choice.frontier_choice import Goal, Unresolved, held_out_drop, held_out_inside
-from pomt.choice.pareto import Evaluated
-from pomt.choice.policy import Decision
-from pomt.choice.schedule_latency import LatencyModel
-from pomt.choice.verify import CandidateResult
 from pomt.formats.schedule import BlockRemoval, Schedule
+from pomt.frontier.candidates import Candidate
+from pomt.frontier.choice import Goal, Unresolved, held_out_drop, held_out_inside
+from pomt.frontier.latency import LatencyModel
+from pomt.frontier.pareto import Evaluated
 from pomt.pipelines.offline.assemble import Evidence, build_schedule
 from pomt.pipelines.offline.config import FRONTIER, OfflineConfig
 from pomt.pipelines.offline.prepare import Run
+from pomt.policies import Decision
+from pomt.verification.verify import CandidateResult
 
 
 def effective_removal(latency: LatencyModel, candidate: Candidate) -> dict[int, int]:
@@ -62,7 +62,7 @@ def frontier_record(file: str, kind: str, goal: Goal, baseline: Evaluated, chose
                     unresolved: Unresolved | None = None) -> dict:
     """The schedule's `frontier` object (see the module docstring); speedups are the verification's, measured
     in the same paired rounds, where the schedules were verified. `unresolved`: the faster schedules the
-    search split was too small to tell (`pomt.choice.frontier_choice.unresolved`)."""
+    search split was too small to tell (`pomt.frontier.choice.unresolved`)."""
 
     def accuracies(point: Evaluated | None) -> dict | None:
         if point is None:

@@ -1,8 +1,8 @@
 """The frontier search on the measured curve: each reducer's own cost measured inside the model, the latency
-model of any schedule (`pomt.choice.schedule_latency`), the search on the search split's measured accuracy
-(`pomt.choice.frontier`), then the held-out accuracy of the frontier, the unpruned model and every schedule
+model of any schedule (`pomt.frontier.latency`), the search on the search split's measured accuracy
+(`pomt.frontier.search`), then the held-out accuracy of the frontier, the unpruned model and every schedule
 that may be verified (`to_verify`, the best uniform one among them); the schedules that may ship, best first
-(`pomt.choice.frontier_choice`)."""
+(`pomt.frontier.choice`)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pomt.choice.calibration import HELD_OUT, SEARCH
-from pomt.choice.candidates import NONE, REDUCERS
-from pomt.choice.curve_model import priced_curve
-from pomt.choice.frontier import FrontierResult, search_frontier, with_held_out
-from pomt.choice.frontier import SearchSettings as FrontierSettings
-from pomt.choice.frontier_choice import Unresolved, best_uniform, preference, to_verify, unresolved, unresolved_note
-from pomt.choice.pareto import Evaluated
-from pomt.choice.reducer_costs import measure_mixed_counts, measure_reducer_costs
-from pomt.choice.schedule_latency import LatencyModel, MixedCounts, ReducerCost
+from pomt.frontier.calibration import HELD_OUT, SEARCH
+from pomt.frontier.candidates import NONE, REDUCERS
+from pomt.frontier.choice import Unresolved, best_uniform, preference, to_verify, unresolved, unresolved_note
+from pomt.frontier.latency import LatencyModel, MixedCounts, ReducerCost
+from pomt.frontier.pareto import Evaluated
+from pomt.frontier.reducer_costs import measure_mixed_counts, measure_reducer_costs
+from pomt.frontier.search import FrontierResult, search_frontier, with_held_out
+from pomt.frontier.search import SearchSettings as FrontierSettings
 from pomt.io import atomic_write_json
+from pomt.measurement.priced_curve import priced_curve
 from pomt.pipelines.offline.config import DEFAULT_DROP, Request
 from pomt.pipelines.offline.frontier_setup import FrontierSetup
 from pomt.pipelines.offline.latency import Latency

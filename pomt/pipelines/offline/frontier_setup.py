@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pomt.checks import check_drop_resolution
-from pomt.choice.accuracy_journal import AccuracyJournal, model_identity
-from pomt.choice.calibration import SEARCH, Calibration, split_indices
-from pomt.choice.frontier_choice import Goal
-from pomt.choice.hosted_calibration import HostedCalibration
 from pomt.errors import SettingError
+from pomt.frontier.calibration import SEARCH, Calibration, split_indices
+from pomt.frontier.choice import Goal
+from pomt.frontier.hosted_calibration import HostedCalibration
+from pomt.frontier.journal import AccuracyJournal, model_identity
 from pomt.pipelines.offline.accuracy import Sample
 from pomt.pipelines.offline.config import OfflineConfig, max_accuracy_drop
 from pomt.pipelines.offline.prepare import Run

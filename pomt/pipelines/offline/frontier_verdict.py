@@ -2,8 +2,8 @@
 beat, and a candidate too) measured against the unpruned model through `pomt.apply_schedule` in paired
 shuffled rounds (journal `<stem>.verify.csv`), the ones that qualified once more in a fresh process; of those
 that qualified in both, the fastest measured ships (with only a latency budget, the first in the order of preference;
-see `pomt.choice.frontier_choice.verified_choice`), the best uniform schedule included, else nothing, with the
-reason. `pomt.choice.verify` names its candidates by kept tokens; here candidate i (1-based, in the order
+see `pomt.frontier.choice.verified_choice`), the best uniform schedule included, else nothing, with the
+reason. `pomt.verification.verify` names its candidates by kept tokens; here candidate i (1-based, in the order
 verified) is named N - i, and the schedule's `verified` record names each by the tokens it removes in all."""
 
 from __future__ import annotations
@@ -12,21 +12,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pomt.choice.candidates import Candidate
-from pomt.choice.fresh import FreshJob, verify_in_fresh_process
-from pomt.choice.frontier_choice import verified_choice
-from pomt.choice.pareto import Evaluated
-from pomt.choice.verify import CandidateResult, Verification
-from pomt.choice.verify import verify as verify_candidates
 from pomt.device.allocator import STEADY_ADVICE
 from pomt.device.fingerprint import Fingerprint
 from pomt.formats.schedule import Schedule
+from pomt.frontier.candidates import Candidate
+from pomt.frontier.choice import verified_choice
+from pomt.frontier.pareto import Evaluated
 from pomt.pipelines.offline.config import Request
 from pomt.pipelines.offline.frontier_schedule import candidate_schedule, effective_removal, frontier_decision
 from pomt.pipelines.offline.frontier_search import FrontierFound
 from pomt.pipelines.offline.frontier_setup import goal_of
 from pomt.pipelines.offline.prepare import Run
 from pomt.pipelines.offline.verdict import Verdict, verification_session
+from pomt.verification.fresh import FreshJob, verify_in_fresh_process
+from pomt.verification.verify import CandidateResult, Verification
+from pomt.verification.verify import verify as verify_candidates
 
 PREDICTION_TOLERANCE = 0.03  # the latency model's goal for multi-block schedules (benchmarks/prediction_error.py)
 
@@ -68,7 +68,7 @@ def decide_frontier(request: Request, run: Run, found: FrontierFound, goal: str)
 
 def verify_shippable(request: Request, run: Run, found: FrontierFound) -> FrontierVerdict:
     """Verify the best `--verify-candidates` shippable schedules, each reducer's best and the best uniform one
-    (`found.to_verify`, chosen by `pomt.choice.frontier_choice.to_verify`; module docstring)."""
+    (`found.to_verify`, chosen by `pomt.frontier.choice.to_verify`; module docstring)."""
     workload, config, settings = request.workload, request.config, request.settings
     n, latency = run.geometry.num_tokens, found.latency
     points = list(found.to_verify)

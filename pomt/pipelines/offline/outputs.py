@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pomt.accuracy import save_accuracy_curve
 from pomt.checks import check_output_file
-from pomt.choice.accuracy import save_accuracy_curve
-from pomt.choice.policy import utility_values
 from pomt.formats.curve import write_curve
 from pomt.formats.schedule import Schedule, save_schedule
 from pomt.io import clear_stale, staged_set
@@ -19,6 +18,7 @@ from pomt.pipelines.offline.frontier_outputs import FRONTIER_SET, FrontierReport
 from pomt.pipelines.offline.prepare import Run
 from pomt.pipelines.offline.records import Findings
 from pomt.plots import plot_offline
+from pomt.policies import utility_values
 
 SET = {"curve": "curve.csv", "accuracy": "accuracy.csv", "plot": "png", "schedule": "schedule.json",
        **FRONTIER_SET}

@@ -5,12 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pomt.choice.accuracy import AccuracyCurve, save_accuracy_curve
-from pomt.choice.hosted_calibration import hosted
-from pomt.choice.policy import Decision
-from pomt.choice.verify import Verification
+from pomt.accuracy import AccuracyCurve, save_accuracy_curve
 from pomt.device.fingerprint import Fingerprint
 from pomt.formats.schedule import Schedule
+from pomt.frontier.hosted_calibration import hosted
 from pomt.measurement.search import SearchResult, SearchSettings
 from pomt.models.geometry import Geometry
 from pomt.pipelines.offline.accuracy import Sample, accuracy_sample, estimate_accuracy, given_accuracy
@@ -31,6 +29,8 @@ from pomt.pipelines.offline.prepare import Run, prepare_run
 from pomt.pipelines.offline.ranking import policy_setting, rank
 from pomt.pipelines.offline.records import Findings, final_schedule
 from pomt.pipelines.offline.verdict import decide, here_only_note, with_gpu_work
+from pomt.policies import Decision
+from pomt.verification.verify import Verification
 from pomt.workload.prepare import Workload, journalled
 
 
@@ -75,7 +75,7 @@ def run_offline(workload: Workload, config: OfflineConfig | None = None,
 
 
 def measure_and_choose(request: Request, run: Run, sample: Sample | None) -> OfflineResult:
-    """The frontier policy (its accuracy measured in a worker process, `pomt.choice.hosted_calibration`), else
+    """The frontier policy (its accuracy measured in a worker process, `pomt.frontier.hosted_calibration`), else
     the step or utility policy (`measure_and_rank`); the outputs written."""
     workload, config = request.workload, request.config
     accuracy = given_accuracy(config, run)

@@ -1,4 +1,4 @@
-"""The removals a policy ranks on the measured curve (`pomt.choice.policy`), best first, and the decision
+"""The removals a policy ranks on the measured curve (`pomt.policies`), best first, and the decision
 to remove nothing with its reason."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pomt.choice.accuracy import AccuracyCurve
-from pomt.choice.curve_model import priced_curve
-from pomt.choice.policy import Decision, Setting, rank_budget, rank_step, rank_utility
+from pomt.accuracy import AccuracyCurve
 from pomt.errors import PolicyError
+from pomt.measurement.priced_curve import priced_curve
 from pomt.measurement.search import SearchResult
 from pomt.models.geometry import Geometry
 from pomt.pipelines.offline.config import OfflineConfig, max_remove, policy_name
+from pomt.policies import Decision, Setting, rank_budget, rank_step, rank_utility
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def policy_setting(config: OfflineConfig, geometry: Geometry, search: SearchResu
 
 
 def rank(config: OfflineConfig, setting: Setting, search: SearchResult) -> Ranking:
-    """The policy's candidates that remove something, best first (see `pomt.choice.policy`)."""
+    """The policy's candidates that remove something, best first (see `pomt.policies`)."""
     policy = policy_name(config, setting.accuracy is not None)
     if policy == "utility":
         if setting.accuracy is None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pomt.choice.accuracy import AccuracyCurve
-from pomt.choice.policy import Decision
+from pomt.accuracy import AccuracyCurve
 from pomt.device.fingerprint import Fingerprint, fingerprint_hash
 from pomt.formats.schedule import Schedule
 from pomt.formats.schedule_parts import MeasurementRecord, Verified
@@ -17,6 +16,7 @@ from pomt.pipelines.offline.latency import Latency
 from pomt.pipelines.offline.prepare import Run
 from pomt.pipelines.offline.ranking import Ranking
 from pomt.pipelines.offline.verdict import Verdict
+from pomt.policies import Decision
 
 DESIGN = "shuffled passes, reference in every pass, drift-corrected pooling, paired step confirmation"
 

@@ -1,6 +1,6 @@
 """What ships: the ranked removals checked on the patched model. The method's own cost at its block is
 measured and the candidates ranked again with it; the best are verified against the unpruned model here
-(journal `<stem>.verify.csv`) and, with `--verify-fresh`, once more in a fresh process (`pomt.choice.fresh`;
+(journal `<stem>.verify.csv`) and, with `--verify-fresh`, once more in a fresh process (`pomt.verification.fresh`;
 not journalled: a resumed run repeats it). A removal ships only where it qualified."""
 
 from __future__ import annotations
@@ -9,21 +9,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pomt.choice.fresh import FreshJob, held_in_both, placement_hint, verify_in_fresh_process
-from pomt.choice.launch_bound import measure_gpu_work
-from pomt.choice.policy import Decision
-from pomt.choice.verify import CandidateResult, Verification, choose, cost_function, method_cost, schedule_forward_at
-from pomt.choice.verify import verify as verify_candidates
 from pomt.device.fingerprint import Fingerprint
 from pomt.errors import TraceError
 from pomt.formats.schedule import Schedule
+from pomt.frontier.reducer_costs import cost_function, method_cost
 from pomt.measurement.sources import LiveSource, Session, journal_end_s
 from pomt.pipelines.offline.assemble import Evidence, build_schedule
 from pomt.pipelines.offline.config import OfflineConfig, Request
 from pomt.pipelines.offline.latency import Latency
 from pomt.pipelines.offline.prepare import Run
 from pomt.pipelines.offline.ranking import Ranking, nothing, rank, verification_removals
+from pomt.policies import Decision
 from pomt.runtimes import IN_PROCESS, Backend
+from pomt.verification.fresh import FreshJob, held_in_both, placement_hint, verify_in_fresh_process
+from pomt.verification.launch_bound import measure_gpu_work
+from pomt.verification.verify import CandidateResult, Verification, choose, schedule_forward_at
+from pomt.verification.verify import verify as verify_candidates
 from pomt.workload.prepare import open_journal
 
 COST_PASSES = 3  # rankings redone with the method's cost measured where the last one moved verification
@@ -173,7 +174,7 @@ def verification_session(request: Request, run: Run, schedules: Mapping[int, Sch
 
 def verify_fresh(request: Request, ranking: Ranking, here: Verification,
                  schedules: dict[int, Schedule]) -> FreshCheck:
-    """The candidates that qualified here measured once more in a fresh process (`pomt.choice.fresh`); this
+    """The candidates that qualified here measured once more in a fresh process (`pomt.verification.fresh`); this
     process's verification is narrowed to the candidate that ships (or to none), so the schedule's
     `verified` speaks of what ships."""
     config, settings = request.config, request.settings
@@ -222,7 +223,7 @@ def here_only_note(fingerprint: Fingerprint, latency: Latency, verdict: Verdict)
 
 def with_gpu_work(request: Request, run: Run, schedule: Schedule) -> tuple[Schedule, str | None]:
     """On a GPU, eager, where a schedule ships verified: the schedule with its GPU work against its verified
-    latency (`pomt.choice.launch_bound`) and a note where it was launch-bound here; elsewhere as it was."""
+    latency (`pomt.verification.launch_bound`) and a note where it was launch-bound here; elsewhere as it was."""
     verified = schedule.verified
     if not schedule.prune or verified is None or request.workload.backend != Backend.EAGER.value:
         return schedule, None

@@ -1,0 +1,301 @@
+"""Which frontier schedules may ship, best first, and the best uniform schedule they must beat (pure).
+
+A schedule meets the goal when its search-split accuracy is at most `max_drop_points` below the unpruned
+model's (where a drop is asked), at least `min_accuracy` (where asked), both at `confidence` (on the one-sided
+bound of the paired drop, `pomt.frontier.pareto.drop_within`, and of the accuracy), and its predicted latency
+within `latency_budget_ms` (where asked). What may ship is the frontier of the schedules that meet it: with a
+latency budget the most accurate first (on equal accuracy the faster), else the fastest (on equal latency the
+more accurate). That order is predicted; what ships is decided on measurement (`verified_choice`): of the
+schedules verified (`to_verify`: the best few in that order, each reducer's best and the best uniform schedule,
+all meeting the goal) that qualified, the fastest measured, or with a latency budget the first in the order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from pomt.frontier.candidates import REDUCERS
+from pomt.frontier.families import FAMILIES
+from pomt.frontier.pareto import Evaluated, accuracy_at_least, drop_untold, drop_within, pareto_front
+from pomt.frontier.search import FrontierResult
+from pomt.stats import CONFIDENCE
+
+
+@dataclass(frozen=True)
+class Goal:
+    """What the shipped schedule must meet; None: not asked."""
+
+    max_drop_points: float | None = 1.0
+    latency_budget_ms: float | None = None
+    min_accuracy: float | None = None
+    confidence: float = CONFIDENCE
+
+    def meets(self, point: Evaluated, baseline_accuracy: float) -> bool:
+        if self.max_drop_points is not None and \
+                not drop_within(point, baseline_accuracy, self.max_drop_points, self.confidence):
+            return False
+        if self.min_accuracy is not None and not accuracy_at_least(point, self.min_accuracy, self.confidence):
+            return False
+        return self.latency_budget_ms is None or point.predicted_ms <= self.latency_budget_ms
+
+    def describe(self) -> str:
+        """The goal in words, for reasons."""
+        parts = [f"within {self.max_drop_points:g} points of the unpruned accuracy"] \
+            if self.max_drop_points is not None else []
+        if self.min_accuracy is not None:
+            parts.append(f"accuracy at least {self.min_accuracy:g}")
+        if parts and self.confidence > 0.5:
+            parts[-1] += f" at {self.confidence:.0%} confidence"
+        if self.latency_budget_ms is not None:
+            parts.append(f"predicted within {self.latency_budget_ms:g} ms")
+        return ", ".join(parts) or "any accuracy"
+
+
+def ordered(points: Iterable[Evaluated], baseline_accuracy: float, goal: Goal) -> list[Evaluated]:
+    """The pruned points that meet the goal, best first (see the module docstring)."""
+    kept = [p for p in points if not p.candidate.unpruned and goal.meets(p, baseline_accuracy)]
+    if goal.latency_budget_ms is not None:
+        return sorted(kept, key=lambda p: (-p.accuracy, p.predicted_ms, p.candidate))
+    return sorted(kept, key=lambda p: (p.predicted_ms, -p.accuracy, p.candidate))
+
+
+def preference(result: FrontierResult, goal: Goal) -> list[Evaluated]:
+    """The frontier of the schedules predicted faster than the unpruned model that meet the goal, best first:
+    what may ship, in the order of fallback. (Above a confidence of 0.5 a schedule off the frontier of all can
+    meet the goal where a more accurate one that changed more images does not.)"""
+    faster = [p for p in result.evaluated if p.predicted_ms < result.baseline.predicted_ms]
+    return ordered(pareto_front(ordered(faster, result.baseline.accuracy, goal)), result.baseline.accuracy, goal)
+
+
+def best_by_family(points: Sequence[Evaluated], baseline_accuracy: float, goal: Goal,
+                   families: Sequence[str] = FAMILIES) -> dict[str, Evaluated]:
+    """{family: its best schedule that meets the goal} for each family that has one."""
+    best = {}
+    for family in families:
+        found = ordered((p for p in points if p.family == family), baseline_accuracy, goal)
+        if found:
+            best[family] = found[0]
+    return best
+
+
+def next_faster_missing(points: Sequence[Evaluated], baseline_accuracy: float, goal: Goal,
+                        families: Sequence[str] = FAMILIES) -> dict[str, Evaluated]:
+    """{family: its slowest schedule predicted faster than its best that meets the goal (than the unpruned
+    model's latency where none meets it), that misses the goal}: the family's next step up, and why the
+    best stops where it does. A family that has none is left out."""
+    best = best_by_family(points, baseline_accuracy, goal, families)
+    unpruned = next((p.predicted_ms for p in points if p.candidate.unpruned), math.inf)
+    found = {}
+    for family in families:
+        ceiling = best[family].predicted_ms if family in best else unpruned
+        missing = [p for p in points if p.family == family and p.predicted_ms < ceiling
+                   and not goal.meets(p, baseline_accuracy)]
+        if missing:
+            found[family] = max(missing, key=lambda p: (p.predicted_ms, p.candidate))
+    return found
+
+
+def next_step_note(family: str, point: Evaluated, baseline_ms: float, confidence: float) -> str:
+    """`point`, a family's next step up (`next_faster_missing`), in words: its predicted speedup over
+    `baseline_ms` and its search-split drop, with the images it changed and the drop's bound at `confidence`."""
+    search = point.search
+    told = "unpaired" if not search.paired else (
+        f"drop {100 * search.drop:+.2f} points ({search.lost} lost, {search.gained} gained of {search.trials}), "
+        f"bound {100 * search.drop_bound(confidence):.2f}")
+    return (f"{family}'s next step up misses the goal: {point.candidate.key} (predicted "
+            f"{baseline_ms / point.predicted_ms:.3f}x), search split {told}")
+
+
+def best_uniform(result: FrontierResult, goal: Goal) -> Evaluated | None:
+    """The best schedule of any uniform family that meets the goal (None: none does): the one to beat."""
+    found = ordered((p for p in result.evaluated if p.family in FAMILIES), result.baseline.accuracy, goal)
+    return found[0] if found else None
+
+
+def to_verify(result: FrontierResult, goal: Goal, first: int) -> list[Evaluated]:
+    """The schedules measured on the patched model, in the order of fallback: the first `first` of
+    `preference`, then each reducer's fastest predicted schedule that meets the goal where none of that
+    reducer is among them yet, then the best uniform schedule. Why each reducer: the latency model can miss
+    reducers differently (under glibc's default allocator multi-block ToMe was predicted up to 40% fast on
+    deit_tiny at batch 16 where single-block POMT was within 3%), so a reducer it misprices is measured rather
+    than ranked out."""
+    chosen = preference(result, goal)[:first]
+    faster = [p for p in result.evaluated
+              if not p.candidate.unpruned and p.predicted_ms < result.baseline.predicted_ms]
+    for method in REDUCERS:
+        if not any(p.candidate.method == method for p in chosen):
+            chosen += ordered((p for p in faster if p.candidate.method == method), result.baseline.accuracy,
+                              goal)[:1]
+    uniform = best_uniform(result, goal)
+    return chosen + ([uniform] if uniform is not None and uniform not in chosen else [])
+
+
+def first_verified(order: Sequence[int], qualified_here: Iterable[int],
+                   held_fresh: Iterable[int] | None = None) -> int | None:
+    """The first candidate in the order of preference that qualified here and, where a fresh process measured
+    them (`held_fresh` not None), there too: the one that ships, a faster one that did not verify falling
+    back to the next; None when none did."""
+    return next(iter(qualified_in_both(order, qualified_here, held_fresh)), None)
+
+
+def qualified_in_both(order: Sequence[int], qualified_here: Iterable[int],
+                      held_fresh: Iterable[int] | None) -> list[int]:
+    """The candidates, in order, that qualified here and, where a fresh process measured them, there too."""
+    here = set(qualified_here)
+    fresh = None if held_fresh is None else set(held_fresh)
+    return [i for i in order if i in here and (fresh is None or i in fresh)]
+
+
+def verified_choice(order: Sequence[int], speedups: Mapping[int, float], qualified_here: Iterable[int],
+                    held_fresh: Iterable[int] | None, goal: Goal) -> int | None:
+    """What ships among the verified candidates (numbered in the order of preference): of those that qualified
+    here and, where a fresh process measured them, there too, the fastest measured (the prediction ordered
+    the search; the same rounds' measurement decides), or with only a latency budget the first in the order
+    (the most accurate within it). None when none qualified."""
+    if goal.latency_budget_ms is not None and goal.max_drop_points is None:
+        return first_verified(order, qualified_here, held_fresh)
+    eligible = qualified_in_both(order, qualified_here, held_fresh)
+    return max(eligible, key=lambda i: (speedups[i], -order.index(i)), default=None)
+
+
+@dataclass(frozen=True)
+class Unresolved:
+    """Schedules the search split could not tell: predicted faster than the fastest that met the goal, within
+    the drop asked on their measured drop but not on its bound; each with the search images that would bound
+    its drop within the goal at the same rates (`Proportion.images_to_bound`; None: more than a million),
+    fastest predicted first."""
+
+    schedules: tuple[tuple[Evaluated, int | None], ...]
+
+    @property
+    def fastest(self) -> tuple[Evaluated, int | None]:
+        return self.schedules[0]
+
+    @property
+    def fewest_images(self) -> tuple[Evaluated, int | None]:
+        """The one the fewest images would tell (on a tie the faster): near the goal's edge the fastest may
+        need tens of thousands."""
+        return min(self.schedules, key=lambda s: math.inf if s[1] is None else s[1])
+
+    def to_dict(self, baseline: Evaluated, confidence: float) -> dict:
+        """As the schedule's and the frontier file's `unresolved` object (drops in points)."""
+        return {"schedules": len(self.schedules), "fastest": told(*self.fastest, baseline, confidence),
+                "fewest_images": told(*self.fewest_images, baseline, confidence)}
+
+
+def told(point: Evaluated, images: int | None, baseline: Evaluated, confidence: float) -> dict:
+    """What `Unresolved` says of one schedule: its predicted speedup, measured drop and bound (points), the
+    images it changed of those it saw, and the search images that would bound its drop within the goal."""
+    search = point.search
+    return {"key": point.candidate.key, "predicted_speedup": round(baseline.predicted_ms / point.predicted_ms, 4),
+            "search_drop_points": round(100 * search.drop, 3),
+            "search_drop_bound_points": round(100 * search.drop_bound(confidence), 3),
+            "search_changed": search.lost + search.gained, "search_images": search.trials,
+            "search_images_to_bound": images}
+
+
+def unresolved(result: FrontierResult, goal: Goal) -> Unresolved | None:
+    """The schedules predicted faster than the fastest that met the goal (than the unpruned model where none
+    did) that meet it at a confidence of 0.5, on their measured drop, and not at the goal's: the images were
+    too few to tell whether they are within it (a drop bound narrows as the square root of the images). Only
+    for a drop asked alone (with `min_accuracy` the goal has two bounds, with a latency budget the most accurate
+    ships, not the fastest); None where there are none."""
+    if goal.max_drop_points is None or goal.min_accuracy is not None or goal.latency_budget_ms is not None \
+            or goal.confidence <= 0.5:
+        return None
+    met = ordered(result.evaluated, result.baseline.accuracy, goal)
+    faster_than = met[0].predicted_ms if met else result.baseline.predicted_ms
+    found = sorted((p for p in result.evaluated
+                    if not p.candidate.unpruned and p.predicted_ms < faster_than
+                    and drop_untold(p, result.baseline.accuracy, goal.max_drop_points, goal.confidence)),
+                   key=lambda p: (p.predicted_ms, p.candidate))
+    if not found:
+        return None
+    return Unresolved(tuple((p, p.search.images_to_bound(goal.max_drop_points / 100, goal.confidence))
+                            for p in found))
+
+
+def bound_text(bound_points: float, goal_points: float) -> str:
+    """A drop bound in points as a note prints it: two decimals, or "just over" the goal where two decimals would
+    read as the goal itself (a bound of 1.004 misses a 1-point goal; "bound 1.00" said it met it)."""
+    text = f"{bound_points:.2f}"
+    return f"just over {goal_points:g}" if float(text) <= goal_points < bound_points else text
+
+
+def unresolved_note(found: Unresolved | None, baseline: Evaluated, goal: Goal,
+                    held_out_share: float) -> tuple[str, ...]:
+    """The run's note on what `unresolved` found: how many, the fastest and the one the fewest images would
+    tell, and those images (the `--accuracy-samples` at `held_out_share` held out); none where it found none."""
+    if found is None:
+        return ()
+
+    def said(point: Evaluated, images: int | None) -> str:
+        facts = told(point, images, baseline, goal.confidence)
+        text = (f"{facts['key']} (predicted {facts['predicted_speedup']:.2f}x, drop {100 * point.search.drop:+.2f} "
+                f"points, {facts['search_changed']} of {facts['search_images']} images changed, bound "
+                f"{bound_text(100 * point.search.drop_bound(goal.confidence), goal.max_drop_points)}) ")
+        if images is None:
+            return text + "would need more than a million search images at the same rates"
+        return (text + f"would be bounded within {goal.max_drop_points:g} points on about {images} search images at "
+                       f"the same rates (--accuracy-samples {math.ceil(images / (1 - held_out_share))} at this "
+                       "held-out share)")
+
+    count = len(found.schedules)
+    text = (f"{count} schedule{'s' if count > 1 else ''} predicted faster than the fastest that met the goal "
+            f"{'meet' if count > 1 else 'meets'} it on the measured drop, not on its bound at {goal.confidence:.0%}: "
+            f"too few search images to tell. The fastest, {said(*found.fastest)}")
+    if found.fewest_images[0] != found.fastest[0]:
+        text += f"; the one the fewest would tell, {said(*found.fewest_images)}"
+    return (text,)
+
+
+def held_out_inside(point: Evaluated) -> bool | None:
+    """Whether the point's held-out accuracy lies inside the (95% Wilson) interval of its search-split accuracy;
+    None where the held-out split was not measured."""
+    if point.held_out is None:
+        return None
+    low, high = point.search.interval()
+    return low - 1e-12 <= point.held_out.value <= high + 1e-12
+
+
+def held_out_drop(point: Evaluated, baseline: Evaluated) -> float | None:
+    """The point's held-out drop from the unpruned model's held-out accuracy, in points (None: not measured)."""
+    if point.held_out is None or baseline.held_out is None:
+        return None
+    return 100 * (baseline.held_out.value - point.held_out.value)
+
+
+def fastest_held_out_by_family(points: Sequence[Evaluated], baseline: Evaluated, max_drop_points: float,
+                               families: Sequence[str] = FAMILIES) -> dict[str, Evaluated]:
+    """{family: its fastest predicted schedule whose measured held-out drop is at most `max_drop_points`}, for
+    each family that has one among the points measured held out: the uniform schedules judged as the
+    shipped one is reported (its held-out drop), where `best_by_family` judges them as the search does."""
+    best = {}
+    for family in families:
+        within = [p for p in points if p.family == family and (drop := held_out_drop(p, baseline)) is not None
+                  and drop <= max_drop_points]
+        if within:
+            best[family] = min(within, key=lambda p: (p.predicted_ms, p.candidate))
+    return best
+
+
+def held_out_note(chosen: Evaluated | None, baseline: Evaluated, goal: Goal) -> str | None:
+    """A note where the shipped schedule's held-out accuracy breaks what its search split said: outside the
+    search interval, or a drop beyond the goal. The search ships the fastest of many schedules that met the
+    goal on the search split, so the one it ships is the one that split flattered most (known weakness 18)."""
+    if chosen is None or chosen.candidate.unpruned or chosen.held_out is None:
+        return None
+    drop, inside = held_out_drop(chosen, baseline), held_out_inside(chosen)
+    over = goal.max_drop_points is not None and drop is not None and drop > goal.max_drop_points + 1e-9
+    if inside and not over:
+        return None
+    low, high = chosen.search.interval()
+    said = [] if inside else [f"its accuracy {chosen.held_out.value:.3f} lies outside its search-split interval "
+                              f"[{low:.3f}, {high:.3f}]"]
+    if over:
+        said.append(f"its drop of {drop:.2f} points exceeds the goal of {goal.max_drop_points:g}")
+    return ("held out, " + " and ".join(said) + ": the search split flattered the fastest schedule that met the "
+            "goal there; more calibration images (--accuracy-samples) or a higher --accuracy-confidence make "
+            "this rarer")

@@ -1,0 +1,80 @@
+"""Every schedule a frontier search evaluated, as table rows and as one JSON document (pure): reducer,
+removals, predicted latency, measured latency and speedup with their interval where verified, accuracy with
+its Wilson interval on each split measured, the images it lost and gained against the unpruned model there,
+the bound its search-split drop was judged on (`pomt.frontier.pareto.drop_within`), and the search images at which
+its rates would bound its drop within the goal (`Proportion.images_to_bound`: more than it had where its measured
+drop met the goal and its bound did not, the images were too few to tell)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from pomt.frontier.candidates import Candidate
+from pomt.frontier.pareto import Evaluated, drop_untold
+from pomt.frontier.search import FrontierResult
+from pomt.stats import CONFIDENCE, Proportion
+from pomt.verification.verify import CandidateResult
+
+FORMAT = "pomt.frontier"
+VERSION = 1
+COLUMNS = (
+    "key", "family", "method", "removal", "on_frontier", "chosen", "predicted_ms", "predicted_speedup",
+    "verified_ms", "verified_speedup", "verified_speedup_low", "verified_speedup_high",
+    "search_accuracy", "search_low", "search_high", "search_images", "search_lost", "search_gained",
+    "search_drop_bound_points",
+    "held_out_accuracy", "held_out_low", "held_out_high", "held_out_images", "held_out_lost", "held_out_gained",
+    "search_untold", "search_images_to_bound",
+)
+
+
+def _split(prefix: str, proportion: Proportion | None) -> dict:
+    if proportion is None:
+        return dict.fromkeys(f"{prefix}_{name}" for name in ("accuracy", "low", "high", "images", "lost", "gained"))
+    low, high = proportion.interval()
+    return {f"{prefix}_accuracy": round(proportion.value, 6), f"{prefix}_low": round(low, 6),
+            f"{prefix}_high": round(high, 6), f"{prefix}_images": proportion.trials,
+            f"{prefix}_lost": proportion.lost, f"{prefix}_gained": proportion.gained}
+
+
+def row(point: Evaluated, baseline_ms: float, on_frontier: bool, chosen: bool,
+        measured: CandidateResult | None, confidence: float = CONFIDENCE, max_drop_points: float | None = None,
+        baseline_accuracy: float | None = None) -> dict:
+    """One evaluated schedule as a table row (COLUMNS); its drop bound at `confidence`, and where a drop was
+    asked (`max_drop_points`, from `baseline_accuracy`) whether the images were too few to tell if it is within
+    it (`drop_untold`) and the search images that would bound it within that drop."""
+    bound = point.search.drop_bound(confidence)
+    asked = max_drop_points is not None and baseline_accuracy is not None and not point.candidate.unpruned
+    images = point.search.images_to_bound(max_drop_points / 100, confidence) if asked else None
+    return {
+        "key": point.candidate.key, "family": point.family, "method": point.candidate.method,
+        "removal": ";".join(f"{b}={r}" for b, r in point.candidate.removal),
+        "on_frontier": on_frontier, "chosen": chosen, "predicted_ms": round(point.predicted_ms, 5),
+        "predicted_speedup": round(baseline_ms / point.predicted_ms, 5) if point.predicted_ms > 0 else None,
+        "verified_ms": None if measured is None else round(measured.pruned_ms, 5),
+        "verified_speedup": None if measured is None else round(measured.speedup, 5),
+        "verified_speedup_low": None if measured is None else round(measured.speedup_ci[0], 5),
+        "verified_speedup_high": None if measured is None else round(measured.speedup_ci[1], 5),
+        **_split("search", point.search), **_split("held_out", point.held_out),
+        "search_drop_bound_points": None if bound is None else round(100 * bound, 4),
+        "search_untold": drop_untold(point, baseline_accuracy, max_drop_points, confidence) if asked else None,
+        "search_images_to_bound": images,
+    }
+
+
+def rows(result: FrontierResult, baseline_ms: float, chosen: Candidate | None,
+         measured: Mapping[Candidate, CandidateResult], confidence: float = CONFIDENCE,
+         max_drop_points: float | None = None) -> list[dict]:
+    """Every evaluated schedule (the unpruned one first), fastest predicted first after it; drop bounds at
+    `confidence`, the images to bound each within `max_drop_points` where asked."""
+    front = {e.candidate for e in result.frontier}
+    others = sorted((e for e in result.evaluated if not e.candidate.unpruned),
+                    key=lambda e: (e.predicted_ms, e.candidate))
+    return [row(e, baseline_ms, e.candidate in front, e.candidate == chosen, measured.get(e.candidate), confidence,
+                max_drop_points, result.baseline.accuracy) for e in [result.baseline, *others]]
+
+
+def document(result: FrontierResult, table: Sequence[dict], facts: Mapping, notes: Sequence[str]) -> dict:
+    """The JSON document: what was searched and how (`facts`: model, goal, times, costs, best uniform),
+    the frontier's keys, the run's notes (the search's, the verification's), and every row."""
+    return {"format": FORMAT, "version": VERSION, **facts, "evals": result.evals, "notes": list(notes),
+            "frontier": [e.candidate.key for e in result.frontier], "schedules": list(table)}

@@ -1,0 +1,381 @@
+"""The speed-accuracy frontier of schedules across blocks and reducers, searched on a measured-accuracy budget.
+
+Latency is predicted for any candidate from one curve (`LatencyModel`); accuracy is measured (an oracle:
+`Calibration.measure` on the search split), and every candidate measured counts against `max_evals`, read
+from the cache or not, so a resumed search takes the same decisions. The search:
+
+1. the unpruned model and the uniform families (`pomt.frontier.families`), always, as candidates and as the
+   baselines to beat;
+2. per reducer, probes within an equal share of what is left of the budget: single-block removals at a few
+   blocks and shares, which fit an additive stand-in for the accuracy drop (`pomt.frontier.surrogate`),
+   a block's larger share only where its smaller one stayed within the closely searched drops
+   (`measure_probes`);
+   a dynamic programme over blocks (`pomt.frontier.programme`) then proposes, for each stand-in drop up to
+   `drop_span` times `max_accuracy_drop`, the fastest per-block schedule within it, and the fastest of all;
+   landing on the fast side of confirmed steps (`Step.fast_tokens`) is among its choices;
+3. what is left of the budget is split between the reducers by what they promise (`bisection_shares`): at
+   least MIN_BISECTION each, the rest in proportion to how much faster than the fastest schedule measured
+   within the goal so far the programme's fastest proposal within the goal (by the stand-in) is predicted
+   to run. An equal split gave each reducer about 8 evaluations on the digits case at batch 1, where only
+   ToMe's 40-50 proposals held schedules faster than the unpruned model, and whether its bisection reached
+   the fastest within the goal differed from run to run;
+4. per reducer, half its share: the proposals, ordered from slowest to fastest, are bisected on measured
+   accuracy for the fastest within `max_accuracy_drop` of the unpruned model (and, with a latency budget,
+   the proposals at its edge are measured first); what of that half is left goes to the unmeasured
+   proposals faster than the fastest found within the drop, nearest first, then to the slower ones. The
+   order is by predicted latency, and accuracy does not follow it everywhere: on the digits case at batch 1
+   a ToMe merge of 23 tokens at block 7 met the goal alone and failed it beside a merge of 2 at block 0 (25
+   images changed), and the budget left, spent on both sides of that boundary, reached one of the 37
+   fastest of 51 proposals;
+5. per reducer, the other half refits the stand-in one measurement at a time (`refine`): fitted to every
+   schedule of the reducer measured so far (`fit_to_schedules`), the programme's fastest schedule within
+   the goal by it, faster than the fastest measured within the goal, is measured next (else the nearest
+   faster proposal within NEAR_MISS times the goal), and the fit takes it in; what a reducer leaves goes to
+   the most promising one that can use it. The probes' stand-in sums single-block bounds, which overprices
+   cuts spread over many blocks (uniform ToMe r = 3 at 2.35 points where its bound read 0.24 on the digits
+   case at batch 16), so its programme rarely proposes them. Replayed on 14 saved digits runs at 80
+   evaluations (latency models of nine runs at batch 16 and five at batch 1, accuracy from the real model),
+   the fastest schedule within the goal, predicted over the best uniform one, read 1.00-1.22x at batch 16
+   (six of nine at 1.10x or more, none losing held out) where the probes' stand-in alone read 1.00-1.11x
+   (and once 1.41x, a schedule that lost 1.98 points held out), and 1.07-1.20x at batch 1 against
+   1.05-1.16x. Both stand-ins judge drops at `stand_in_confidence`, below the goal's, so that the margins of
+   the blocks a schedule cuts add up to its own: replayed on nine batch-16 runs' latency models, 7 of 9 then
+   reached 1.10x the best uniform schedule predicted (1.00-1.29x), against 4 of 9 at the goal's confidence.
+
+Why this shape: a measured accuracy costs a pass over the calibration images, a predicted latency nothing.
+A greedy walk over blocks pays a measurement for every block it considers at every step (D per step);
+the stand-in needs a handful of probes per reducer, the programme is exact for the stand-in (to one
+bucket) in well under a second, and bisection spends about log2 of the proposals on measuring them.
+The stand-in ignores how cuts compound across blocks, which is why proposals are measured, never
+trusted; where the stand-in is exact (an additive accuracy), the bisection finds the optimum.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Container, Mapping, Sequence
+from dataclasses import dataclass, replace
+from statistics import NormalDist
+
+from pomt.checks import check_method
+from pomt.frontier.candidates import NONE, REDUCERS, Candidate
+from pomt.frontier.families import FAMILY_POINTS, uniform_families
+from pomt.frontier.latency import LatencyModel
+from pomt.frontier.pareto import Evaluated, drop_within, pareto_front
+from pomt.frontier.programme import BlockProgramme, landing_counts
+from pomt.frontier.surrogate import (
+    DropSurrogate,
+    fit_surrogate,
+    fit_to_schedules,
+    judged_drop,
+    probe_candidates,
+    refit_shares,
+)
+from pomt.stats import CONFIDENCE, Proportion
+
+Oracle = Callable[[Sequence[Candidate]], Mapping[Candidate, Proportion]]
+MAX_EVALS = 80  # measured accuracies a search may spend by default (method, section 15: why not 120)
+MIN_BISECTION = 3  # evaluations a reducer's bisection gets at least (as far as its proposals go)
+NEAR_MISS = 2  # times the goal: how far past it by the refitted stand-in a proposal may still be measured
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How hard and where to search; `steps` are the confirmed steps' fast-side token counts (`Step.fast_tokens`)."""
+
+    reducers: tuple[str, ...] = REDUCERS
+    max_evals: int = MAX_EVALS
+    max_accuracy_drop: float = 1.0  # points
+    confidence: float = CONFIDENCE  # of the drop (`pomt.frontier.pareto.drop_within`)
+    latency_budget_ms: float | None = None
+    steps: tuple[int, ...] = ()
+    family_points: int = FAMILY_POINTS
+    probe_blocks: int = 4
+    probe_shares: tuple[float, ...] = (0.25, 0.5)
+    max_share: float = 0.75
+    grid: int = 24
+    buckets_per_drop: int = 16  # the programme's resolution: stand-in drop buckets per max_accuracy_drop
+    drop_span: int = 6  # stand-in drops up to this many times max_accuracy_drop are searched closely
+    stand_in_blocks: int = 4  # the stand-in judges drops so that this many blocks' doubt adds up to one schedule's
+
+    @property
+    def closely_searched(self) -> float:
+        """The largest drop (a fraction) the search tells apart: `drop_span` times the goal. A schedule beyond
+        it is fitted as that much, no larger share is probed past it, and its accuracy may stop early."""
+        return self.drop_span * self.max_accuracy_drop / 100
+
+    @property
+    def stand_in_confidence(self) -> float:
+        """The confidence the stand-in judges measured drops at (what ships is judged at `confidence`). The
+        stand-in adds its cells over blocks, and each probe's judged drop carries a one-sided margin of doubt;
+        a schedule's own margin grows as the square root of the images it changes, so k blocks' margins added
+        at the goal's confidence price a k-block schedule sqrt(k) times too doubtful. Judged at the normal
+        quantile z / sqrt(`stand_in_blocks`) (0.79 for 0.95 and four blocks) they add up to that schedule's
+        margin. The refit judges the schedules it fits at the same confidence, so that it and the probes'
+        stand-in rank alike. At 0.95 throughout, a 12-token merge at block 0 of the digits model (5 images
+        lost, 3 gained: bound 1.68 points) was priced above the 1-point goal, and merges of 12, 9 and 5 at
+        blocks 0-2 (bound 0.22, 1.29x the best uniform schedule side by side) were never proposed (method,
+        section 15)."""
+        z = NormalDist().inv_cdf(self.confidence)
+        return NormalDist().cdf(z / math.sqrt(self.stand_in_blocks))
+
+
+@dataclass(frozen=True)
+class ReducerPlan:
+    """One reducer's proposals (slowest first), the predicted latency of the fastest of them within the
+    goal by the stand-in (what bisecting them promises), and the probes' stand-in."""
+
+    proposals: list[Candidate]
+    promised_ms: float
+    surrogate: DropSurrogate
+
+
+@dataclass(frozen=True)
+class FrontierResult:
+    """Every evaluated schedule, the unpruned one, the frontier, and how many evaluations were asked."""
+
+    baseline: Evaluated
+    evaluated: tuple[Evaluated, ...]
+    frontier: tuple[Evaluated, ...]
+    evals: int
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"baseline": self.baseline.to_dict(), "evals": self.evals, "notes": list(self.notes),
+                "evaluated": [e.to_dict() for e in self.evaluated],
+                "frontier": [e.candidate.key for e in self.frontier]}
+
+
+class FrontierSearch:
+    """One search: the latency model, the accuracy oracle, the settings, and what was measured so far."""
+
+    def __init__(self, latency: LatencyModel, oracle: Oracle, settings: SearchSettings = SearchSettings()) -> None:
+        for method in settings.reducers:
+            check_method(method, REDUCERS)
+        self.latency, self.oracle, self.settings = latency, oracle, settings
+        self.records: dict[Candidate, Evaluated] = {}
+        self.asked = 0
+        self.notes: list[str] = []
+
+    @property
+    def left(self) -> int:
+        return max(0, self.settings.max_evals - self.asked)
+
+    def measure(self, labelled: Mapping[Candidate, str], force: bool = False) -> None:
+        """Measure the candidates not measured yet in one oracle call, within the budget unless `force`."""
+        new = [c for c in labelled if c not in self.records]
+        if not force:
+            new = new[: self.left]
+        if not new:
+            return
+        results = self.oracle(new)
+        self.asked += len(new)
+        for c in new:
+            self.records[c] = Evaluated(c, labelled[c], self.latency.predict(c), results[c])
+
+    def run(self) -> FrontierResult:
+        """The whole search (see the module docstring)."""
+        s, lat = self.settings, self.latency
+        self.measure({NONE: "unpruned"}, force=True)
+        families = uniform_families(lat.num_tokens, lat.prefix_tokens, lat.depth, s.steps, s.family_points)
+        labelled: dict[Candidate, str] = {}
+        for name, candidates in families.items():
+            labelled.update({c: name for c in candidates if c not in labelled})
+        self.measure(labelled, force=True)
+        if self.asked > s.max_evals:
+            self.notes.append(f"the uniform families alone took {self.asked} evaluations (max_evals "
+                              f"{s.max_evals}): no per-block search")
+        plans = {}
+        for i, method in enumerate(s.reducers):
+            plans[method] = self.plan_reducer(method, self.left // (len(s.reducers) - i))
+        shares = self.bisection_shares({m: p for m, p in plans.items() if p is not None})
+        spare = 0
+        for method, share in shares.items():
+            first = share // 2 if share >= 2 * MIN_BISECTION else share
+            self.bisect(plans[method].proposals, f"search-{method}", first)
+            spare += self.refine(method, plans[method], share - first)
+        for method in shares:  # what a refit left unspent, to the most promising reducer that can use it
+            spare = self.refine(method, plans[method], spare)
+        evaluated = tuple(self.records.values())
+        return FrontierResult(self.records[NONE], evaluated, tuple(pareto_front(evaluated)), self.asked,
+                              tuple(self.notes))
+
+    def plan_reducer(self, method: str, budget: int) -> ReducerPlan | None:
+        """Probes within half of `budget`, the stand-in they fit and the programme's proposals for one reducer
+        (None where the budget cannot pay for probes at two blocks)."""
+        s, lat = self.settings, self.latency
+        shares = s.probe_shares
+        blocks = min(s.probe_blocks, (budget // 2) // max(1, len(shares)))
+        if blocks < 2:
+            if budget:
+                self.notes.append(f"{method}: {budget} evaluations left, too few for a per-block search")
+            return None
+        probes = probe_candidates(method, lat.num_tokens, lat.prefix_tokens, lat.depth, blocks, shares)
+        self.measure_probes(method, probes)
+        measured = {probes[c]: self.records[c].search for c in probes if c in self.records}
+        surrogate = fit_surrogate(measured, self.records[NONE].search, s.stand_in_confidence)
+        proposals, within = self.propose(method, surrogate)
+        return ReducerPlan(proposals, min((lat.predict(c) for c in within), default=lat.baseline), surrogate)
+
+    def propose(self, method: str, surrogate: DropSurrogate) -> tuple[list[Candidate], list[Candidate]]:
+        """The programme's proposals for a stand-in, slowest first: the fastest schedule for each stand-in drop
+        up to `drop_span` times the goal and the fastest of all; and those within the goal by the stand-in."""
+        s, lat = self.settings, self.latency
+        programme = BlockProgramme(lat, method, surrogate,
+                                   landing_counts(lat.num_tokens, lat.prefix_tokens, s.steps, s.grid), s.max_share)
+        step = s.max_accuracy_drop / 100 / s.buckets_per_drop
+        within = [c for c in programme.schedules(step, s.buckets_per_drop) if not c.unpruned]
+        found = programme.schedules(step, s.buckets_per_drop * s.drop_span) + programme.schedules(math.inf, 0)
+        proposals = sorted({c for c in found if not c.unpruned}, key=lambda c: (-lat.predict(c), c))
+        return proposals, within
+
+    def measure_probes(self, method: str, probes: Mapping[Candidate, tuple[int, float]]) -> None:
+        """The probes in waves by share, smallest first: a block's next share only where its last one's drop,
+        as the goal judges it, stayed within what the programme searches closely (`drop_span` times the
+        goal). A larger cut at that block would fail further still (the stand-in holds a block's drop past its
+        largest probed share, rising along its last slope), and on the digits case at batch 1 the pomt, top-k
+        and l2norm probes lost 40-66 points at half the tokens: 10-12 of 80 evaluations spent on them where
+        ToMe's bisection had 16, and replayed with 160, five of 14 runs' searches found faster schedules."""
+        s = self.settings
+        limit, baseline = s.closely_searched, self.records[NONE].search
+        by_block: dict[int, list[Candidate]] = {}
+        for candidate, (block, _) in sorted(probes.items(), key=lambda item: item[1]):
+            by_block.setdefault(block, []).append(candidate)
+
+        def worth_a_larger_share(probed: Candidate) -> bool:
+            record = self.records.get(probed)
+            return record is not None and judged_drop(record.search, baseline, s.stand_in_confidence) <= limit
+
+        for rank in range(max((len(cs) for cs in by_block.values()), default=0)):
+            wave = [cs[rank] for cs in by_block.values()
+                    if rank < len(cs) and (rank == 0 or worth_a_larger_share(cs[rank - 1]))]
+            self.measure(dict.fromkeys(wave, f"probe-{method}"))
+
+    def bisection_shares(self, plans: Mapping[str, ReducerPlan]) -> dict[str, int]:
+        """What is left of the budget, split between the reducers by what their programme promises: each at
+        least MIN_BISECTION (as far as it goes), the rest in proportion to how much faster than the fastest
+        schedule measured within the goal so far (the uniform families', the probes') the programme's fastest
+        proposal within the goal by the stand-in is predicted to run; equally where none promises more.
+        What a reducer leaves unspent (fewer proposals) goes to those after it. Most promising first."""
+        s = self.settings
+        incumbent = self.fastest_within_goal_ms()
+        gains = {m: max(0.0, incumbent / p.promised_ms - 1) for m, p in plans.items()}
+        order = sorted(plans, key=lambda m: (-gains[m], s.reducers.index(m)))
+        left = self.left
+        floors: dict[str, int] = {}
+        for m in order:  # as far as the budget goes, the most promising first
+            floors[m] = min(MIN_BISECTION, len(plans[m].proposals), left - sum(floors.values()))
+        spare = left - sum(floors.values())
+        total = sum(gains.values())
+        extra = {m: (spare * gains[m] / total if total > 0 else spare / max(1, len(order))) for m in order}
+        shares, carried = {}, 0.0
+        for m in order:
+            want = floors[m] + extra[m] + carried
+            shares[m] = min(len(plans[m].proposals), int(want))
+            carried = want - shares[m]
+        for m in order:  # what rounding left, to the most promising that can use it
+            more = min(len(plans[m].proposals) - shares[m], left - sum(shares.values()))
+            shares[m] += max(0, more)
+        if total > 0:
+            self.notes.append("bisection budget by predicted gain over the best measured within the goal: "
+                              + ", ".join(f"{m} {shares[m]} ({100 * gains[m]:+.1f}%)" for m in order))
+        return shares
+
+    def fastest_within_goal_ms(self) -> float:
+        """The predicted latency of the fastest schedule measured within the drop so far (the unpruned
+        model's where none)."""
+        s, baseline = self.settings, self.records[NONE].accuracy
+        return min((e.predicted_ms for e in self.records.values()
+                    if drop_within(e, baseline, s.max_accuracy_drop, s.confidence)), default=self.latency.baseline)
+
+    def refine(self, method: str, plan: ReducerPlan, budget: int) -> int:
+        """Up to `budget` measurements, each chosen on the stand-in refitted to every schedule of `method`
+        measured so far (step 5 of the module docstring); what it leaves unspent is returned. Judged drops
+        beyond what the programme searches closely (`drop_span` times the goal) are fitted as that much: how
+        much worse a failed schedule is does not matter, and it would pull the fit away from the schedules near
+        the goal. What is measured next: `refit_pick`; where it picks nothing, the refit stops."""
+        s, lat = self.settings, self.latency
+        baseline, cap = self.records[NONE].search, s.closely_searched
+        near = NEAR_MISS * s.max_accuracy_drop / 100
+        shares = refit_shares(plan.surrogate.shares)
+        stop = min(self.asked + budget, s.max_evals)
+        while self.asked < stop:
+            observed = [(c, lat.counts(c), min(cap, judged_drop(e.search, baseline, s.stand_in_confidence)))
+                        for c, e in self.records.items() if c.method == method]
+            surrogate = fit_to_schedules(plan.surrogate.blocks, shares, observed, lat.prefix_tokens)
+            proposals, within = self.propose(method, surrogate)
+            pick = refit_pick(proposals, within, self.records, lat.predict, self.fastest_within_goal_ms(),
+                              lambda c, fit=surrogate: fit.predict(lat.counts(c), c, lat.prefix_tokens) <= near)
+            if pick is None:
+                break
+            self.measure({pick: f"search-{method}"})
+        return max(0, stop - self.asked)
+
+    def bisect(self, proposals: list[Candidate], family: str, budget: int) -> None:
+        """Measure proposals (slowest first) to find the fastest within the accuracy drop; see the module doc."""
+        s = self.settings
+        stop = self.asked + budget
+        baseline = self.records[NONE].accuracy
+
+        def measured(i: int) -> Evaluated | None:
+            if proposals[i] not in self.records and self.asked < stop:
+                self.measure({proposals[i]: family})
+            return self.records.get(proposals[i])
+
+        if s.latency_budget_ms is not None:
+            edge = next((i for i, c in enumerate(proposals) if self.latency.predict(c) <= s.latency_budget_ms), None)
+            for i in () if edge is None else (edge, edge + 1):
+                if i < len(proposals):
+                    measured(i)
+        low, high = -1, len(proposals)
+        while high - low > 1:
+            middle = (low + high) // 2
+            point = measured(middle)
+            if point is None:
+                break
+            within = drop_within(point, baseline, s.max_accuracy_drop, s.confidence)
+            low, high = (middle, high) if within else (low, middle)
+        # what is left: first the proposals faster than the fastest one known to pass, nearest first (accuracy
+        # is not monotone along the order: a small early cut beside a large late one changes many images),
+        # then the slower ones, nearest first, which can fill in the frontier but not beat the answer
+        faster, slower = range(low + 1, len(proposals)), range(low, -1, -1)
+        for i in [*faster, *slower]:
+            if self.asked >= stop:
+                break
+            measured(i)
+
+
+def refit_pick(proposals: Sequence[Candidate], within: Sequence[Candidate], measured: Container[Candidate],
+               predict: Callable[[Candidate], float], best_ms: float,
+               near_miss: Callable[[Candidate], bool]) -> Candidate | None:
+    """The next schedule a refit measures: the fastest unmeasured one within the goal by the refit (`within`)
+    predicted faster than `best_ms`; else the nearest such proposal that is a `near_miss` (within NEAR_MISS
+    times the goal by the refit); else None. Replayed on 11 saved digits runs, near misses within twice the
+    goal found a faster schedule within the goal than none on 9 of them (as fast on 2); within six times the
+    goal they spent the evaluations on pomt, top-k and l2norm schedules that lost 22-48 points."""
+    fresh = [c for c in within if c not in measured and predict(c) < best_ms]
+    if fresh:
+        return min(fresh, key=lambda c: (predict(c), c))
+    faster = [c for c in proposals if c not in measured and predict(c) < best_ms and near_miss(c)]
+    return max(faster, key=lambda c: (predict(c), c), default=None)
+
+
+def search_frontier(latency: LatencyModel, oracle: Oracle,
+                    settings: SearchSettings = SearchSettings()) -> FrontierResult:
+    """Run a `FrontierSearch`."""
+    return FrontierSearch(latency, oracle, settings).run()
+
+
+def with_held_out(result: FrontierResult, oracle: Oracle,
+                  candidates: Sequence[Candidate] | None = None) -> FrontierResult:
+    """The result with held-out accuracies for `candidates` (default: the frontier and the unpruned model),
+    measured by `oracle` (the held-out split's); not counted against `max_evals`."""
+    wanted = list(dict.fromkeys([NONE, *(e.candidate for e in result.frontier)] if candidates is None
+                                else candidates))
+    held = oracle(wanted)
+
+    def update(e: Evaluated) -> Evaluated:
+        return e.with_held_out(held[e.candidate]) if e.candidate in held else e
+
+    return replace(result, baseline=update(result.baseline), evaluated=tuple(map(update, result.evaluated)),
+                   frontier=tuple(map(update, result.frontier)))

@@ -1,0 +1,229 @@
+"""The verification again, in a fresh process: the promise must hold where the schedule is served.
+
+A step near N can move from one process to the next, so a removal verified in the measuring process may rest
+on a step the serving process lacks. The candidates are therefore measured once more in a new interpreter
+(`spawn`: the model built afresh from the workload, same input seed, same paired rounds and criterion as
+`pomt.verification.verify.verify`), and a removal ships only when it qualified in both. The confirmed steps within
+the policy's reach are checked the same way before the policy sees them (docs/method.md, section 8).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import multiprocessing
+import pickle
+import signal
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+import torch
+
+from pomt.device.allocator import STEADY_ADVICE
+from pomt.device.fingerprint import Fingerprint
+from pomt.formats.schedule import Schedule
+from pomt.formats.trace import Visit
+from pomt.measurement.paired import PairedEffect, paired_effect
+from pomt.measurement.sources import LiveSource, Session
+from pomt.verification.verify import CandidateResult, Verification, choose, schedule_forward_at, verify
+from pomt.workload.prepare import Prepared, Workload, live_session, prepare
+
+Pair = tuple[int, int]
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
+Job = TypeVar("Job")
+Answer = TypeVar("Answer")
+
+
+@dataclass(frozen=True)
+class FreshJob:
+    """What the fresh process needs: the workload to rebuild, the candidate schedules (by kept tokens: the
+    removals verified) and the verification's settings."""
+
+    workload: Workload
+    schedules: dict[int, Schedule]
+    reps: int
+    rounds: int
+    min_gain: float
+    min_step: float
+    alpha: float
+
+
+@dataclass(frozen=True)
+class StepJob:
+    """The steps to check in a fresh process: the workload to rebuild, each step's (low, high) counts, the
+    visit length and the paired rounds per step."""
+
+    workload: Workload
+    pairs: tuple[Pair, ...]
+    reps: int
+    rounds: int
+
+
+class FreshWorker:
+    """A new interpreter (`spawn`) that runs work sent to it, one call at a time, keeping what a call leaves in
+    its module globals for the next; errors there are raised here. Ctrl-C stops it from here: the new
+    interpreter ignores SIGINT from its start (and its warnings, given here already), so it ends without a
+    traceback of its own. As a context manager it is closed and joined on the way out, terminated where an
+    error left, so nothing leaks at exit; a parent killed outright takes it along (`_quiet_child`)."""
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        with _sigint_ignored():  # inherited by the new interpreter from its first instruction on
+            self._pool = context.Pool(1, initializer=_quiet_child)
+
+    def run(self, work: Callable[[Job], Answer], job: Job) -> Answer:
+        """`work(job)` there; the worker is terminated where it raised or was interrupted."""
+        try:
+            return self._pool.apply(work, (job,))
+        except BaseException:
+            self._pool.terminate()
+            raise
+
+    def run_copied(self, work: Callable[[Job], Answer], job: Job) -> Answer:
+        """`work(job)` there on a copy of `job` (`by_value`: for jobs that carry tensors), with this process's
+        thread count."""
+        return self.run(_copied_call, (work, by_value(job), torch.get_num_threads()))
+
+    def __enter__(self) -> FreshWorker:
+        return self
+
+    def __exit__(self, kind: type | None, *_: object) -> None:
+        if kind is None:
+            self._pool.close()
+        else:
+            self._pool.terminate()
+        self._pool.join()
+
+
+def by_value(job: object) -> bytes:
+    """`job` pickled with its tensors' data copied (`FreshWorker.run_copied`). Sent as it is, torch's
+    multiprocessing pickling moves a tensor's storage to shared memory that both processes map, and while a worker
+    held the digits model that way the parent's forwards ran 40% slower (deit_tiny at batch 16 on the 2-core
+    Intel VM, 35.9 -> 50.3 ms; 12 kept tokens 0.36 -> 0.54 of it), back to 36.1 ms once the worker closed."""
+    return pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _copied_call(packed: tuple[Callable[[Job], Answer], bytes, int]) -> Answer:
+    """The worker's side of `FreshWorker.run_copied`."""
+    work, job, threads = packed
+    torch.set_num_threads(threads)
+    return work(pickle.loads(job))
+
+
+def in_fresh_process(work: Callable[[Job], Answer], job: Job) -> Answer:
+    """`work(job)` in a new interpreter (`FreshWorker`), closed when it answered."""
+    with FreshWorker() as worker:
+        return worker.run(work, job)
+
+
+@contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored while a process is started (in the main thread), so that it starts ignoring it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _quiet_child() -> None:
+    """Set up the fresh interpreter: SIGINT ignored (the parent stops it), warnings silenced, and on Linux
+    killed with its parent (a worker busy measuring would otherwise finish its call beside a resumed run)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    warnings.simplefilter("ignore")
+    with suppress(OSError, AttributeError):  # not Linux: the worker ends when it next reads its closed pipe
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def verify_in_fresh_process(job: FreshJob) -> Verification:
+    """The candidates' verification, run in a new interpreter."""
+    return in_fresh_process(_verify_here, job)
+
+
+def step_rounds_in_fresh_process(job: StepJob) -> dict[Pair, list[tuple[Visit, Visit]]]:
+    """Each step's paired rounds ((low visit, high visit) per round), measured in a new interpreter."""
+    return in_fresh_process(_step_rounds_here, job)
+
+
+def _prepared_here(workload: Workload) -> tuple[Workload, Prepared]:
+    """The workload built afresh in this process (never resumed, no progress bars)."""
+    workload = replace(workload, resume=False, progress=False)
+    return workload, prepare(workload)
+
+
+def _step_rounds_here(job: StepJob) -> dict[Pair, list[tuple[Visit, Visit]]]:
+    """The fresh process's side of a step check: the model with tokens truncated after embedding (as the
+    search measured it), each step's two counts visited back to back, every step once per round in a seeded
+    order, the order within a pair reversed every other round."""
+    workload, prepared = _prepared_here(job.workload)
+    session = live_session(workload, prepared)
+    rng = np.random.default_rng(workload.seed)
+    rounds: dict[Pair, list[tuple[Visit, Visit]]] = {pair: [] for pair in job.pairs}
+    for index in range(job.rounds):
+        for i in rng.permutation(len(job.pairs)):
+            low, high = job.pairs[i]
+            order = (high, low) if index % 2 == 0 else (low, high)
+            session.begin_pass(index, order)
+            taken = {n: session.visit(n, job.reps, index) for n in order}
+            rounds[(low, high)].append((taken[low], taken[high]))
+    return rounds
+
+
+def step_holds(here: PairedEffect, rounds: list[tuple[Visit, Visit]], alpha: float,
+               min_step: float) -> tuple[PairedEffect, bool]:
+    """The step's paired effect in the fresh process's `rounds` (the trend offset of its verdict here), and
+    whether it holds there: in the direction confirmed here, significant at `alpha` one-sided (the direction
+    is known before these rounds: a replication), and at least half of `min_step`. The full minimum is not
+    asked again, as the verdict here decided the size and a real step near it reads under it about half the
+    time; half of it keeps out a step that is real there but too small to matter."""
+    fresh = paired_effect([b.median_ms for _, b in rounds], [a.median_ms for a, _ in rounds], offset=here.offset)
+    change, confirmed = fresh.excess - 1.0, here.excess - 1.0
+    same_side = math.copysign(1.0, change) == math.copysign(1.0, confirmed)
+    return fresh, same_side and fresh.p_value / 2.0 < alpha and abs(change) >= min_step / 2.0
+
+
+def _verify_here(job: FreshJob) -> Verification:
+    """The fresh process's side: build the workload, patch through each candidate schedule, verify."""
+    workload, prepared = _prepared_here(job.workload)
+    n = prepared.geometry.num_tokens
+    forward_at = schedule_forward_at(prepared.model, prepared.x, job.schedules, backend=workload.backend,
+                                     device=prepared.setup.device, threads=workload.threads,
+                                     cache_dir=Path(workload.output_dir) / prepared.cache_dir)
+    session = Session(LiveSource(forward_at, prepared.setup.device, workload.threads, backend=workload.backend))
+    return verify(session, n, [n - kept for kept in job.schedules], reps=job.reps, rounds=job.rounds,
+                  min_gain=job.min_gain, min_step=job.min_step, alpha=job.alpha, seed=workload.seed, progress=False)
+
+
+def held_in_both(here: Verification, fresh: Verification, min_gain: float,
+                 min_step: float) -> tuple[CandidateResult | None, str]:
+    """The candidate to ship among those that qualified in both processes (chosen on the fresh process's
+    measurements, as `pomt.verification.verify.choose` chooses), and the fresh process's verdict in one sentence."""
+    qualified_here = {c.remove for c in here.candidates if c.qualifies}
+    both = [c for c in fresh.candidates if c.remove in qualified_here]
+    if not both:
+        return None, "in a fresh process: none of the candidates that qualified here was measured"
+    chosen, reason = choose(both, min_gain, min_step)
+    return chosen, f"in a fresh process: {reason}"
+
+
+def placement_hint(fingerprint: Fingerprint, what: str = "the removal") -> str | None:
+    """What to tell a CPU user whose removal, or step within reach, did not hold in a fresh process while the
+    host allocator ran with its defaults (`--allocator inherit`, or off glibc); None elsewhere (why:
+    `pomt.device.allocator`, measured by `benchmarks/allocator.py` and `benchmarks/placement.py`)."""
+    if fingerprint.kind != "cpu" or fingerprint.allocator:
+        return None
+    return (f"{what} held in the measuring process, not in a fresh one: on CPU that can be memory placement "
+            f"under glibc's adaptive mmap threshold; {STEADY_ADVICE}")
+
+
+__all__ = ["FreshJob", "FreshWorker", "StepJob", "by_value", "held_in_both", "in_fresh_process", "placement_hint",
+           "step_holds", "step_rounds_in_fresh_process", "verify_in_fresh_process"]
