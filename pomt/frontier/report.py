@@ -8,10 +8,14 @@ drop met the goal and its bound did not, the images were too few to tell)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from pomt.frontier.candidates import Candidate
 from pomt.frontier.pareto import Evaluated, drop_untold
 from pomt.frontier.search import FrontierResult
+from pomt.io import atomic_write_csv, atomic_write_json
+from pomt.plots import plot_frontier
 from pomt.stats import CONFIDENCE, Proportion
 from pomt.verification.verify import CandidateResult
 
@@ -78,3 +82,26 @@ def document(result: FrontierResult, table: Sequence[dict], facts: Mapping, note
     the frontier's keys, the run's notes (the search's, the verification's), and every row."""
     return {"format": FORMAT, "version": VERSION, **facts, "evals": result.evals, "notes": list(notes),
             "frontier": [e.candidate.key for e in result.frontier], "schedules": list(table)}
+
+
+FRONTIER_SET = {"frontier_csv": "frontier.csv", "frontier_json": "frontier.json", "frontier_plot": "frontier.png"}
+
+
+@dataclass(frozen=True)
+class FrontierReport:
+    """What the frontier's files hold: the rows, the JSON document, the unpruned accuracy less the drop asked (None: no
+    drop asked) and the plot's title."""
+
+    rows: list[dict]
+    document: dict
+    floor: float | None
+    title: str
+
+
+def write_frontier(folder: Path, names: Mapping[str, str], report: FrontierReport) -> dict[str, Path]:
+    """The three files in `folder` (a staging folder), by kind."""
+    return {
+        "frontier_csv": atomic_write_csv(folder / names["frontier_csv"], report.rows, COLUMNS),
+        "frontier_json": atomic_write_json(folder / names["frontier_json"], report.document),
+        "frontier_plot": plot_frontier(folder / names["frontier_plot"], report.title, report.rows, report.floor),
+    }

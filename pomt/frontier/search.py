@@ -80,7 +80,7 @@ NEAR_MISS = 2  # times the goal: how far past it by the refitted stand-in a prop
 
 
 @dataclass(frozen=True)
-class SearchSettings:
+class FrontierSettings:
     """How hard and where to search; `steps` are the confirmed steps' fast-side token counts (`Step.fast_tokens`)."""
 
     reducers: tuple[str, ...] = REDUCERS
@@ -149,7 +149,7 @@ class FrontierResult:
 class FrontierSearch:
     """One search: the latency model, the accuracy oracle, the settings, and what was measured so far."""
 
-    def __init__(self, latency: LatencyModel, oracle: Oracle, settings: SearchSettings = SearchSettings()) -> None:
+    def __init__(self, latency: LatencyModel, oracle: Oracle, settings: FrontierSettings = FrontierSettings()) -> None:
         for method in settings.reducers:
             check_method(method, REDUCERS)
         self.latency, self.oracle, self.settings = latency, oracle, settings
@@ -361,7 +361,7 @@ def refit_pick(proposals: Sequence[Candidate], within: Sequence[Candidate], meas
 
 
 def search_frontier(latency: LatencyModel, oracle: Oracle,
-                    settings: SearchSettings = SearchSettings()) -> FrontierResult:
+                    settings: FrontierSettings = FrontierSettings()) -> FrontierResult:
     """Run a `FrontierSearch`."""
     return FrontierSearch(latency, oracle, settings).run()
 

@@ -9,7 +9,7 @@ cuts compound across blocks; the search measures the candidates it proposes, so 
 order them.
 
 A probe's d is the drop as the goal judges it (`pomt.frontier.pareto.drop_within`): the upper one-sided bound
-of its paired drop, at the stand-in's confidence (`SearchSettings.stand_in_confidence`, below the goal's so that
+of its paired drop, at the stand-in's confidence (`FrontierSettings.stand_in_confidence`, below the goal's so that
 the margins of the blocks a schedule cuts add up to its own), less the bound of a schedule that changed no
 image (which every schedule pays once, not once a block), floored at 0 and made non-decreasing in the share. A schedule
 that reshuffles predictions, losing as many images as it gains, has no mean drop but a bound that grows

@@ -19,8 +19,8 @@ from pomt.frontier.pareto import pareto_front
 from pomt.frontier.search import (
     MIN_BISECTION,
     FrontierSearch,
+    FrontierSettings,
     ReducerPlan,
-    SearchSettings,
     refit_pick,
     search_frontier,
     with_held_out,
@@ -70,7 +70,7 @@ def every_schedule() -> tuple[Candidate, ...]:
 def test_the_search_finds_the_known_optimum_within_its_budget(drop):
     feasible = [c for c in every_schedule() if true_accuracy(c) >= 0.9 - drop / 100 - 1e-9]
     optimum = min(LATENCY.predict(c) for c in feasible)
-    result = search_frontier(LATENCY, oracle, SearchSettings(max_evals=60, max_accuracy_drop=drop, grid=N,
+    result = search_frontier(LATENCY, oracle, FrontierSettings(max_evals=60, max_accuracy_drop=drop, grid=N,
                                                              max_share=1.0))
     assert result.evals <= 60
     found = ordered(result.evaluated, result.baseline.accuracy, Goal(drop))[0]  # unpaired: the measured drop
@@ -78,7 +78,7 @@ def test_the_search_finds_the_known_optimum_within_its_budget(drop):
 
 
 def test_the_uniform_families_are_always_evaluated_and_the_frontier_is_not_dominated():
-    result = search_frontier(LATENCY, oracle, SearchSettings(max_evals=10))
+    result = search_frontier(LATENCY, oracle, FrontierSettings(max_evals=10))
     families = uniform_families(N, P, D)
     evaluated = {e.candidate: e for e in result.evaluated}
     for name, candidates in families.items():
@@ -91,7 +91,7 @@ def test_the_uniform_families_are_always_evaluated_and_the_frontier_is_not_domin
 
 
 def test_a_killed_search_resumes_to_the_same_answer_from_its_cache():
-    settings = SearchSettings(max_evals=50, max_accuracy_drop=1.0)
+    settings = FrontierSettings(max_evals=50, max_accuracy_drop=1.0)
     clean = search_frontier(LATENCY, oracle, settings)
     cache: dict[Candidate, Proportion] = {}
     calls = {"n": 0}
@@ -118,7 +118,7 @@ def test_a_killed_search_resumes_to_the_same_answer_from_its_cache():
 
 
 def test_held_out_accuracies_are_attached_to_the_frontier():
-    result = with_held_out(search_frontier(LATENCY, oracle, SearchSettings(max_evals=30)), oracle)
+    result = with_held_out(search_frontier(LATENCY, oracle, FrontierSettings(max_evals=30)), oracle)
     assert result.baseline.held_out is not None
     assert all(e.held_out == e.search for e in result.frontier)
     assert result.to_dict()["frontier"] == [e.candidate.key for e in result.frontier]
@@ -131,7 +131,7 @@ def test_a_search_by_agreement_on_a_random_tiny_vit_end_to_end(tmp_path):
     calibration = Calibration(model, images, AGREEMENT, AccuracyJournal(tmp_path / "a.jsonl", model_identity(model)),
                               batch_size=8)
     latency = LatencyModel({n: 1.0 + 0.1 * n for n in range(2, 18)}, 17, 1, 6)
-    settings = SearchSettings(reducers=("topk", "l2norm"), max_evals=36, max_accuracy_drop=10.0)
+    settings = FrontierSettings(reducers=("topk", "l2norm"), max_evals=36, max_accuracy_drop=10.0)
     result = search_frontier(latency, lambda cs: calibration.measure(cs, SEARCH), settings)
     assert result.baseline.accuracy == 1.0 and result.evals <= 36 == calibration.evaluated
     assert {e.family for e in result.evaluated} >= {"probe-topk", "probe-l2norm", "tome-constant"}
@@ -147,7 +147,7 @@ def test_a_search_on_a_trained_tiny_vit_end_to_end(trained, tmp_path):
     calibration = Calibration(model, dataset, kind, AccuracyJournal(tmp_path / "acc.jsonl", model_identity(model)),
                               batch_size=40)
     latency = LatencyModel({n: 1.0 + 0.1 * n for n in range(2, 38)}, 37, 1, 6)
-    settings = SearchSettings(reducers=("pomt", "tome"), max_evals=40, max_accuracy_drop=5.0)
+    settings = FrontierSettings(reducers=("pomt", "tome"), max_evals=40, max_accuracy_drop=5.0)
     result = search_frontier(latency, lambda cs: calibration.measure(cs, SEARCH), settings)
     result = with_held_out(result, lambda cs: calibration.measure(cs, HELD_OUT))
     assert result.evals <= 40 and calibration.evaluated == result.evals + len(result.frontier) + 1
@@ -162,7 +162,7 @@ def test_the_bisection_budget_goes_to_the_reducer_whose_proposals_promise_a_gain
     MIN_BISECTION evaluations."""
     costly = {m: ReducerCost(m, P, {(N, 1): 4.0, (N, 8): 4.0}) for m in ("pomt", "topk", "l2norm")}
     latency = LatencyModel(CURVE, N, P, D, {**costly, "tome": ReducerCost("tome", P, {(N, 4): 0.1})})
-    result = search_frontier(latency, oracle, SearchSettings(max_evals=70, grid=N, max_share=1.0))
+    result = search_frontier(latency, oracle, FrontierSettings(max_evals=70, grid=N, max_share=1.0))
     searched = {m: sum(e.family == f"search-{m}" for e in result.evaluated) for m in REDUCERS}
     assert all(searched[m] <= MIN_BISECTION for m in costly)
     assert searched["tome"] > 2 * MIN_BISECTION
@@ -180,7 +180,7 @@ def test_what_the_bisection_leaves_goes_first_to_proposals_faster_than_the_faste
     def accuracy(candidates):
         return {c: Proportion(900 if c.unpruned or proposals.index(c) in passing else 800, 1000) for c in candidates}
 
-    search = FrontierSearch(LATENCY, accuracy, SearchSettings(confidence=0.5, max_evals=100))
+    search = FrontierSearch(LATENCY, accuracy, FrontierSettings(confidence=0.5, max_evals=100))
     search.measure({NONE: "unpruned"})
     search.bisect(proposals, "search-pomt", 10)
     measured = [i for i, c in enumerate(proposals) if c in search.records]
@@ -189,7 +189,7 @@ def test_what_the_bisection_leaves_goes_first_to_proposals_faster_than_the_faste
 
 
 def test_the_bisection_shares_never_exceed_what_is_left_of_the_budget():
-    search = FrontierSearch(LATENCY, oracle, SearchSettings(max_evals=6))
+    search = FrontierSearch(LATENCY, oracle, FrontierSettings(max_evals=6))
     search.measure({NONE: "unpruned"})  # 5 evaluations left, fewer than MIN_BISECTION for each of 4 reducers
     proposals = [Candidate.of("pomt", {1: r}) for r in range(1, 10)]
     flat = DropSurrogate((0,), (0.5,), ((0.0,),))
@@ -207,7 +207,7 @@ def test_a_blocks_larger_share_is_probed_only_where_its_smaller_one_stayed_withi
         return {c: Proportion(round((0.6 if c.method == "l2norm" else true_accuracy(c)) * 10**6), 10**6)
                 for c in candidates}
 
-    settings = SearchSettings(max_evals=80, max_accuracy_drop=1.0)
+    settings = FrontierSettings(max_evals=80, max_accuracy_drop=1.0)
     result = search_frontier(LATENCY, accuracy, settings)
     probed = {m: [e.candidate for e in result.evaluated if e.family == f"probe-{m}"] for m in REDUCERS}
     blocks = {b for c in probed["pomt"] for b, _ in c.removal}
@@ -236,7 +236,7 @@ def test_the_refitted_stand_in_finds_the_optimum_the_probes_alone_overprice(drop
 
     feasible = [c for c in every_schedule() if c.method == "pomt" and free_below_a_share(c) >= 0.9 - drop / 100 - 1e-9]
     optimum = min(LATENCY.predict(c) for c in feasible)
-    result = search_frontier(LATENCY, accuracy, SearchSettings(reducers=("pomt",), max_evals=40,
+    result = search_frontier(LATENCY, accuracy, FrontierSettings(reducers=("pomt",), max_evals=40,
                                                                max_accuracy_drop=drop, grid=N, max_share=1.0))
     assert result.evals <= 40
     found = ordered(result.evaluated, result.baseline.accuracy, Goal(drop))[0]
@@ -255,10 +255,10 @@ def test_the_refit_measures_the_fastest_within_the_goal_then_the_nearest_near_mi
 
 
 def test_the_stand_in_judges_drops_so_four_blocks_doubt_adds_up_to_one_schedules():
-    settings = SearchSettings()
+    settings = FrontierSettings()
     assert settings.stand_in_confidence == pytest.approx(0.7946, abs=1e-4)  # the normal quantile 1.645 / 2
-    assert SearchSettings(confidence=0.5).stand_in_confidence == 0.5  # the measured drop either way
-    assert SearchSettings(stand_in_blocks=1).stand_in_confidence == pytest.approx(0.95)
+    assert FrontierSettings(confidence=0.5).stand_in_confidence == 0.5  # the measured drop either way
+    assert FrontierSettings(stand_in_blocks=1).stand_in_confidence == pytest.approx(0.95)
     baseline = Proportion(286, 404, 0, 0)
     for probe, schedule in [(Proportion(284, 404, 5, 3), Proportion(278, 404, 20, 12)),  # four blocks' changes
                             (Proportion(286, 404, 4, 4), Proportion(286, 404, 16, 16))]:

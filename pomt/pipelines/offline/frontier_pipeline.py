@@ -7,9 +7,8 @@ from dataclasses import dataclass, replace
 
 from pomt.formats.schedule import Schedule
 from pomt.frontier.choice import held_out_note
-from pomt.frontier.report import document, rows
+from pomt.frontier.report import FrontierReport, document, rows
 from pomt.pipelines.offline.config import Request
-from pomt.pipelines.offline.frontier_outputs import FrontierReport
 from pomt.pipelines.offline.frontier_schedule import as_schedule, frontier_record
 from pomt.pipelines.offline.frontier_search import FrontierFound, search
 from pomt.pipelines.offline.frontier_setup import FrontierSetup

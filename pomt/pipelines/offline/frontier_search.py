@@ -17,8 +17,7 @@ from pomt.frontier.choice import Unresolved, best_uniform, preference, to_verify
 from pomt.frontier.latency import LatencyModel, MixedCounts, ReducerCost
 from pomt.frontier.pareto import Evaluated
 from pomt.frontier.reducer_costs import measure_mixed_counts, measure_reducer_costs
-from pomt.frontier.search import FrontierResult, search_frontier, with_held_out
-from pomt.frontier.search import SearchSettings as FrontierSettings
+from pomt.frontier.search import FrontierResult, FrontierSettings, search_frontier, with_held_out
 from pomt.io import atomic_write_json
 from pomt.measurement.priced_curve import priced_curve
 from pomt.pipelines.offline.config import DEFAULT_DROP, Request

@@ -11,10 +11,10 @@ from pomt.accuracy import save_accuracy_curve
 from pomt.checks import check_output_file
 from pomt.formats.curve import write_curve
 from pomt.formats.schedule import Schedule, save_schedule
+from pomt.frontier.report import FRONTIER_SET, FrontierReport, write_frontier
 from pomt.io import clear_stale, staged_set
 from pomt.measurement.drift import corrected_values
 from pomt.pipelines.offline.config import OfflineConfig
-from pomt.pipelines.offline.frontier_outputs import FRONTIER_SET, FrontierReport, write_frontier
 from pomt.pipelines.offline.prepare import Run
 from pomt.pipelines.offline.records import Findings
 from pomt.plots import plot_offline
