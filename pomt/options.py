@@ -23,14 +23,16 @@ def option(
     negatable: bool = False,
     min: float | None = None,
     max: float | None = None,
+    panel: str | None = None,
 ) -> Any:
     """A dataclass field that is also a CLI option.
 
     `choices`: the values allowed (the CLI lists them and refuses others); `negatable`: a boolean flag with
-    a `--no-` form; `min`, `max`: the smallest and largest values allowed (inclusive; None: unbounded).
+    a `--no-` form; `min`, `max`: the smallest and largest values allowed (inclusive; None: unbounded);
+    `panel`: the help panel that lists it (None: the command's first panel).
     """
     metadata = {"help": help, "choices": tuple(choices) if choices else None, "negatable": negatable, "min": min,
-                "max": max}
+                "max": max, "panel": panel}
     return field(default=default, metadata=metadata)
 
 

@@ -56,6 +56,7 @@ def _parameter(f: dataclasses.Field, hint: Any) -> inspect.Parameter:
         min=meta["min"],
         max=meta["max"],
         show_default=f.default is not None,
+        rich_help_panel=meta.get("panel"),
     )
     return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation)
 
