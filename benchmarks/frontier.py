@@ -6,7 +6,7 @@ the search split, held-out accuracies, the chosen schedule verified. Then, in th
 same run, the chosen schedule and each uniform family's best schedule within the drop (ToMe constant and
 decreasing r, top-k at a constant keep rate, single-block POMT at block 3) are measured against the
 unpruned model in the same paired shuffled rounds, and their held-out accuracies measured (Wilson 95%; in a
-worker process, as the offline run's, `pomt.frontier.hosted_calibration`, so that no accuracy pass runs where they
+worker process, as the offline run's, `pomt.frontier.calibration`, so that no accuracy pass runs where they
 are timed).
 The uniform families are also judged as the chosen schedule is reported: every uniform schedule the search
 measured is measured held out, and each family's fastest within the drop there (its measured drop; marked
@@ -41,27 +41,26 @@ from pomt.accuracy import eval_transform, open_image_folder, seeded_subset
 from pomt.cli.app import fail
 from pomt.device.allocator import ALLOCATORS
 from pomt.device.fingerprint import resolve_device
-from pomt.digits.model import FRONTIER, SMALL, DigitsCase, Recipe, digits_case
+from pomt.digits import FRONTIER, SMALL, DigitsCase, Recipe, digits_case
 from pomt.errors import PomtError
-from pomt.frontier.calibration import HELD_OUT, SEARCH, Calibration
-from pomt.frontier.candidates import NONE, Candidate, given_schedules
+from pomt.frontier.calibration import HELD_OUT, SEARCH, Calibration, HostedCalibration, hosted
+from pomt.frontier.candidates import FAMILIES, NONE, Candidate, given_schedules
 from pomt.frontier.choice import (
+    Evaluated,
     best_by_family,
+    drop_within,
     fastest_held_out_by_family,
     next_faster_missing,
     next_step_note,
 )
-from pomt.frontier.families import FAMILIES
-from pomt.frontier.hosted_calibration import HostedCalibration, hosted
 from pomt.frontier.journal import AccuracyJournal, model_identity
-from pomt.frontier.pareto import Evaluated, drop_within
 from pomt.frontier.search import MAX_EVALS
 from pomt.measurement.search import SearchSettings
 from pomt.measurement.sources import LiveSource, Session
 from pomt.models.registry import geometry_of, resolve_model_name
-from pomt.pipelines.offline import OfflineConfig, OfflineResult, run_offline
-from pomt.pipelines.offline.frontier_schedule import as_schedule
-from pomt.pipelines.offline.frontier_setup import goal_of, journal_path
+from pomt.offline import OfflineConfig, OfflineResult, run_offline
+from pomt.offline.frontier_schedule import as_schedule
+from pomt.offline.frontier_setup import goal_of, journal_path
 from pomt.runtimes import BACKENDS, DTYPES, check_backend, parameter_dtype
 from pomt.verification.verify import Verification, schedule_forward_at, verify
 from pomt.workload.prepare import Prepared, Workload, prepare

@@ -7,7 +7,7 @@ the upper one-sided bound of its paired interval instead. This replays that choi
 1. reads a frontier run's `<stem>.frontier.json` (from `benchmarks/frontier.py`: every schedule its search
    measured, with its predicted latency);
 2. measures every one of those schedules on every calibration image of the digits case once
-   (`pomt.frontier.shared_prefix.image_outcomes`);
+   (`pomt.frontier.calibration.image_outcomes`);
 3. splits the images afresh `--splits` times (seeded) into a search and a held-out half, and on each split and
    at each confidence makes pomt's own choice on the search half (`pomt.frontier.choice`: the fastest
    schedule predicted faster than the unpruned model that meets the goal, and the best uniform one), then
@@ -46,12 +46,10 @@ import torch
 from tqdm import tqdm
 
 from pomt.accuracy import eval_transform, image_loader, open_image_folder, seeded_subset
-from pomt.digits.model import FRONTIER, digits_case
-from pomt.frontier.candidates import NONE, Candidate
-from pomt.frontier.choice import Goal, fastest_held_out_by_family, held_out_drop, held_out_inside, ordered
-from pomt.frontier.families import FAMILIES
-from pomt.frontier.pareto import Evaluated
-from pomt.frontier.shared_prefix import image_outcomes, paired_counts
+from pomt.digits import FRONTIER, digits_case
+from pomt.frontier.calibration import image_outcomes, paired_counts
+from pomt.frontier.candidates import FAMILIES, NONE, Candidate
+from pomt.frontier.choice import Evaluated, Goal, fastest_held_out_by_family, held_out_drop, held_out_inside, ordered
 from pomt.models.geometry import model_geometry
 from pomt.stats import Proportion
 

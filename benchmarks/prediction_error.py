@@ -82,8 +82,15 @@ def multi_block_schedules(num_tokens: int, prefix: int, depth: int) -> list:
     """Two- and three-block schedules of every reducer (a share of the patch tokens entering each pruning
     block), ToMe's constant and decreasing r, a front-loaded ToMe schedule, top-k's keep rate at its rate
     blocks."""
-    from pomt.frontier.candidates import REDUCERS, Candidate
-    from pomt.frontier.families import rate_blocks, tome_constant, tome_decreasing, tome_values, topk_rate
+    from pomt.frontier.candidates import (
+        REDUCERS,
+        Candidate,
+        rate_blocks,
+        tome_constant,
+        tome_decreasing,
+        tome_values,
+        topk_rate,
+    )
 
     layouts = {2: sorted({depth // 3, 2 * depth // 3}), 3: rate_blocks(depth)}
     schedules = []

@@ -14,6 +14,11 @@ from typing import Any
 
 SEED_MAX = 2**32 - 1  # the largest seed every generator pomt seeds (torch, numpy) takes
 
+# The help panels a command's options are listed in, in this order (`option(panel=...)`).
+WORKLOAD, MEASUREMENT, CHOICE, VERIFICATION, OUTPUTS, ADVANCED = (
+    "Workload", "Measurement", "Accuracy and choice", "Verification", "Outputs", "Advanced")
+PANELS = (WORKLOAD, MEASUREMENT, CHOICE, VERIFICATION, OUTPUTS, ADVANCED)
+
 
 def option(
     default: Any,

@@ -8,13 +8,14 @@ from pathlib import Path
 from torch import nn
 
 from pomt.device import Fingerprint
+from pomt.formats.curve import CurvePoint
 from pomt.measurement.confirmation import Confirmation
-from pomt.measurement.drift import CurvePoint, Drift
+from pomt.measurement.drift import Drift
 from pomt.measurement.paired import paired_effect
 from pomt.measurement.search import SearchResult
 from pomt.measurement.steps import Step
 from pomt.models.geometry import Geometry
-from pomt.pipelines.offline.prepare import Run
+from pomt.offline.prepare import Run
 from pomt.workload.prepare import Prepared
 from pomt.workload.setup import RunSetup
 

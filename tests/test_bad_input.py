@@ -26,7 +26,7 @@ from pomt.errors import (
     UnsupportedModelError,
 )
 from pomt.measurement.search import SearchSettings
-from pomt.pipelines.offline import OfflineConfig, run_offline
+from pomt.offline import OfflineConfig, run_offline
 from pomt.workload.prepare import Workload
 
 from conftest import (

@@ -1,5 +1,5 @@
-"""The package's shape: no import cycle between pomt's modules (imports inside functions included), no
-module over 400 lines, no class over 200."""
+"""The package's shape: no import cycle between pomt's modules and none against the declared order of its
+packages (imports inside functions included), no module over 400 lines, no class over 200."""
 
 from __future__ import annotations
 
@@ -11,6 +11,27 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "pomt"
 MOST_MODULE_LINES = 400
 MOST_CLASS_LINES = 200
+
+# The packages from the bottom up: a module may import pomt modules of its own level or below only.
+# `pomt` itself (`__init__`, `__main__`) is the public face and may import anything.
+PACKAGE_ORDER = [
+    ["pomt.errors", "pomt.io", "pomt.options", "pomt.stats", "pomt.checks", "pomt.plots"],
+    ["pomt.models", "pomt.device"],
+    ["pomt.patching"],
+    ["pomt.runtimes"],
+    ["pomt.accuracy"],
+    ["pomt.formats"],
+    ["pomt.deploy"],
+    ["pomt.measurement"],
+    ["pomt.policies"],
+    ["pomt.workload"],
+    ["pomt.verification"],
+    ["pomt.frontier"],
+    ["pomt.offline", "pomt.pipelines"],
+    ["pomt.bench", "pomt.digits"],
+    ["pomt.cli"],
+    ["pomt", "pomt.__main__"],
+]
 
 
 def module_name(path: Path) -> str:
@@ -65,6 +86,38 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         if node not in state and (cycle := visit(node)):
             return cycle
     return None
+
+
+def level_of(name: str, order: list[list[str]]) -> int:
+    """The level of the package `name` belongs to: its longest declared prefix."""
+    best, level = -1, None
+    for index, packages in enumerate(order):
+        for package in packages:
+            if (name == package or name.startswith(package + ".")) and len(package) > best:
+                best, level = len(package), index
+    if level is None:
+        raise AssertionError(f"{name} belongs to no package of the declared order")
+    return level
+
+
+def upward_imports(graph: dict[str, set[str]], order: list[list[str]]) -> list[str]:
+    """Each import of a module from a package above the importer's own, as `importer -> imported`."""
+    return [f"{name} -> {target}" for name in sorted(graph) for target in sorted(graph[name])
+            if level_of(target, order) > level_of(name, order)]
+
+
+def test_upward_imports_sees_an_import_against_the_order():
+    order = [["p.low"], ["p.mid"], ["p"]]
+    graph = {"p.low.a": {"p.mid.b"}, "p.mid.b": {"p.low.a", "p.mid.c"}, "p.mid.c": set(), "p": {"p.mid.b"}}
+    assert upward_imports(graph, order) == ["p.low.a -> p.mid.b"]
+    assert upward_imports({"p.mid.b": {"p.low.a"}, "p.low.a": set()}, order) == []
+    with pytest.raises(AssertionError, match="no package"):
+        level_of("q.other", order)
+
+
+def test_no_import_goes_against_the_package_order():
+    violations = upward_imports(import_graph(), PACKAGE_ORDER)
+    assert not violations, "imports against the package order:\n" + "\n".join(violations)
 
 
 def test_find_cycle_sees_a_cycle_and_a_clean_graph():

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 
 from pomt import accuracy as acc
 from pomt.bench.variants import BASELINE, Variant
-from pomt.pipelines.offline.config import OfflineConfig
+from pomt.offline.config import OfflineConfig
 from pomt.runtimes import parameter_dtype
 from pomt.stats import Proportion
 

@@ -2,7 +2,7 @@
 
 - `tome`: r merged at every block (Bolya et al.), up to the largest r that no block has to clamp (ToMe merges
   at most half the patch tokens entering a block);
-- `topk`: a keep rate at the rate blocks of `pomt.frontier.families.topk_rate` (EViT's 3, 6, 9 of 12); the value
+- `topk`: a keep rate at the rate blocks of `pomt.frontier.candidates.topk_rate` (EViT's 3, 6, 9 of 12); the value
   is the number of patch tokens not kept, rate = 1 - value / patch tokens;
 - `pomt`, `l2norm`, `random`: R removed at one block (`--prune-block`).
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pomt.checks import check_prune_block, check_removals
 from pomt.errors import PatchError
-from pomt.frontier.families import topk_rate
+from pomt.frontier.candidates import topk_rate
 from pomt.models.geometry import Geometry
 
 

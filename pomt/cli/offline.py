@@ -8,8 +8,8 @@ from pomt.cli.app import app
 from pomt.cli.options import config_command
 from pomt.device.allocator import allocator_words
 from pomt.measurement.search import SearchSettings
-from pomt.pipelines.offline import OfflineConfig, OfflineResult, run_offline
-from pomt.pipelines.offline.frontier_pipeline import FrontierRun
+from pomt.offline import OfflineConfig, OfflineResult, run_offline
+from pomt.offline.frontier_pipeline import FrontierRun
 from pomt.stats import Proportion
 from pomt.workload.prepare import Workload
 

@@ -6,8 +6,8 @@ import typer
 
 from pomt.cli.app import app
 from pomt.cli.options import config_command
-from pomt.pipelines.record import RecordSettings, record
 from pomt.workload.prepare import Workload
+from pomt.workload.record import RecordSettings, record
 
 
 @app.command("record")

@@ -6,17 +6,41 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pomt.accuracy import AccuracyCurve
 from pomt.errors import CurveError
 from pomt.io import atomic_write_csv
-from pomt.measurement.drift import CurvePoint
 
 COLUMNS = (
     "tokens", "latency_ms", "median_ms", "relative", "spread_ms", "min_ms", "visits", "samples", "se_ms",
     "accuracy", "accuracy_interpolated",
 )
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """Pooled latency of one token count over all its visits.
+
+    `median_ms` pools the raw visit medians; `latency_ms` the visits with the drift at their time
+    divided out (`pool_visits`), reconciled with the paired measurements where a search made some
+    (`reconcile_levels`): the latency that detection, plots and policies use; `relative` is it over the
+    reference count's.
+    """
+
+    tokens: int
+    latency_ms: float
+    median_ms: float
+    relative: float
+    spread_ms: float  # interquartile range of the visit medians
+    min_ms: float
+    visits: int
+    samples: int
+    se_ms: float = float("nan")  # standard error of latency_ms (between-visit noise)
+
+    def to_row(self) -> dict:
+        return asdict(self)
 
 
 def rounded(row: dict) -> dict:

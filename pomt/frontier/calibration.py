@@ -1,32 +1,37 @@
 """Accuracy of candidate schedules, measured on the patched model itself over calibration images.
 
-The images are split once, seeded, into a search split (what a search compares candidates on) and a
-held-out split (what a chosen schedule is reported on). Top-1 against the labels of an ImageFolder, or
-without labels the agreement with the unpruned model's top-1. Candidates are evaluated together, batch by
-batch, sharing the unpruned prefix (`pomt.frontier.shared_prefix`); each result is journalled
-(`pomt.frontier.journal`) under a key naming the candidate and the split's exact images, so a
-killed search resumes and a repeated evaluation is free.
+The images are split once, seeded, into a search split (what a search compares candidates on) and a held-out
+split (what a chosen schedule is reported on). Top-1 against the labels of an ImageFolder, or without labels the
+agreement with the unpruned model's top-1. Candidates are evaluated together, batch by batch; on timm's
+`VisionTransformer` the blocks before a candidate's first pruning block run once per batch for all of them
+(`candidate_logits`, equal to each patched model's own forward). Each result is journalled under a key naming the
+candidate and the split's exact images (`pomt.frontier.journal`). `HostedCalibration` runs the measurement in a
+worker process, so that the process that times schedules never runs the accuracy forwards.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
+from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from pomt.accuracy import AGREEMENT, TOP1, _batches, image_loader
 from pomt.errors import DatasetError
-from pomt.frontier.candidates import Candidate
+from pomt.frontier.candidates import NONE, Candidate
 from pomt.frontier.journal import AccuracyJournal
-from pomt.frontier.shared_prefix import count_correct
+from pomt.models.geometry import transformer_blocks
+from pomt.patching import patch, unpatch
 from pomt.stats import Proportion
+from pomt.verification.fresh import FreshWorker
 
 SEARCH, HELD_OUT = "search", "held_out"
 STOP_CONFIDENCE = 0.999  # of a drop beyond `stop_above`, checked after every batch (`surely_dropped_more`)
@@ -118,8 +123,155 @@ class Calibration:
 
 def surely_dropped_more(measured: Proportion, drop: float, confidence: float = STOP_CONFIDENCE) -> bool:
     """Whether the drop of `measured` against the unpruned model exceeds `drop` (a fraction) at `confidence`
-    (its lower one-sided bound, `Proportion.drop_floor`). Checked after every batch, so the confidence is high:
-    at 0.999, beyond a drop of 6 points, a schedule that loses 40 points on images the unpruned model gets 70%
-    of is stopped after 32 of them, 20 points after 128, 15 after 192, 8 points never in 500."""
+    (its lower one-sided bound, `Proportion.drop_floor`); checked after every batch, hence the high confidence."""
     floor = measured.drop_floor(confidence)
     return floor is not None and floor > drop
+
+
+def shares_prefix(model: nn.Module) -> bool:
+    """Whether the model's forward is timm VisionTransformer's own (embedding, blocks, norm, head)."""
+    kind = type(model)
+    return (isinstance(model, VisionTransformer) and kind.forward is VisionTransformer.forward
+            and kind.forward_features is VisionTransformer.forward_features
+            and not getattr(model, "grad_checkpointing", False))
+
+
+def _embed(model: VisionTransformer, images: torch.Tensor) -> torch.Tensor:
+    """What `forward_features` computes before its blocks."""
+    x = model._pos_embed(model.patch_embed(images))
+    return model.norm_pre(model.patch_drop(x))
+
+
+def _finish(model: VisionTransformer, hidden: torch.Tensor, block: int) -> torch.Tensor:
+    """Logits of the model from the hidden state entering `block` (blocks `block`.., norm, head)."""
+    for layer in model.blocks[block:]:
+        hidden = layer(hidden)
+    return model.forward_head(model.norm(hidden))
+
+
+def _logits(model: nn.Module, candidate: Candidate, run) -> torch.Tensor:
+    """`run()` on the model patched with the candidate (unpatched again afterwards)."""
+    if not candidate.unpruned:
+        patch(model, candidate.method, candidate.as_dict())
+    try:
+        out = run()
+    finally:
+        unpatch(model)
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def candidate_logits(model: nn.Module, candidates: Sequence[Candidate], images: torch.Tensor,
+                     share: bool | None = None) -> dict[Candidate, torch.Tensor]:
+    """{candidate: logits} of the model patched with each candidate on `images` (inference mode is the
+    caller's). `share` (default: `shares_prefix(model)`) computes the blocks candidates share once."""
+    unique = list(dict.fromkeys(candidates))
+    if not (shares_prefix(model) if share is None else share):
+        return {c: _logits(model, c, lambda: model(images)) for c in unique}
+    depth = len(transformer_blocks(model))
+    starts: dict[int, list[Candidate]] = {}
+    for candidate in unique:
+        starts.setdefault(depth if candidate.unpruned else candidate.first_block, []).append(candidate)
+    predictions: dict[Candidate, torch.Tensor] = {}
+    hidden = _embed(model, images)
+    for block in range(depth + 1):
+        for candidate in starts.get(block, ()):
+            predictions[candidate] = _logits(model, candidate, lambda b=block, h=hidden: _finish(model, h, b))
+        if block < depth and any(start > block for start in starts):
+            hidden = model.blocks[block](hidden)
+        elif block < depth:
+            break
+    return {c: predictions[c] for c in unique}
+
+
+def _outcomes_of_batch(model: nn.Module, candidates: Sequence[Candidate], images: torch.Tensor,
+                       labels: torch.Tensor, agreement: bool, device: str,
+                       dtype: torch.dtype | None) -> dict[Candidate, torch.Tensor]:
+    """{candidate: whether each image's top-1 is right} on one batch; `NONE` among the candidates."""
+    classes = getattr(model, "num_classes", None)
+    if not agreement and classes is not None and int(labels.max()) >= classes:
+        raise DatasetError(f"the images have more classes than the model's {classes} outputs; use a "
+                           "matching checkpoint or unlabelled images (agreement)")
+    logits = candidate_logits(model, candidates, images.to(device, dtype))
+    top1 = {c: out.argmax(dim=-1) for c, out in logits.items()}
+    target = top1[NONE] if agreement else labels.to(device)
+    return {c: (top1[c] == target).cpu() for c in candidates}
+
+
+def image_outcomes(model: nn.Module, candidates: Sequence[Candidate], batches: Iterable, agreement: bool,
+                   device: str = "cpu", dtype: torch.dtype | None = None,
+                   stop: Callable[[Proportion], bool] | None = None) -> dict[Candidate, torch.Tensor]:
+    """{candidate: for each image in order, whether its top-1 equals the label, or with `agreement` the
+    unpruned model's top-1} over (images, labels) batches, one batch in memory at a time; the unpruned
+    model (`NONE`) always among them. After each batch a candidate whose counts so far (`paired_counts`)
+    `stop` accepts is measured no further: its outcomes are those of the images it saw; once every candidate
+    asked for has stopped, so does the pass."""
+    wanted = list(dict.fromkeys([*candidates, NONE]))
+    right: dict[Candidate, list[torch.Tensor]] = {c: [] for c in wanted}
+    asked, active = set(candidates), list(wanted)
+    with torch.inference_mode():
+        for images, labels in batches:
+            for candidate, outcome in _outcomes_of_batch(model, active, images, labels, agreement, device,
+                                                         dtype).items():
+                right[candidate].append(outcome)
+            if stop is not None:
+                seen = torch.cat(right[NONE])
+                active = [c for c in active if c.unpruned or not stop(paired_counts(torch.cat(right[c]), seen))]
+                if not any(c in asked for c in active):  # the unpruned model ran only as their reference
+                    break
+    return {c: torch.cat(r) if r else torch.zeros(0, dtype=torch.bool) for c, r in right.items()}
+
+
+def paired_counts(outcomes: torch.Tensor, reference: torch.Tensor) -> Proportion:
+    """Images right of those seen, with those lost and gained against the `reference` outcomes (the
+    unpruned model's on the same images; only as many of them as `outcomes` holds)."""
+    reference = reference[: len(outcomes)]
+    return Proportion(int(outcomes.sum()), len(outcomes), int((reference & ~outcomes).sum()),
+                      int((outcomes & ~reference).sum()))
+
+
+def count_correct(model: nn.Module, candidates: Sequence[Candidate], batches: Iterable, agreement: bool,
+                  device: str = "cpu", dtype: torch.dtype | None = None,
+                  stop: Callable[[Proportion], bool] | None = None) -> dict[Candidate, Proportion]:
+    """{candidate: its `paired_counts` against the unpruned model} over (images, labels) batches
+    (`image_outcomes`, with its `stop`)."""
+    right = image_outcomes(model, candidates, batches, agreement, device, dtype, stop)
+    return {c: paired_counts(right[c], right[NONE]) for c in dict.fromkeys(candidates)}
+
+_HOSTED: dict[str, Calibration] = {}  # in the worker: the calibration it was given
+
+
+def _host(calibration: Calibration) -> None:
+    """The worker's side of `HostedCalibration`: keep the calibration, time nothing until asked."""
+    _HOSTED["calibration"] = calibration
+
+
+def _measure(job: tuple[list[Candidate], str, float | None]) -> tuple[dict[Candidate, Proportion], int, float]:
+    calibration = _HOSTED["calibration"]
+    return calibration.measure(*job), calibration.evaluated, calibration.seconds
+
+
+class HostedCalibration:
+    """A `Calibration` whose `measure` runs in a worker process, given its copy before anything is timed: the
+    same answers, journal and counters (`evaluated`, `seconds`)."""
+
+    def __init__(self, calibration: Calibration, worker: FreshWorker) -> None:
+        self.kind, self.indices = calibration.kind, calibration.indices
+        self.evaluated, self.seconds = calibration.evaluated, calibration.seconds
+        self._worker = worker
+        worker.run_copied(_host, calibration)  # returns once the worker holds it
+
+    def size(self, split: str = SEARCH) -> int:
+        return len(self.indices[split])
+
+    def measure(self, candidates: Sequence[Candidate], split: str = SEARCH,
+                stop_above: float | None = None) -> dict[Candidate, Proportion]:
+        """`Calibration.measure`, in the worker."""
+        found, self.evaluated, self.seconds = self._worker.run(_measure, (list(candidates), split, stop_above))
+        return found
+
+
+@contextmanager
+def hosted(calibration: Calibration) -> Iterator[HostedCalibration]:
+    """`calibration` handed to a new worker process for as long as the block runs."""
+    with FreshWorker() as worker:
+        yield HostedCalibration(calibration, worker)

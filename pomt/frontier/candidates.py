@@ -1,13 +1,21 @@
-"""A schedule across blocks as a search candidate: one reducer and how many tokens it removes at each block.
+"""A schedule across blocks as a search candidate (one reducer, tokens removed at each block), and the uniform
+families every search evaluates as candidates and as the baselines to beat.
 
-A value object, hashable and ordered, with a stable text key (the accuracy cache's and the outputs' name for
-it). Every candidate that removes nothing is the same candidate, the unpruned model.
+A candidate is a hashable, ordered value object with a stable text key (the accuracy cache's and the outputs'
+name for it); every candidate that removes nothing is the unpruned model. The families:
+- `tome-constant`: ToMe with the same r at every block (Bolya et al., ICLR 2023);
+- `tome-decreasing`: r falling linearly from 2r at the first block to 0 at the last (the authors' `parse_r`);
+- `topk-rate`: top-k keeping the same share of the patch tokens at three evenly spaced blocks (EViT's 3, 6, 9);
+- `pomt-block3`: single-block pomt at block 3 over R, plus every R that lands on a step's fast side.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from pomt.checks import check_method, check_removals
 from pomt.errors import ScheduleError
@@ -28,9 +36,7 @@ class Candidate:
     def of(cls, method: str, removal: Mapping[int, int]) -> Candidate:
         """The candidate removing removal[b] tokens at block b with `method` (zero entries dropped)."""
         kept = tuple(sorted((int(b), int(r)) for b, r in removal.items() if r))
-        if not kept:
-            return cls(UNPRUNED)
-        return cls(check_method(method, REDUCERS), kept)
+        return cls(method, kept) if kept else cls(UNPRUNED)
 
     @property
     def unpruned(self) -> bool:
@@ -74,11 +80,11 @@ class Candidate:
         if not colon or not removal:
             raise ScheduleError(f"cannot read schedule {text!r}: write METHOD:BLOCK=REMOVE,... (e.g. tome:0=10,7=15), "
                                 "each block once, or none")
-        return cls.of(method, removal)
+        return cls.of(check_method(method, REDUCERS), removal)
 
     @classmethod
     def from_dict(cls, data: Mapping) -> Candidate:
-        return cls.of(data["method"], {int(b): int(r) for b, r in data["removal"].items()})
+        return cls.of(check_method(data["method"], REDUCERS), {int(b): int(r) for b, r in data["removal"].items()})
 
 
 NONE = Candidate(UNPRUNED)  # the unpruned model
@@ -95,3 +101,67 @@ def given_schedules(texts: Sequence[str], geometries: Iterable[Geometry]) -> lis
         for c in given:
             check_removals(c.method, c.as_dict(), geometry.num_tokens, geometry.prefix_tokens, geometry.depth)
     return given
+
+FAMILIES = ("tome-constant", "tome-decreasing", "topk-rate", "pomt-block3")
+TOPK_RATES = (0.9, 0.8, 0.7, 0.6, 0.5)
+POMT_SHARES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
+POMT_BLOCK = 3
+FAMILY_POINTS = 5  # r values of the ToMe families by default
+
+
+def tome_values(num_tokens: int, prefix_tokens: int, depth: int, points: int) -> list[int]:
+    """r from 1 to about the value that merges every patch token over the depth, `points` of them."""
+    top = max(1, math.ceil((num_tokens - prefix_tokens) / depth))
+    return sorted({int(r) for r in np.linspace(1, top, num=max(1, points)).round()})
+
+
+def tome_constant(depth: int, values: Sequence[int]) -> list[Candidate]:
+    return [Candidate.of("tome", dict.fromkeys(range(depth), r)) for r in values]
+
+
+def decreasing_r(depth: int, r: int) -> list[int]:
+    """ToMe's decreasing schedule: int(2r - 2r * b / (depth - 1)) at block b (the authors' parse_r)."""
+    if depth == 1:
+        return [r]
+    return [int(2 * r - 2 * r * b / (depth - 1)) for b in range(depth)]
+
+
+def tome_decreasing(depth: int, values: Sequence[int]) -> list[Candidate]:
+    return [Candidate.of("tome", dict(enumerate(decreasing_r(depth, r)))) for r in values]
+
+
+def rate_blocks(depth: int) -> list[int]:
+    """Three evenly spaced pruning blocks: 3, 6, 9 at depth 12 (EViT's), fewer when the model is shallower."""
+    return sorted({min(depth - 1, round(depth * k / 4)) for k in (1, 2, 3)})
+
+
+def topk_rate(num_tokens: int, prefix_tokens: int, depth: int, rates: Sequence[float] = TOPK_RATES) -> list[Candidate]:
+    """Top-k keeping `rate` of the patch tokens entering each of `rate_blocks` (at least one)."""
+    candidates = []
+    for rate in rates:
+        patches, removal = num_tokens - prefix_tokens, {}
+        for block in rate_blocks(depth):
+            remove = patches - max(1, round(rate * patches))
+            removal[block], patches = remove, patches - remove
+        candidates.append(Candidate.of("topk", removal))
+    return candidates
+
+
+def pomt_single(num_tokens: int, prefix_tokens: int, depth: int, steps: Sequence[int] = (),
+                shares: Sequence[float] = POMT_SHARES, block: int = POMT_BLOCK) -> list[Candidate]:
+    """pomt at one block (3, or the last of a shallower model) removing shares of the patch tokens, and
+    every removal that lands on a step's fast side (`steps`: those token counts, `Step.fast_tokens`)."""
+    block = min(block, depth - 1)
+    patches = num_tokens - prefix_tokens
+    removals = {max(1, round(s * patches)) for s in shares}
+    removals |= {num_tokens - s for s in steps if prefix_tokens < s < num_tokens}
+    return [Candidate.of("pomt", {block: r}) for r in sorted(removals) if r < patches]
+
+
+def uniform_families(num_tokens: int, prefix_tokens: int, depth: int, steps: Sequence[int] = (),
+                     points: int = FAMILY_POINTS) -> dict[str, list[Candidate]]:
+    """{family name: its candidates} (see the module docstring); `points` r values for the ToMe families."""
+    values = tome_values(num_tokens, prefix_tokens, depth, points)
+    return dict(zip(FAMILIES, (tome_constant(depth, values), tome_decreasing(depth, values),
+                               topk_rate(num_tokens, prefix_tokens, depth),
+                               pomt_single(num_tokens, prefix_tokens, depth, steps)), strict=True))

@@ -1,8 +1,9 @@
-"""Which frontier schedules may ship, best first, and the best uniform schedule they must beat (pure).
+"""Evaluated schedules, their (predicted latency, accuracy) frontier, which of them may ship, best first, and
+the best uniform schedule they must beat (pure). Accuracies are the search split's; drops are in points.
 
 A schedule meets the goal when its search-split accuracy is at most `max_drop_points` below the unpruned
 model's (where a drop is asked), at least `min_accuracy` (where asked), both at `confidence` (on the one-sided
-bound of the paired drop, `pomt.frontier.pareto.drop_within`, and of the accuracy), and its predicted latency
+bound of the paired drop, `pomt.frontier.choice.drop_within`, and of the accuracy), and its predicted latency
 within `latency_budget_ms` (where asked). What may ship is the frontier of the schedules that meet it: with a
 latency budget the most accurate first (on equal accuracy the faster), else the fastest (on equal latency the
 more accurate). That order is predicted; what ships is decided on measurement (`verified_choice`): of the
@@ -14,13 +15,84 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from pomt.frontier.candidates import REDUCERS
-from pomt.frontier.families import FAMILIES
-from pomt.frontier.pareto import Evaluated, accuracy_at_least, drop_untold, drop_within, pareto_front
-from pomt.frontier.search import FrontierResult
-from pomt.stats import CONFIDENCE
+from pomt.frontier.candidates import FAMILIES, REDUCERS, Candidate
+from pomt.stats import CONFIDENCE, Proportion, one_sided_interval
+
+EPSILON = 1e-12
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """One candidate with its predicted latency and its measured accuracy on each split."""
+
+    candidate: Candidate
+    family: str
+    predicted_ms: float
+    search: Proportion
+    held_out: Proportion | None = None
+
+    @property
+    def accuracy(self) -> float:
+        return self.search.value
+
+    def with_held_out(self, held_out: Proportion) -> Evaluated:
+        return replace(self, held_out=held_out)
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, **self.candidate.to_dict(), "predicted_ms": round(self.predicted_ms, 5),
+                "search": self.search.to_dict(), "held_out": None if self.held_out is None else self.held_out.to_dict()}
+
+
+def pareto_front(points: Sequence[Evaluated]) -> list[Evaluated]:
+    """The points no other point beats on both latency and accuracy, fastest first (on equal latency the
+    more accurate; on equal both the first given)."""
+    front: list[Evaluated] = []
+    for point in sorted(points, key=lambda p: (p.predicted_ms, -p.accuracy)):
+        if not front or point.accuracy > front[-1].accuracy + EPSILON:
+            front.append(point)
+    return front
+
+
+def drop_within(point: Evaluated, baseline_accuracy: float, max_drop_points: float, confidence: float) -> bool:
+    """Whether the point's search-split drop from the unpruned model is within `max_drop_points`: its upper
+    one-sided bound at `confidence` where it was measured paired (`Proportion.drop_bound`), else the
+    measured drop. At 0.5 both are the measured drop; above, a schedule that changed many images needs a
+    smaller measured drop, which is what keeps the fastest of many from being the one its split flattered."""
+    bound = point.search.drop_bound(confidence)
+    drop = baseline_accuracy - point.accuracy if bound is None else bound
+    return drop <= max_drop_points / 100 + EPSILON
+
+
+def drop_untold(point: Evaluated, baseline_accuracy: float, max_drop_points: float, confidence: float) -> bool:
+    """Whether the images were too few to tell if the point is within `max_drop_points`: within it on its
+    measured drop (`drop_within` at 0.5), not on its bound at `confidence`."""
+    return drop_within(point, baseline_accuracy, max_drop_points, 0.5) and \
+        not drop_within(point, baseline_accuracy, max_drop_points, confidence)
+
+
+def accuracy_at_least(point: Evaluated, min_accuracy: float, confidence: float) -> bool:
+    """Whether the point's search-split accuracy is at least `min_accuracy`, on its lower one-sided Wilson
+    bound at `confidence`."""
+    low = one_sided_interval(point.search.successes, point.search.trials, confidence)[0]
+    return low >= min_accuracy - EPSILON
+
+
+@dataclass(frozen=True)
+class FrontierResult:
+    """Every evaluated schedule, the unpruned one, the frontier, and how many evaluations were asked."""
+
+    baseline: Evaluated
+    evaluated: tuple[Evaluated, ...]
+    frontier: tuple[Evaluated, ...]
+    evals: int
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"baseline": self.baseline.to_dict(), "evals": self.evals, "notes": list(self.notes),
+                "evaluated": [e.to_dict() for e in self.evaluated],
+                "frontier": [e.candidate.key for e in self.frontier]}
 
 
 @dataclass(frozen=True)

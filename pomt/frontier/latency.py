@@ -37,7 +37,7 @@ excess is calibrated in the run (`MixedCounts`, measured by `pomt.frontier.reduc
 dropped layout that changes its count at every block, timed in the same paired rounds as the whole model at each of
 its counts, so that its excess is over its own blocks' sum measured beside it; kappa = (excess - 1) / sqrt(its
 changes), 0 where the excess's 95% interval holds 1. A schedule whose counts change c times pays kappa x sqrt(c) x
-its blocks' sum: `predict` charges it, and the dynamic programme (`pomt.frontier.programme`) with the total changes
+its blocks' sum: `predict` charges it, and the dynamic programme (`pomt.frontier.surrogate`) with the total changes
 in its state, since it is not a sum over blocks. Until 2026-12-01 the layout was timed against the unpruned model
 alone and its excess read against the run's curve, measured minutes away: the curve's shape moves by some 4% at
 those counts from one minute to the next (Intel VM, 2026-11-29), and kappa took that in, with either sign. On the

@@ -61,8 +61,7 @@ import torch
 from scipy.ndimage import median_filter
 from torch import nn
 
-from pomt.frontier.candidates import Candidate
-from pomt.frontier.families import FAMILY_POINTS, tome_constant, tome_values
+from pomt.frontier.candidates import FAMILY_POINTS, Candidate, tome_constant, tome_values
 from pomt.frontier.latency import MixedCounts, ReducerCost, cut_before
 from pomt.measurement.paired import paired_effect
 from pomt.measurement.sources import calibrate_reps
@@ -192,7 +191,7 @@ def at_unit_speed(times: Mapping[Hashable, list[float]], unit_ms: float) -> dict
 
 
 def repeat_schedule(num_tokens: int, prefix_tokens: int, depth: int) -> Candidate:
-    """Uniform ToMe at the middle of its family's r (`pomt.frontier.families`): the schedule whose whole-model
+    """Uniform ToMe at the middle of its family's r (`pomt.frontier.candidates`): the schedule whose whole-model
     cost calibrates what merges after the first save (`ReducerCost.later`)."""
     values = tome_values(num_tokens, prefix_tokens, depth, FAMILY_POINTS)
     return tome_constant(depth, [values[len(values) // 2]])[0]

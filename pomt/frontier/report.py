@@ -1,7 +1,7 @@
 """Every schedule a frontier search evaluated, as table rows and as one JSON document (pure): reducer,
 removals, predicted latency, measured latency and speedup with their interval where verified, accuracy with
 its Wilson interval on each split measured, the images it lost and gained against the unpruned model there,
-the bound its search-split drop was judged on (`pomt.frontier.pareto.drop_within`), and the search images at which
+the bound its search-split drop was judged on (`pomt.frontier.choice.drop_within`), and the search images at which
 its rates would bound its drop within the goal (`Proportion.images_to_bound`: more than it had where its measured
 drop met the goal and its bound did not, the images were too few to tell)."""
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pomt.frontier.candidates import Candidate
-from pomt.frontier.pareto import Evaluated, drop_untold
+from pomt.frontier.choice import Evaluated, drop_untold
 from pomt.frontier.search import FrontierResult
 from pomt.io import atomic_write_csv, atomic_write_json
 from pomt.plots import plot_frontier

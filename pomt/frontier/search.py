@@ -4,13 +4,13 @@ Latency is predicted for any candidate from one curve (`LatencyModel`); accuracy
 `Calibration.measure` on the search split), and every candidate measured counts against `max_evals`, read
 from the cache or not, so a resumed search takes the same decisions. The search:
 
-1. the unpruned model and the uniform families (`pomt.frontier.families`), always, as candidates and as the
+1. the unpruned model and the uniform families (`pomt.frontier.candidates`), always, as candidates and as the
    baselines to beat;
 2. per reducer, probes within an equal share of what is left of the budget: single-block removals at a few
    blocks and shares, which fit an additive stand-in for the accuracy drop (`pomt.frontier.surrogate`),
    a block's larger share only where its smaller one stayed within the closely searched drops
    (`measure_probes`);
-   a dynamic programme over blocks (`pomt.frontier.programme`) then proposes, for each stand-in drop up to
+   a dynamic programme over blocks (`pomt.frontier.surrogate`) then proposes, for each stand-in drop up to
    `drop_span` times `max_accuracy_drop`, the fastest per-block schedule within it, and the fastest of all;
    landing on the fast side of confirmed steps (`Step.fast_tokens`) is among its choices;
 3. what is left of the budget is split between the reducers by what they promise (`bisection_shares`): at
@@ -58,16 +58,16 @@ from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 from pomt.checks import check_method
-from pomt.frontier.candidates import NONE, REDUCERS, Candidate
-from pomt.frontier.families import FAMILY_POINTS, uniform_families
+from pomt.frontier.candidates import FAMILY_POINTS, NONE, REDUCERS, Candidate, uniform_families
+from pomt.frontier.choice import Evaluated, FrontierResult, drop_within, pareto_front
 from pomt.frontier.latency import LatencyModel
-from pomt.frontier.pareto import Evaluated, drop_within, pareto_front
-from pomt.frontier.programme import BlockProgramme, landing_counts
 from pomt.frontier.surrogate import (
+    BlockProgramme,
     DropSurrogate,
     fit_surrogate,
     fit_to_schedules,
     judged_drop,
+    landing_counts,
     probe_candidates,
     refit_shares,
 )
@@ -86,7 +86,7 @@ class FrontierSettings:
     reducers: tuple[str, ...] = REDUCERS
     max_evals: int = MAX_EVALS
     max_accuracy_drop: float = 1.0  # points
-    confidence: float = CONFIDENCE  # of the drop (`pomt.frontier.pareto.drop_within`)
+    confidence: float = CONFIDENCE  # of the drop (`pomt.frontier.choice.drop_within`)
     latency_budget_ms: float | None = None
     steps: tuple[int, ...] = ()
     family_points: int = FAMILY_POINTS
@@ -128,22 +128,6 @@ class ReducerPlan:
     proposals: list[Candidate]
     promised_ms: float
     surrogate: DropSurrogate
-
-
-@dataclass(frozen=True)
-class FrontierResult:
-    """Every evaluated schedule, the unpruned one, the frontier, and how many evaluations were asked."""
-
-    baseline: Evaluated
-    evaluated: tuple[Evaluated, ...]
-    frontier: tuple[Evaluated, ...]
-    evals: int
-    notes: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict:
-        return {"baseline": self.baseline.to_dict(), "evals": self.evals, "notes": list(self.notes),
-                "evaluated": [e.to_dict() for e in self.evaluated],
-                "frontier": [e.candidate.key for e in self.frontier]}
 
 
 class FrontierSearch:

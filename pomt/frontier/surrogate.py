@@ -1,36 +1,19 @@
-"""A cheap stand-in for a schedule's accuracy drop, fitted on single-block probes, to rank candidates
-before they are measured (pure maths).
+"""The search's stand-in for a schedule's accuracy drop, and the dynamic programme that proposes the fastest
+schedules within a stand-in drop (pure maths).
 
-Additive over blocks: drop(schedule) = sum_b d(b, s_b), s_b the share of the patch tokens entering block b
-that it removes. d is measured by probes, single-block schedules at a few blocks and shares, and
-interpolated: linearly in the share from d(b, 0) = 0, extended past the largest probed share along its last
-slope (a larger cut never looks free), then linearly between probed blocks, held beyond them. It ignores how
-cuts compound across blocks; the search measures the candidates it proposes, so the stand-in only has to
-order them.
-
-A probe's d is the drop as the goal judges it (`pomt.frontier.pareto.drop_within`): the upper one-sided bound
-of its paired drop, at the stand-in's confidence (`FrontierSettings.stand_in_confidence`, below the goal's so that
-the margins of the blocks a schedule cuts add up to its own), less the bound of a schedule that changed no
-image (which every schedule pays once, not once a block), floored at 0 and made non-decreasing in the share. A schedule
-that reshuffles predictions, losing as many images as it gains, has no mean drop but a bound that grows
-with the images it changed; on its mean drop it looked free. On the digits case at batch 1 every
-late-block ToMe probe read a mean drop of 0 (tome:6=24 lost 12 images and gained 14), so the programme
-proposed cutting half the tokens at blocks 6-10 as free, and each of those proposals failed the goal
-(bounds 1.0-1.8 points): the bisection's few measurements went to them, and whether a schedule that met
-the goal was measured at all came down to one proposal's rank (docs/known-weaknesses.md, item 19). At a
-confidence of 0.5 the bound is the measured drop, and d is as before.
-
-Refitted on measured schedules (`fit_to_schedules`): the same grid, with one more share below the smallest
-probed, fitted by least squares to the judged drops of every schedule of the reducer measured so far (the
-uniform families, the probes, what the search measured), each cell >= 0 and non-decreasing in the share. Summed
-single-block bounds overprice schedules that cut at many blocks: on the digits case at batch 16 they put
-uniform ToMe r = 3 at 2.35 points (its bound: 0.24) and `tome:0=10,1=5,7=12,8=6,9=4` at 2.34 (0.93), each
-probe's bound carrying its own noise and the blocks' cuts flipping the same hard images. Fitted to the
-multi-block schedules too, small cuts come out cheap where those schedules say so.
+Stand-in: additive over blocks, drop(schedule) = sum_b d(b, s_b), s_b the share of the patch tokens entering
+block b that it removes; d is each probe's drop as the goal judges it (`judged_drop`, at the stand-in's
+confidence), interpolated in the share (extended past the largest along its last slope) and between blocks,
+and refitted by least squares to every schedule measured (`fit_to_schedules`). It only has to order proposals:
+the search measures them. Programme: backward induction over (block, landing count, drop allowance), with the
+count changes and whether the block before cut in the state where the latency model charges them, so it is
+exact for `LatencyModel.predict` to one bucket of drop.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -38,14 +21,13 @@ import numpy as np
 from scipy.optimize import nnls
 
 from pomt.frontier.candidates import Candidate
+from pomt.frontier.latency import LatencyModel
 from pomt.stats import CONFIDENCE, Proportion
 
 
 def last_cut_block(depth: int) -> int:
-    """The last block whose cut a search considers: D - 2. Tokens removed after the last block leave nothing
-    to run faster (the head reads the class token), so a cut there only pays the reducer's cost, and a probe
-    there reads "free" for any share: interpolated towards it, cuts at blocks 8-10 of 12 looked cheap on the
-    digits case where each lost 5-10 images and gained as many."""
+    """The last block whose cut a search considers, D - 2: tokens removed after the last block leave nothing to
+    run faster (the head reads the class token), so a probe there would read free at any share."""
     return max(0, depth - 2)
 
 
@@ -143,3 +125,97 @@ def fit_to_schedules(blocks: Sequence[int], shares: Sequence[float],
     increments, _ = nnls(design @ cumulative, np.array([drop for _, _, drop in observed]))
     drops = (cumulative @ increments).reshape(len(blocks), len(shares))
     return DropSurrogate(blocks, shares, tuple(tuple(float(d) for d in row) for row in drops))
+
+
+def landing_counts(num_tokens: int, prefix_tokens: int, steps: Sequence[int] = (), grid: int = 24) -> list[int]:
+    """N, about `grid` evenly spaced counts down to P + 1, and every step's fast side; highest first."""
+    even = np.linspace(prefix_tokens + 1, num_tokens, num=max(2, grid)).round().astype(int).tolist()
+    return sorted({num_tokens, *even, *(s for s in steps if prefix_tokens < s <= num_tokens)}, reverse=True)
+
+
+class BlockProgramme:
+    """The per-block moves of one reducer between landing counts (`landing_counts`), priced once by
+    `LatencyModel.step_ms` and the stand-in; `schedules` runs the backward induction. Where mixed counts are
+    charged (kappa sqrt(C) of the blocks' sum) the state holds the total changes C and those still to make;
+    where ToMe's `later` is charged, whether the block before cut."""
+
+    def __init__(self, latency: LatencyModel, method: str, surrogate: DropSurrogate, counts: Sequence[int],
+                 max_share: float = 0.75) -> None:
+        self.latency, self.method, self.depth = latency, method, latency.depth
+        self.counts = sorted(set(counts) | {latency.num_tokens}, reverse=True)
+        self.tracks_changes = bool(latency.kappa)
+        cost = latency.charged_costs.get(method)
+        self.tracks_cuts = cost is not None and bool(cost.later)
+        prefix, top = latency.prefix_tokens, latency.num_tokens
+        # n -> (m, ms after a block that kept its count, ms after one that cut, drop at each block)
+        self.moves: dict[int, list[tuple[int, float, float, list[float]]]] = {}
+        for n in self.counts:
+            patches, moves = n - prefix, []
+            for m in self.counts:
+                remove = n - m
+                if remove < 0 or (remove and not self._allowed(remove, patches, max_share)):
+                    continue
+                ms = latency.step_ms(method, n, remove, after_first=n < top)
+                after_cut = latency.step_ms(method, n, remove, after_first=n < top, follows_cut=True)
+                drops = [surrogate.at(b, remove / patches) if remove else 0.0 for b in range(self.depth)]
+                moves.append((m, ms, after_cut, drops))
+            self.moves[n] = moves
+
+    def _allowed(self, remove: int, patches: int, max_share: float) -> bool:
+        if self.method == "tome":
+            return remove <= patches // 2
+        return remove <= patches - 1 and remove / patches <= max_share
+
+    def schedules(self, step: float, buckets: int) -> list[Candidate]:
+        """For each allowance k x step (k = 0..buckets), the fastest schedule within it; distinct, slowest
+        (least stand-in drop) first. `step` = inf gives the fastest schedule whatever its drop."""
+        size, last = buckets + 1, last_cut_block(self.depth)
+        changes = last + 2 if self.tracks_changes else 1  # one change at each cut, cuts at blocks 0..last
+        charge = self.latency.kappa * np.sqrt(np.arange(changes))  # the mixed counts' share, by total changes
+        shape = (changes, changes, size)  # (total changes C, changes still to make, allowance)
+        end = np.full(shape, np.inf)
+        end[:, 0, :] = 0.0
+        flags = (False, True) if self.tracks_cuts else (False,)
+        value = {(n, cut): end for n in self.counts for cut in flags}
+        choices: list[dict[tuple[int, bool], np.ndarray]] = []
+        for block in reversed(range(self.depth)):
+            new, chosen = {}, {}
+            for (n, moves), after_cut in itertools.product(self.moves.items(), flags):
+                best, pick = np.full(shape, np.inf), np.zeros(shape, dtype=int)
+                price = (self.latency.block_ms(n) * charge)[:, None, None]
+                for index, (m, kept_ms, cut_ms, drops) in enumerate(moves):
+                    if m < n and block > last:
+                        continue
+                    spend = 0 if drops[block] <= 0 else math.ceil(drops[block] / step - 1e-9)
+                    if spend >= size:
+                        continue
+                    total = np.full(shape, np.inf)
+                    cut = int(m < n and self.tracks_changes)
+                    total[:, cut:, spend:] = value[self._state(n, m)][:, :changes - cut, :size - spend]
+                    total += (cut_ms if after_cut else kept_ms) + price
+                    better = total < best - 1e-12
+                    best[better], pick[better] = total[better], index
+                new[n, after_cut], chosen[n, after_cut] = best, pick
+            value = new
+            choices.insert(0, chosen)
+        top = value[self.latency.num_tokens, False]
+        planned = top[np.arange(changes), np.arange(changes)].argmin(axis=0)  # each allowance's best total C
+        found = dict.fromkeys(self._follow(choices, step, int(planned[k]), k) for k in range(size))
+        return sorted(found, key=lambda c: (-self.latency.predict(c), c))
+
+    def _state(self, n: int, m: int) -> tuple[int, bool]:
+        """The state after a block that moves from n to m tokens: m, and whether it cut (where that is priced)."""
+        return m, self.tracks_cuts and m < n
+
+    def _follow(self, choices: list[dict[tuple[int, bool], np.ndarray]], step: float, planned: int,
+                allowance: int) -> Candidate:
+        """The schedule the choices make from N tokens with `planned` count changes and `allowance` buckets."""
+        removal, state, left = {}, (self.latency.num_tokens, False), planned
+        for block in range(self.depth):
+            n = state[0]
+            m, _, _, drops = self.moves[n][int(choices[block][state][planned, left, allowance])]
+            allowance -= 0 if drops[block] <= 0 else math.ceil(drops[block] / step - 1e-9)
+            if m < n:
+                removal[block], left = n - m, left - int(self.tracks_changes)
+            state = self._state(n, m)
+        return Candidate.of(self.method, removal)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pomt.formats.curve import CurvePoint
 from pomt.formats.trace import Visit
 from pomt.measurement.confirmation import Confirmation
-from pomt.measurement.drift import CurvePoint
 from pomt.measurement.steps import detect_steps
 from pomt.measurement.trend import trend
 

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pomt.formats.curve import CurvePoint
 from pomt.formats.trace import Visit
 from pomt.measurement.design import Measurer, design_rounds
-from pomt.measurement.drift import CurvePoint, drift_profile
+from pomt.measurement.drift import drift_profile
 from pomt.measurement.paired import SCREEN_MIN_PAIRS, PairedEffect, paired_effect, pooled_pair_noise
 from pomt.measurement.steps import Step, paired_step
 

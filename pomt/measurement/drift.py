@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from pomt.formats.curve import CurvePoint
 from pomt.formats.trace import Visit
 from pomt.measurement.paired import MAD_TO_SD, pooled_pair_noise
 
@@ -28,30 +29,6 @@ STEADY_SPREADS = 4.0  # counts are unlike when some scatter this many times more
 PAIRED_AUTHORITY = 10.0  # how much more a paired ratio counts than its inverse SE in a saved curve
 ONE_PASS_PCT = 10.0  # a drift this large (%) is checked for one pass that makes most of it
 ONE_PASS_SHARE = 0.5  # one pass makes most of a drift when, left out, the drift shrinks to this share or less
-
-
-@dataclass(frozen=True)
-class CurvePoint:
-    """Pooled latency of one token count over all its visits.
-
-    `median_ms` pools the raw visit medians; `latency_ms` the visits with the drift at their time
-    divided out (`pool_visits`), reconciled with the paired measurements where a search made some
-    (`reconcile_levels`): the latency that detection, plots and policies use; `relative` is it over the
-    reference count's.
-    """
-
-    tokens: int
-    latency_ms: float
-    median_ms: float
-    relative: float
-    spread_ms: float  # interquartile range of the visit medians
-    min_ms: float
-    visits: int
-    samples: int
-    se_ms: float = float("nan")  # standard error of latency_ms (between-visit noise)
-
-    def to_row(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ predictions): each measured count's level shrunk toward the curve's trend betwee
 standard error (pure maths).
 
 Why. A search's curve holds many counts visited once or twice, each off its level by the machine's noise a visit
-(8% on the 2-core Intel VM in a noisy stretch). The dynamic programme (`pomt.frontier.programme`) lands blocks on
+(8% on the 2-core Intel VM in a noisy stretch). The dynamic programme (`pomt.frontier.surrogate`) lands blocks on
 the counts that price lowest, so it picks the counts that noise put low: on the digits case at batch 16 the
 frontier search shipped `tome:0=8,1=5,7=10`, six of its blocks at 37 tokens, a count visited once that read
 27-30% under both neighbours, predicted 1.46x and verified 1.24x; in two earlier runs the verified schedules
@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from pomt.measurement.drift import CurvePoint
+from pomt.formats.curve import CurvePoint
 from pomt.measurement.steps import Step
 
 SMOOTH_SHARE = 0.2  # a local fit reaches this share of the curve's count range each side

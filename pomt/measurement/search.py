@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 
 from pomt.checks import check_options
 from pomt.errors import GridError
+from pomt.formats.curve import CurvePoint
 from pomt.formats.trace import Visit
 from pomt.measurement import candidates as cand
 from pomt.measurement.candidates import Candidate
 from pomt.measurement.confirmation import MIN_STEP_SE, Confirmation, Judge, confirmed_steps, rejected
 from pomt.measurement.design import BudgetSpent, Measurer, anchor_pairs, checked_grid, coarse_units, design_rounds
 from pomt.measurement.drift import (
-    CurvePoint,
     Drift,
     corrected_values,
     drift,

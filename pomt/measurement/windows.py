@@ -18,10 +18,11 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from pomt.formats.curve import CurvePoint
 from pomt.formats.trace import Visit
 from pomt.measurement.candidates import confirmed_factor, expected_levels
 from pomt.measurement.confirmation import Confirmation
-from pomt.measurement.drift import CurvePoint, corrected_values, relative_noise
+from pomt.measurement.drift import corrected_values, relative_noise
 from pomt.measurement.level_shift import (
     MIN_SIDE,
     LevelShift,

@@ -1,5 +1,5 @@
-"""Whether pomt can patch a model: a ViT-family transformer with patch tokens whose blocks pomt's pruning
-blocks can run (`pomt.patching.blocks.check_block`). Told by the name before anything is built (timm's
+"""Whether pomt can patch a model: a ViT-family transformer with patch tokens whose blocks and attention
+layers are of the classes pomt's pruning forwards run. Told by the name before anything is built (timm's
 entrypoint built on the meta device, which allocates nothing), else by the model once it is built."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from torch import nn
 
 from pomt.errors import PatchError, UnsupportedModelError
 from pomt.models.geometry import transformer_blocks
-from pomt.patching.blocks import check_block, is_patched
 
+PATCHED_FROM = "_pomt_original"  # the class attribute naming the class a pomt pruning block class derives from
 SUPPORTED = ("timm's VisionTransformer family (ViT, DeiT, DeiT III, DINOv2, CLIP and SigLIP ViTs, ...) and the "
              "DINOv2 authors' models")
 
@@ -55,8 +55,48 @@ def _family_problem(model: nn.Module) -> str | None:
         if not blocks:
             return "no transformer blocks"
         for block in blocks:
-            if not is_patched(block):  # a block pomt patched already is one it can run
-                check_block(block)
+            check_block(block)
     except PatchError as exc:
         return str(exc).split(":")[0]
     return None
+
+
+def _block_classes(block: nn.Module) -> tuple[type, ...]:
+    """Supported block classes of the block's own package (imports DINOv2 only for DINOv2 blocks)."""
+    if type(block).__module__.startswith("dinov2."):
+        from dinov2.layers.block import Block as DinoBlock
+        from dinov2.layers.block import NestedTensorBlock
+
+        return (DinoBlock, NestedTensorBlock)
+    from timm.models.vision_transformer import Block as TimmBlock
+
+    return (TimmBlock,)
+
+
+def _attention_classes(attn: nn.Module) -> tuple[type, ...]:
+    """Supported attention classes of the layer's own package (imports DINOv2 only for DINOv2 layers)."""
+    if type(attn).__module__.startswith("dinov2."):
+        from dinov2.layers.attention import Attention as DinoAttention
+        from dinov2.layers.attention import MemEffAttention
+
+        return (DinoAttention, MemEffAttention)
+    from timm.layers import Attention as TimmAttention
+
+    return (TimmAttention,)
+
+
+def check_block(block: nn.Module) -> None:
+    """Raise PatchError unless `block` (or the block a pomt pruning block was) and its attention are of the
+    classes pomt's pruning forwards run."""
+    original = vars(type(block)).get(PATCHED_FROM, type(block))
+    if original not in _block_classes(block):
+        raise PatchError(
+            f"cannot patch block {original.__module__}.{original.__name__}: pomt supports timm "
+            "vision_transformer.Block and the DINOv2 authors' Block/NestedTensorBlock"
+        )
+    attn = block.attn
+    if type(attn) not in _attention_classes(attn):
+        raise PatchError(
+            f"cannot patch attention {type(attn).__module__}.{type(attn).__name__}: pomt supports timm "
+            "Attention and the DINOv2 authors' Attention/MemEffAttention"
+        )

@@ -14,32 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pomt.errors import PatchError
-
 PROBS_BYTES = 16 * 2**20  # explicit attention probabilities a patched block holds at once on the CPU
 MLP_RATIO = 4  # a ViT block's MLP hidden width over its channels: the activation a GPU chunk may match
 _CHUNKED_FOR: ContextVar[str | None] = ContextVar("chunked_for", default=None)  # `chunked_for`
-
-
-def _supported_classes(attn: nn.Module) -> tuple[type, ...]:
-    """Supported classes of the layer's own package (imports DINOv2 only for DINOv2 layers)."""
-    if type(attn).__module__.startswith("dinov2."):
-        from dinov2.layers.attention import Attention as DinoAttention
-        from dinov2.layers.attention import MemEffAttention
-
-        return (DinoAttention, MemEffAttention)
-    from timm.layers import Attention as TimmAttention
-
-    return (TimmAttention,)
-
-
-def check_attention(attn: nn.Module) -> None:
-    """Raise PatchError unless `attn` is an attention layer whose pieces this module knows."""
-    if type(attn) not in _supported_classes(attn):
-        raise PatchError(
-            f"cannot patch attention {type(attn).__module__}.{type(attn).__name__}: pomt supports timm "
-            "Attention and the DINOv2 authors' Attention/MemEffAttention"
-        )
 
 
 def call_layer(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from pomt.errors import PatchError, ScheduleError
+from pomt.models.family import PATCHED_FROM, check_block
 from pomt.patching import attention, scores
 from pomt.patching.plan import removed_at
 from pomt.patching.tome import bipartite_matching, merge_weighted
@@ -206,30 +207,9 @@ def _pruning_forward(self, x, attn_mask=None, is_causal=False):
 _PATCHED_CLASSES: dict[type, type] = {}
 
 
-def _block_classes(block: nn.Module) -> tuple[type, ...]:
-    """Supported block classes of the block's own package (imports DINOv2 only for DINOv2 blocks)."""
-    if type(block).__module__.startswith("dinov2."):
-        from dinov2.layers.block import Block as DinoBlock
-        from dinov2.layers.block import NestedTensorBlock
-
-        return (DinoBlock, NestedTensorBlock)
-    from timm.models.vision_transformer import Block as TimmBlock
-
-    return (TimmBlock,)
-
-
 def is_patched(block: nn.Module) -> bool:
+    """Whether `block` runs a pomt pruning forward now."""
     return type(block) in _PATCHED_CLASSES.values()
-
-
-def check_block(block: nn.Module) -> None:
-    """Raise PatchError unless `block` is a block (and attention) this module can run."""
-    if type(block) not in _block_classes(block):
-        raise PatchError(
-            f"cannot patch block {type(block).__module__}.{type(block).__name__}: pomt supports timm "
-            "vision_transformer.Block and the DINOv2 authors' Block/NestedTensorBlock"
-        )
-    attention.check_attention(block.attn)
 
 
 def install(block: nn.Module, plan: BlockPlan) -> type:
@@ -240,7 +220,7 @@ def install(block: nn.Module, plan: BlockPlan) -> type:
     check_block(block)
     if original not in _PATCHED_CLASSES:
         name = f"Pruning{original.__name__}"
-        _PATCHED_CLASSES[original] = type(name, (original,), {"forward": _pruning_forward})
+        _PATCHED_CLASSES[original] = type(name, (original,), {"forward": _pruning_forward, PATCHED_FROM: original})
     block._pomt_plan = plan
     block.__class__ = _PATCHED_CLASSES[original]
     return original

@@ -13,8 +13,8 @@ from pomt.bench.run import BenchConfig
 from pomt.cli import app
 from pomt.cli.bench import Outputs
 from pomt.cli.options import config_command
+from pomt.offline import OfflineConfig
 from pomt.options import option
-from pomt.pipelines.offline import OfflineConfig
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,13 @@ from pomt.frontier.calibration import (
     HELD_OUT,
     SEARCH,
     Calibration,
+    count_correct,
     dataset_digest,
     split_indices,
     surely_dropped_more,
 )
 from pomt.frontier.candidates import Candidate
 from pomt.frontier.journal import AccuracyJournal, model_identity
-from pomt.frontier.shared_prefix import count_correct
 from pomt.models.registry import create_model
 from pomt.stats import Proportion
 

@@ -1,6 +1,6 @@
 """The uniform families a search always evaluates."""
 
-from pomt.frontier.families import decreasing_r, pomt_single, rate_blocks, tome_values, topk_rate, uniform_families
+from pomt.frontier.candidates import decreasing_r, pomt_single, rate_blocks, tome_values, topk_rate, uniform_families
 from pomt.patching.plan import token_counts
 
 

@@ -22,7 +22,7 @@ def test_every_candidate_that_removes_nothing_is_the_unpruned_model():
 
 def test_an_unknown_reducer_is_refused():
     with pytest.raises(PatchError, match="unknown method"):
-        Candidate.of("random", {1: 2})
+        Candidate.parse("random:1=2")
 
 
 def test_a_candidate_is_read_back_from_its_key():

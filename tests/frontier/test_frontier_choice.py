@@ -13,6 +13,7 @@ import pomt
 from pomt.formats.schedule import BlockRemoval, Schedule, load_schedule, save_schedule
 from pomt.frontier.candidates import Candidate
 from pomt.frontier.choice import (
+    Evaluated,
     Goal,
     Unresolved,
     best_by_family,
@@ -25,6 +26,7 @@ from pomt.frontier.choice import (
     held_out_note,
     next_faster_missing,
     next_step_note,
+    pareto_front,
     preference,
     to_verify,
     unresolved,
@@ -32,12 +34,11 @@ from pomt.frontier.choice import (
     verified_choice,
 )
 from pomt.frontier.latency import LatencyModel
-from pomt.frontier.pareto import Evaluated, pareto_front
 from pomt.frontier.report import COLUMNS, document, row, rows
 from pomt.frontier.search import FrontierResult
 from pomt.models.geometry import transformer_blocks
 from pomt.models.registry import create_model
-from pomt.pipelines.offline.frontier_schedule import as_schedule, effective_removal, frontier_record
+from pomt.offline.frontier_schedule import as_schedule, effective_removal, frontier_record
 from pomt.stats import Proportion
 from pomt.verification.verify import CandidateResult
 

@@ -10,12 +10,10 @@ from torch.utils.data import TensorDataset
 from pomt.accuracy import AGREEMENT, TOP1, eval_transform, open_image_folder
 from pomt.errors import PatchError
 from pomt.frontier.calibration import HELD_OUT, SEARCH, Calibration
-from pomt.frontier.candidates import NONE, REDUCERS, Candidate
-from pomt.frontier.choice import Goal, ordered
-from pomt.frontier.families import uniform_families
+from pomt.frontier.candidates import NONE, REDUCERS, Candidate, uniform_families
+from pomt.frontier.choice import Goal, ordered, pareto_front
 from pomt.frontier.journal import AccuracyJournal, model_identity
 from pomt.frontier.latency import LatencyModel, ReducerCost
-from pomt.frontier.pareto import pareto_front
 from pomt.frontier.search import (
     MIN_BISECTION,
     FrontierSearch,

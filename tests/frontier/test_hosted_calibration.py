@@ -6,9 +6,8 @@ from torch.utils.data import TensorDataset
 
 from pomt.accuracy import TOP1
 from pomt.errors import PatchError
-from pomt.frontier.calibration import HELD_OUT, SEARCH, Calibration
+from pomt.frontier.calibration import HELD_OUT, SEARCH, Calibration, hosted
 from pomt.frontier.candidates import NONE, Candidate
-from pomt.frontier.hosted_calibration import hosted
 from pomt.frontier.journal import AccuracyJournal, model_identity
 from pomt.models.registry import create_model
 

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pomt.frontier.candidates import Candidate
-from pomt.frontier.families import uniform_families
+from pomt.frontier.candidates import Candidate, uniform_families
 from pomt.frontier.latency import LatencyModel, MixedCounts, ReducerCost, count_changes, has_trend
 from pomt.frontier.reducer_costs import (
     UNPRUNED,
@@ -25,7 +24,7 @@ from pomt.frontier.reducer_costs import (
 )
 from pomt.models.registry import create_model
 from pomt.models.tokens import truncate_tokens
-from pomt.pipelines.offline.frontier_search import mixed_note
+from pomt.offline.frontier_search import mixed_note
 from pomt.policies import predict_latency
 
 from conftest import entering_counts

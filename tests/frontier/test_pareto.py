@@ -1,7 +1,7 @@
 """The frontier of (predicted latency, accuracy), and whether a schedule meets an accuracy goal."""
 
 from pomt.frontier.candidates import Candidate
-from pomt.frontier.pareto import Evaluated, accuracy_at_least, drop_within, pareto_front
+from pomt.frontier.choice import Evaluated, accuracy_at_least, drop_within, pareto_front
 from pomt.stats import Proportion
 
 

@@ -8,8 +8,7 @@ import pytest
 
 from pomt.frontier.candidates import Candidate
 from pomt.frontier.latency import LatencyModel, MixedCounts, ReducerCost
-from pomt.frontier.programme import BlockProgramme, landing_counts
-from pomt.frontier.surrogate import DropSurrogate
+from pomt.frontier.surrogate import BlockProgramme, DropSurrogate, landing_counts
 from pomt.measurement.steps import Step
 
 N, P, D = 13, 1, 3

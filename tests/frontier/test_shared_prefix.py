@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from pomt.errors import DatasetError
+from pomt.frontier.calibration import candidate_logits, count_correct, image_outcomes, shares_prefix
 from pomt.frontier.candidates import NONE, Candidate
-from pomt.frontier.shared_prefix import candidate_logits, count_correct, image_outcomes, shares_prefix
 from pomt.models.registry import create_model
 from pomt.patching import patch, patch_state, unpatch
 from pomt.stats import Proportion

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from pomt.formats.curve import CurvePoint
 from pomt.formats.trace import Visit
 from pomt.measurement.candidates import (
     Candidate,
@@ -15,7 +16,6 @@ from pomt.measurement.candidates import (
     unsettled,
 )
 from pomt.measurement.confirmation import accepted
-from pomt.measurement.drift import CurvePoint
 from pomt.measurement.paired import paired_effect
 
 

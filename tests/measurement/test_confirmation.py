@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from pomt.formats.curve import CurvePoint
 from pomt.measurement.confirmation import (
     LOOK_ALPHAS,
     MIN_ROUNDS,
@@ -17,7 +18,6 @@ from pomt.measurement.confirmation import (
     rejected,
 )
 from pomt.measurement.design import Measurer
-from pomt.measurement.drift import CurvePoint
 from pomt.measurement.paired import paired_effect
 from pomt.measurement.sources import ReplaySource, Session
 

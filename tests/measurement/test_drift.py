@@ -5,10 +5,10 @@ import math
 import numpy as np
 import pytest
 
+from pomt.formats.curve import CurvePoint
 from pomt.formats.trace import Visit
 from pomt.measurement.drift import (
     MEDIAN_SE,
-    CurvePoint,
     Drift,
     corrected_values,
     drift,

@@ -3,10 +3,9 @@
 import numpy as np
 import pytest
 
+from pomt.formats.curve import CurvePoint
 from pomt.frontier.latency import LatencyModel
-from pomt.frontier.programme import BlockProgramme
-from pomt.frontier.surrogate import DropSurrogate
-from pomt.measurement.drift import CurvePoint
+from pomt.frontier.surrogate import BlockProgramme, DropSurrogate
 from pomt.measurement.priced_curve import priced_curve, priced_levels, step_spans
 from pomt.measurement.steps import Step
 

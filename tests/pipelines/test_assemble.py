@@ -6,8 +6,8 @@ from pathlib import Path
 from pomt.accuracy import AccuracyCurve
 from pomt.device import Fingerprint
 from pomt.formats.schedule import load_schedule
-from pomt.pipelines.offline.assemble import Evidence, build_schedule
-from pomt.pipelines.offline.config import OfflineConfig
+from pomt.offline.assemble import Evidence, build_schedule
+from pomt.offline.config import OfflineConfig
 from pomt.policies import Decision
 
 from offline_data import DROP, LIVE, N, make_run

@@ -6,7 +6,7 @@ import pytest
 
 from pomt.errors import DatasetError, GridError, PatchError, PolicyError, SettingError
 from pomt.measurement.search import SearchSettings
-from pomt.pipelines.offline.config import (
+from pomt.offline.config import (
     OfflineConfig,
     check_pruning,
     max_remove,

@@ -1,13 +1,13 @@
 """The confirmed steps within reach, measured again in a fresh process before the policy sees them."""
 
 from pomt.device import Fingerprint
+from pomt.formats.curve import CurvePoint
 from pomt.measurement.confirmation import Confirmation
-from pomt.measurement.drift import CurvePoint
 from pomt.measurement.paired import paired_effect
 from pomt.measurement.search import SearchResult, SearchSettings
-from pomt.pipelines.offline.fresh_steps import check_steps_in_fresh_process
-from pomt.pipelines.offline.latency import Latency
-from pomt.pipelines.offline.verdict import Verdict, here_only_note
+from pomt.offline.fresh_steps import check_steps_in_fresh_process
+from pomt.offline.latency import Latency
+from pomt.offline.verdict import Verdict, here_only_note
 from pomt.policies import Decision
 from pomt.verification.fresh import placement_hint
 from pomt.workload.prepare import Workload

@@ -7,14 +7,13 @@ from pathlib import Path
 
 from pomt.device.fingerprint import Fingerprint
 from pomt.frontier.candidates import Candidate
-from pomt.frontier.choice import Goal, preference
+from pomt.frontier.choice import Evaluated, Goal, pareto_front, preference
 from pomt.frontier.latency import LatencyModel
-from pomt.frontier.pareto import Evaluated, pareto_front
 from pomt.frontier.search import FrontierResult
 from pomt.measurement.search import SearchSettings
-from pomt.pipelines.offline.config import OfflineConfig, Request
-from pomt.pipelines.offline.frontier_search import FrontierFound, stopped_note
-from pomt.pipelines.offline.frontier_verdict import decide_frontier, prediction_note
+from pomt.offline.config import OfflineConfig, Request
+from pomt.offline.frontier_search import FrontierFound, stopped_note
+from pomt.offline.frontier_verdict import decide_frontier, prediction_note
 from pomt.stats import Proportion
 from pomt.verification.verify import CandidateResult
 from pomt.workload.prepare import Workload

@@ -6,8 +6,8 @@ import pytest
 from pomt.accuracy import AccuracyCurve
 from pomt.errors import PolicyError
 from pomt.measurement.priced_curve import priced_curve
-from pomt.pipelines.offline.config import OfflineConfig
-from pomt.pipelines.offline.ranking import Ranking, nothing, policy_setting, rank, verification_removals
+from pomt.offline.config import OfflineConfig
+from pomt.offline.ranking import Ranking, nothing, policy_setting, rank, verification_removals
 
 from offline_data import GEOMETRY, N, search_result
 

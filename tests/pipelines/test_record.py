@@ -6,7 +6,7 @@ import pytest
 from pomt.errors import GridError
 from pomt.measurement.design import chained_units
 from pomt.measurement.sources import ReplaySource, Session
-from pomt.pipelines.record import RecordSettings, dense_trace
+from pomt.workload.record import RecordSettings, dense_trace
 
 from trace_data import N, linear_levels, synthetic_trace
 

@@ -6,11 +6,11 @@ from pomt.device import fingerprint_hash
 from pomt.formats.schedule import load_schedule
 from pomt.measurement.drift import Drift
 from pomt.measurement.search import SearchSettings
-from pomt.pipelines.offline.config import OfflineConfig
-from pomt.pipelines.offline.latency import Latency
-from pomt.pipelines.offline.ranking import policy_setting, rank
-from pomt.pipelines.offline.records import Findings, final_schedule, measurement_record, verified_record
-from pomt.pipelines.offline.verdict import Verdict
+from pomt.offline.config import OfflineConfig
+from pomt.offline.latency import Latency
+from pomt.offline.ranking import policy_setting, rank
+from pomt.offline.records import Findings, final_schedule, measurement_record, verified_record
+from pomt.offline.verdict import Verdict
 from pomt.verification.verify import CandidateResult, Verification
 
 from offline_data import GEOMETRY, LIVE, N, make_run, search_result

@@ -5,10 +5,10 @@ from pathlib import Path
 
 from pomt.device import Fingerprint
 from pomt.measurement.search import SearchSettings
-from pomt.pipelines.offline.config import OfflineConfig, Request
-from pomt.pipelines.offline.latency import Latency
-from pomt.pipelines.offline.ranking import policy_setting, rank, verification_removals
-from pomt.pipelines.offline.verdict import FreshCheck, Verdict, decide, here_only_note, priced, shipped
+from pomt.offline.config import OfflineConfig, Request
+from pomt.offline.latency import Latency
+from pomt.offline.ranking import policy_setting, rank, verification_removals
+from pomt.offline.verdict import FreshCheck, Verdict, decide, here_only_note, priced, shipped
 from pomt.verification.fresh import placement_hint
 from pomt.verification.verify import CandidateResult, Verification
 from pomt.workload.prepare import Workload

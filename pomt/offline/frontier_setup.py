@@ -9,13 +9,12 @@ from pathlib import Path
 
 from pomt.checks import check_drop_resolution
 from pomt.errors import SettingError
-from pomt.frontier.calibration import SEARCH, Calibration, split_indices
+from pomt.frontier.calibration import SEARCH, Calibration, HostedCalibration, split_indices
 from pomt.frontier.choice import Goal
-from pomt.frontier.hosted_calibration import HostedCalibration
 from pomt.frontier.journal import AccuracyJournal, model_identity
-from pomt.pipelines.offline.accuracy import Sample
-from pomt.pipelines.offline.config import OfflineConfig, max_accuracy_drop
-from pomt.pipelines.offline.prepare import Run
+from pomt.offline.accuracy import Sample
+from pomt.offline.config import OfflineConfig, max_accuracy_drop
+from pomt.offline.prepare import Run
 from pomt.runtimes import parameter_dtype
 from pomt.workload.prepare import Workload
 

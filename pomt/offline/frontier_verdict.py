@@ -16,14 +16,13 @@ from pomt.device.allocator import STEADY_ADVICE
 from pomt.device.fingerprint import Fingerprint
 from pomt.formats.schedule import Schedule
 from pomt.frontier.candidates import Candidate
-from pomt.frontier.choice import verified_choice
-from pomt.frontier.pareto import Evaluated
-from pomt.pipelines.offline.config import Request
-from pomt.pipelines.offline.frontier_schedule import candidate_schedule, effective_removal, frontier_decision
-from pomt.pipelines.offline.frontier_search import FrontierFound
-from pomt.pipelines.offline.frontier_setup import goal_of
-from pomt.pipelines.offline.prepare import Run
-from pomt.pipelines.offline.verdict import Verdict, verification_session
+from pomt.frontier.choice import Evaluated, verified_choice
+from pomt.offline.config import Request
+from pomt.offline.frontier_schedule import candidate_schedule, effective_removal, frontier_decision
+from pomt.offline.frontier_search import FrontierFound
+from pomt.offline.frontier_setup import goal_of
+from pomt.offline.prepare import Run
+from pomt.offline.verdict import Verdict, verification_session
 from pomt.verification.fresh import FreshJob, verify_in_fresh_process
 from pomt.verification.verify import CandidateResult, Verification
 from pomt.verification.verify import verify as verify_candidates

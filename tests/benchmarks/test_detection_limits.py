@@ -9,7 +9,7 @@ import pytest
 
 from pomt.stats import wilson_interval
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "detection_limits.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "detection_limits.py"
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pomt.measurement.search import LatencySearch, SearchResult
-from pomt.pipelines.offline.config import Request
-from pomt.pipelines.offline.prepare import Run
+from pomt.offline.config import Request
+from pomt.offline.prepare import Run
 
 
 @dataclass(frozen=True)

@@ -13,17 +13,16 @@ from pathlib import Path
 
 from pomt.frontier.calibration import HELD_OUT, SEARCH
 from pomt.frontier.candidates import NONE, REDUCERS
-from pomt.frontier.choice import Unresolved, best_uniform, preference, to_verify, unresolved, unresolved_note
+from pomt.frontier.choice import Evaluated, Unresolved, best_uniform, preference, to_verify, unresolved, unresolved_note
 from pomt.frontier.latency import LatencyModel, MixedCounts, ReducerCost
-from pomt.frontier.pareto import Evaluated
 from pomt.frontier.reducer_costs import measure_mixed_counts, measure_reducer_costs
 from pomt.frontier.search import FrontierResult, FrontierSettings, search_frontier, with_held_out
 from pomt.io import atomic_write_json
 from pomt.measurement.priced_curve import priced_curve
-from pomt.pipelines.offline.config import DEFAULT_DROP, Request
-from pomt.pipelines.offline.frontier_setup import FrontierSetup
-from pomt.pipelines.offline.latency import Latency
-from pomt.pipelines.offline.prepare import Run
+from pomt.offline.config import DEFAULT_DROP, Request
+from pomt.offline.frontier_setup import FrontierSetup
+from pomt.offline.latency import Latency
+from pomt.offline.prepare import Run
 from pomt.runtimes import IN_PROCESS
 
 COSTS = "reducer-costs.json"

@@ -12,8 +12,8 @@ from torch.utils.data import Dataset
 
 from pomt import accuracy as acc
 from pomt.measurement.steps import Step
-from pomt.pipelines.offline.config import OfflineConfig, needs_accuracy_model
-from pomt.pipelines.offline.prepare import Run
+from pomt.offline.config import OfflineConfig, needs_accuracy_model
+from pomt.offline.prepare import Run
 from pomt.verification.fresh import FreshWorker
 from pomt.workload.prepare import Workload
 
@@ -49,7 +49,7 @@ def estimate_accuracy(workload: Workload, config: OfflineConfig, run: Run, sampl
     device = run.setup.device if run.replay is None else "cpu"
     job = AccuracyJob(run.prepared.model, subset, config.accuracy_batch_size, counts, kind, device, workload.seed,
                       workload.progress)
-    with FreshWorker() as worker:  # not in the timing process (`pomt.frontier.hosted_calibration`)
+    with FreshWorker() as worker:  # not in the timing process (`pomt.frontier.calibration`)
         return worker.run_copied(_measure_there, job)
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 from pomt.accuracy import AccuracyCurve, save_accuracy_curve
 from pomt.device.fingerprint import Fingerprint
 from pomt.formats.schedule import Schedule
-from pomt.frontier.hosted_calibration import hosted
+from pomt.frontier.calibration import hosted
 from pomt.measurement.search import SearchResult, SearchSettings
 from pomt.models.geometry import Geometry
-from pomt.pipelines.offline.accuracy import Sample, accuracy_sample, estimate_accuracy, given_accuracy
-from pomt.pipelines.offline.config import (
+from pomt.offline.accuracy import Sample, accuracy_sample, estimate_accuracy, given_accuracy
+from pomt.offline.config import (
     FRONTIER,
     OfflineConfig,
     Request,
@@ -20,15 +20,15 @@ from pomt.pipelines.offline.config import (
     policy_name,
     validate,
 )
-from pomt.pipelines.offline.fresh_steps import check_steps_in_fresh_process
-from pomt.pipelines.offline.frontier_pipeline import FrontierRun, choose_on_frontier
-from pomt.pipelines.offline.frontier_setup import prepare_frontier
-from pomt.pipelines.offline.latency import measure_latency
-from pomt.pipelines.offline.outputs import output_names, prepare_outputs, write_outputs
-from pomt.pipelines.offline.prepare import Run, prepare_run
-from pomt.pipelines.offline.ranking import policy_setting, rank
-from pomt.pipelines.offline.records import Findings, final_schedule
-from pomt.pipelines.offline.verdict import decide, here_only_note, with_gpu_work
+from pomt.offline.fresh_steps import check_steps_in_fresh_process
+from pomt.offline.frontier_pipeline import FrontierRun, choose_on_frontier
+from pomt.offline.frontier_setup import prepare_frontier
+from pomt.offline.latency import measure_latency
+from pomt.offline.outputs import output_names, prepare_outputs, write_outputs
+from pomt.offline.prepare import Run, prepare_run
+from pomt.offline.ranking import policy_setting, rank
+from pomt.offline.records import Findings, final_schedule
+from pomt.offline.verdict import decide, here_only_note, with_gpu_work
 from pomt.policies import Decision
 from pomt.verification.verify import Verification
 from pomt.workload.prepare import Workload, journalled
@@ -57,7 +57,7 @@ class OfflineResult:
 
 def run_offline(workload: Workload, config: OfflineConfig | None = None,
                 settings: SearchSettings | None = None) -> OfflineResult:
-    """Run every stage the configuration asks for and write the outputs (see `pomt.pipelines.offline`).
+    """Run every stage the configuration asks for and write the outputs (see `pomt.offline`).
 
     Settings and the output folder are checked before anything is built, the accuracy data's labels before
     anything is measured; Ctrl-C raises `Interrupted`, saying how many visits the journals keep."""
@@ -75,7 +75,7 @@ def run_offline(workload: Workload, config: OfflineConfig | None = None,
 
 
 def measure_and_choose(request: Request, run: Run, sample: Sample | None) -> OfflineResult:
-    """The frontier policy (its accuracy measured in a worker process, `pomt.frontier.hosted_calibration`), else
+    """The frontier policy (its accuracy measured in a worker process, `pomt.frontier.calibration`), else
     the step or utility policy (`measure_and_rank`); the outputs written."""
     workload, config = request.workload, request.config
     accuracy = given_accuracy(config, run)

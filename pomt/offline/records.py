@@ -10,12 +10,12 @@ from pomt.device.fingerprint import Fingerprint, fingerprint_hash
 from pomt.formats.schedule import Schedule
 from pomt.formats.schedule_parts import MeasurementRecord, Verified
 from pomt.measurement.search import SearchSettings
-from pomt.pipelines.offline.assemble import Evidence, build_schedule
-from pomt.pipelines.offline.config import OfflineConfig
-from pomt.pipelines.offline.latency import Latency
-from pomt.pipelines.offline.prepare import Run
-from pomt.pipelines.offline.ranking import Ranking
-from pomt.pipelines.offline.verdict import Verdict
+from pomt.offline.assemble import Evidence, build_schedule
+from pomt.offline.config import OfflineConfig
+from pomt.offline.latency import Latency
+from pomt.offline.prepare import Run
+from pomt.offline.ranking import Ranking
+from pomt.offline.verdict import Verdict
 from pomt.policies import Decision
 
 DESIGN = "shuffled passes, reference in every pass, drift-corrected pooling, paired step confirmation"

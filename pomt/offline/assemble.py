@@ -11,8 +11,8 @@ from pomt.formats.curve import rounded
 from pomt.formats.schedule import BlockRemoval, Schedule, utc_now
 from pomt.formats.schedule_parts import MeasurementRecord, Prediction, SchedulePolicy, Verified
 from pomt.measurement.steps import Step
-from pomt.pipelines.offline.config import OfflineConfig, max_remove
-from pomt.pipelines.offline.prepare import Run
+from pomt.offline.config import OfflineConfig, max_remove
+from pomt.offline.prepare import Run
 from pomt.policies import Decision
 
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pomt.measurement.confirmation import Confirmation, confirmed_steps
 from pomt.measurement.paired import PairedEffect
 from pomt.measurement.search import SearchSettings
-from pomt.pipelines.offline.latency import Latency
+from pomt.offline.latency import Latency
 from pomt.verification.fresh import StepJob, step_holds, step_rounds_in_fresh_process
 from pomt.workload.prepare import Workload
 

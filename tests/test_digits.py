@@ -6,8 +6,7 @@ import numpy as np
 import torch
 
 from pomt.accuracy import TOP1, eval_transform, open_image_folder
-from pomt.digits.folder import DigitsSpec, render, split_per_class, write_digits
-from pomt.digits.model import SMALL, digits_case, learning_rate
+from pomt.digits import SMALL, DigitsSpec, digits_case, learning_rate, render, split_per_class, write_digits
 from pomt.models.registry import create_model
 
 

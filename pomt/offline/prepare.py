@@ -13,7 +13,7 @@ from pomt.measurement.search import SearchSettings
 from pomt.measurement.sources import ReplaySource, Session
 from pomt.models.geometry import Geometry, model_geometry
 from pomt.models.registry import architecture, create_model, normalise_input_size, resolve_model_name
-from pomt.pipelines.offline.config import OfflineConfig, check_pruning, needs_accuracy_model
+from pomt.offline.config import OfflineConfig, check_pruning, needs_accuracy_model
 from pomt.workload.prepare import Prepared, Workload, live_session, open_journal, prepare, settings_keys, workload_grid
 from pomt.workload.setup import RunSetup
 

@@ -14,9 +14,9 @@ from pomt.formats.schedule import Schedule, save_schedule
 from pomt.frontier.report import FRONTIER_SET, FrontierReport, write_frontier
 from pomt.io import clear_stale, staged_set
 from pomt.measurement.drift import corrected_values
-from pomt.pipelines.offline.config import OfflineConfig
-from pomt.pipelines.offline.prepare import Run
-from pomt.pipelines.offline.records import Findings
+from pomt.offline.config import OfflineConfig
+from pomt.offline.prepare import Run
+from pomt.offline.records import Findings
 from pomt.plots import plot_offline
 from pomt.policies import utility_values
 

@@ -14,11 +14,11 @@ from pomt.errors import TraceError
 from pomt.formats.schedule import Schedule
 from pomt.frontier.reducer_costs import cost_function, method_cost
 from pomt.measurement.sources import LiveSource, Session, journal_end_s
-from pomt.pipelines.offline.assemble import Evidence, build_schedule
-from pomt.pipelines.offline.config import OfflineConfig, Request
-from pomt.pipelines.offline.latency import Latency
-from pomt.pipelines.offline.prepare import Run
-from pomt.pipelines.offline.ranking import Ranking, nothing, rank, verification_removals
+from pomt.offline.assemble import Evidence, build_schedule
+from pomt.offline.config import OfflineConfig, Request
+from pomt.offline.latency import Latency
+from pomt.offline.prepare import Run
+from pomt.offline.ranking import Ranking, nothing, rank, verification_removals
 from pomt.policies import Decision
 from pomt.runtimes import IN_PROCESS, Backend
 from pomt.verification.fresh import FreshJob, held_in_both, placement_hint, verify_in_fresh_process

@@ -8,16 +8,16 @@ from dataclasses import dataclass, replace
 from pomt.formats.schedule import Schedule
 from pomt.frontier.choice import held_out_note
 from pomt.frontier.report import FrontierReport, document, rows
-from pomt.pipelines.offline.config import Request
-from pomt.pipelines.offline.frontier_schedule import as_schedule, frontier_record
-from pomt.pipelines.offline.frontier_search import FrontierFound, search
-from pomt.pipelines.offline.frontier_setup import FrontierSetup
-from pomt.pipelines.offline.frontier_verdict import FrontierVerdict, decide_frontier
-from pomt.pipelines.offline.latency import Latency
-from pomt.pipelines.offline.prepare import Run
-from pomt.pipelines.offline.ranking import Ranking, policy_setting
-from pomt.pipelines.offline.records import Findings, final_schedule
-from pomt.pipelines.offline.verdict import with_gpu_work
+from pomt.offline.config import Request
+from pomt.offline.frontier_schedule import as_schedule, frontier_record
+from pomt.offline.frontier_search import FrontierFound, search
+from pomt.offline.frontier_setup import FrontierSetup
+from pomt.offline.frontier_verdict import FrontierVerdict, decide_frontier
+from pomt.offline.latency import Latency
+from pomt.offline.prepare import Run
+from pomt.offline.ranking import Ranking, policy_setting
+from pomt.offline.records import Findings, final_schedule
+from pomt.offline.verdict import with_gpu_work
 
 
 @dataclass(frozen=True)

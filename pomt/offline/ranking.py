@@ -11,7 +11,7 @@ from pomt.errors import PolicyError
 from pomt.measurement.priced_curve import priced_curve
 from pomt.measurement.search import SearchResult
 from pomt.models.geometry import Geometry
-from pomt.pipelines.offline.config import OfflineConfig, max_remove, policy_name
+from pomt.offline.config import OfflineConfig, max_remove, policy_name
 from pomt.policies import Decision, Setting, rank_budget, rank_step, rank_utility
 
 

@@ -7,7 +7,7 @@ frontier policy's `frontier_setup` (calibration split and journal, before anythi
 `frontier_search`, `frontier_verdict`, `frontier_schedule`, `frontier_outputs`, strung together by
 `frontier_pipeline`; `pipeline.run_offline` strings them together for the CLI and `offline_computation.py`."""
 
-from pomt.pipelines.offline.config import OfflineConfig
-from pomt.pipelines.offline.pipeline import OfflineResult, run_offline
+from pomt.offline.config import OfflineConfig
+from pomt.offline.pipeline import OfflineResult, run_offline
 
 __all__ = ["OfflineConfig", "OfflineResult", "run_offline"]

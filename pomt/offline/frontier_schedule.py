@@ -9,12 +9,11 @@ from dataclasses import replace
 
 from pomt.formats.schedule import BlockRemoval, Schedule
 from pomt.frontier.candidates import Candidate
-from pomt.frontier.choice import Goal, Unresolved, held_out_drop, held_out_inside
+from pomt.frontier.choice import Evaluated, Goal, Unresolved, held_out_drop, held_out_inside
 from pomt.frontier.latency import LatencyModel
-from pomt.frontier.pareto import Evaluated
-from pomt.pipelines.offline.assemble import Evidence, build_schedule
-from pomt.pipelines.offline.config import FRONTIER, OfflineConfig
-from pomt.pipelines.offline.prepare import Run
+from pomt.offline.assemble import Evidence, build_schedule
+from pomt.offline.config import FRONTIER, OfflineConfig
+from pomt.offline.prepare import Run
 from pomt.policies import Decision
 from pomt.verification.verify import CandidateResult
 

@@ -1,1 +1,0 @@
-"""The jobs that string the stages together: the offline computation and `pomt record`."""
