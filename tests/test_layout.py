@@ -27,7 +27,7 @@ PACKAGE_ORDER = [
     ["pomt.workload"],
     ["pomt.verification"],
     ["pomt.frontier"],
-    ["pomt.offline", "pomt.pipelines"],
+    ["pomt.offline"],
     ["pomt.bench", "pomt.digits"],
     ["pomt.cli"],
     ["pomt", "pomt.__main__"],
