@@ -20,10 +20,9 @@ import argparse
 import torch
 from patch_overhead import twin
 
-from pomt.bench.resources import MB, peak_memory
+from pomt.bench.costs import MB, peak_memory
 from pomt.device import resolve_device
-from pomt.measurement.profile import profile_forward
-from pomt.measurement.timing import interleaved
+from pomt.measurement.timing import interleaved, profile_forward
 from pomt.models.registry import create_model
 from pomt.patching import attention, patch
 from pomt.runtimes import DTYPES

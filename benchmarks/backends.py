@@ -25,12 +25,12 @@ import torch
 from torch import nn
 
 from pomt.formats.schedule import load_schedule
-from pomt.measurement.search import LatencySearch, SearchResult, SearchSettings
-from pomt.measurement.sources import LiveSource, Session, forward_at_tokens
+from pomt.measurement.search import LatencySearch, SearchResult, SearchScope, SearchSettings
+from pomt.measurement.sources import LiveSource, MeasurementRun, live_forwards
 from pomt.measurement.timing import interleaved
 from pomt.models.geometry import model_geometry
 from pomt.patching import patch
-from pomt.runtimes import build_forward, check_backend
+from pomt.runtimes import ProgramFiles, build_forward, check_backend
 
 MODEL = "deit_small_patch16_224"
 BLOCK = 3
@@ -86,8 +86,8 @@ def speedups(args, backends, model, x, method, removal) -> None:
     for backend in backends:
         pruned = patch(copy.deepcopy(model), method, removal)
         for name, variant in (("unpruned", copy.deepcopy(model)), ("pruned", pruned)):
-            forwards[(backend, name)] = build_forward(variant, x, backend=backend, device="cpu",
-                                                      cache_dir=args.cache_dir, threads=args.threads)
+            forwards[(backend, name)] = build_forward(variant, x, backend=backend, threads=args.threads,
+                                                      files=ProgramFiles(args.cache_dir))
     stats = interleaved({f"{b}/{n}": f for (b, n), f in forwards.items()}, "cpu", args.threads, args.rounds).stats
     print(f"{'runtime':<12} {'unpruned ms (IQR)':>20} {'pruned ms (IQR)':>20} {'speedup med':>12} {'speedup min':>12}")
     for backend in backends:
@@ -106,10 +106,9 @@ def curves(args, backends, model, x) -> dict[str, SearchResult]:
     settings = SearchSettings(passes=args.passes, reps=args.reps, confirm_rounds=args.confirm_rounds)
     results = {}
     for backend in backends:
-        forward_at = forward_at_tokens(model, x, backend=backend, device="cpu", threads=args.threads,
-                                       cache_dir=args.cache_dir)
-        session = Session(LiveSource(forward_at, "cpu", args.threads, backend=backend))
-        results[backend] = LatencySearch(session, grid, geometry.num_tokens, settings, adaptive=False,
+        forward_at = live_forwards(model, x, backend=backend, threads=args.threads, cache_dir=args.cache_dir)
+        measuring = MeasurementRun(LiveSource(forward_at, "cpu", args.threads, backend=backend))
+        results[backend] = LatencySearch(measuring, SearchScope(grid, geometry.num_tokens, adaptive=False), settings,
                                          progress=False).run()
     return results
 

@@ -57,11 +57,11 @@ from tqdm import tqdm
 
 from pomt.formats.trace import Trace, inject_steps, read_trace
 from pomt.measurement.drift import corrected_values, relative_noise
-from pomt.measurement.priced_curve import SMOOTH_SHARE, lowess
-from pomt.measurement.search import BUDGET_SPENT, LatencySearch, SearchResult, SearchSettings
-from pomt.measurement.sources import ReplaySource, Session, TraceExhausted
+from pomt.measurement.robust import SMOOTH_SHARE, lowess
+from pomt.measurement.search import BUDGET_SPENT, LatencySearch, SearchResult, SearchScope, SearchSettings
+from pomt.measurement.sources import MeasurementRun, ReplaySource, TraceExhausted
 from pomt.measurement.steps import Step, steps_in_trace
-from pomt.measurement.windows import WindowShift, scan, window_span
+from pomt.measurement.windows import WindowShift, WindowTest, scan, window_span
 from pomt.stats import wilson_interval
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
@@ -76,8 +76,9 @@ def bank() -> list[str]:
 def search(trace: Trace, reach: int, seed: int, start: Sequence[int]) -> SearchResult:
     """The offline computation's adaptive search on a replay whose clock starts where the seed `start` says
     (`ReplaySource.seeded`)."""
-    return LatencySearch(Session(ReplaySource.seeded(trace, start)), trace.counts, trace.num_tokens, SearchSettings(),
-                         seed=seed, focus_from=reach, progress=False).run()
+    return LatencySearch(MeasurementRun(ReplaySource.seeded(trace, start)),
+                         SearchScope(trace.counts, trace.num_tokens, focus_from=reach), SearchSettings(), seed=seed,
+                         progress=False).run()
 
 
 def confirmed_within(result: SearchResult, reach: int) -> list[tuple[int, str]]:
@@ -86,7 +87,7 @@ def confirmed_within(result: SearchResult, reach: int) -> list[tuple[int, str]]:
 
 def smooth_trend(trace: Trace) -> dict[int, float]:
     """{count: the trace's smooth level (ms)}: LOWESS through its counts' median drift-corrected visits, as the
-    priced curve's trend (`pomt.measurement.priced_curve`)."""
+    priced curve's trend (`pomt.measurement.robust`)."""
     values = corrected_values(list(trace.visits))
     counts = np.array(sorted(values), float)
     medians = np.array([np.median(values[int(n)]) for n in counts])
@@ -105,8 +106,8 @@ def windows_alone(trace: Trace, trend: dict[int, float], reach: int, visits: int
     each = max(1, visits // len(inside))
     flat = {n: [v / trend[n] for v in values[n][:each]] for n in inside}
     settings = SearchSettings()
-    found = scan(flat, (reach, trace.num_tokens), relative_noise(flat), alpha=settings.step_alpha,
-                 min_step=settings.min_step, below=below)
+    found = scan(flat, (reach, trace.num_tokens), relative_noise(flat),
+                 WindowTest(settings.step_alpha, settings.min_step), below=below)
     return shows(found.shifts, injected)
 
 

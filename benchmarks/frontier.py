@@ -43,7 +43,16 @@ from pomt.device.allocator import ALLOCATORS
 from pomt.device.fingerprint import resolve_device
 from pomt.digits import FRONTIER, SMALL, DigitsCase, Recipe, digits_case
 from pomt.errors import PomtError
-from pomt.frontier.calibration import HELD_OUT, SEARCH, Calibration, HostedCalibration, hosted
+from pomt.frontier.calibration import (
+    HELD_OUT,
+    SEARCH,
+    AccuracyJournal,
+    Calibration,
+    Classifier,
+    HostedCalibration,
+    hosted,
+    model_identity,
+)
 from pomt.frontier.candidates import FAMILIES, NONE, Candidate, given_schedules
 from pomt.frontier.choice import (
     Evaluated,
@@ -53,16 +62,14 @@ from pomt.frontier.choice import (
     next_faster_missing,
     next_step_note,
 )
-from pomt.frontier.journal import AccuracyJournal, model_identity
 from pomt.frontier.search import MAX_EVALS
 from pomt.measurement.search import SearchSettings
-from pomt.measurement.sources import LiveSource, Session
+from pomt.measurement.sources import LiveSource, MeasurementRun
 from pomt.models.registry import geometry_of, resolve_model_name
 from pomt.offline import OfflineConfig, OfflineResult, run_offline
-from pomt.offline.frontier_schedule import as_schedule
-from pomt.offline.frontier_setup import goal_of, journal_path
+from pomt.offline.choose import as_schedule, goal_of, journal_path
 from pomt.runtimes import BACKENDS, DTYPES, check_backend, parameter_dtype
-from pomt.verification.verify import Verification, schedule_forward_at, verify
+from pomt.verification.verify import Rounds, TimedModel, Verification, schedule_forward_at, verify
 from pomt.workload.prepare import Prepared, Workload, prepare
 
 SMOKE_SEARCH = SearchSettings(passes=3, visit_s=0.01, confirm_rounds=3)
@@ -116,9 +123,8 @@ def calibration_of(prepared: Prepared, workload: Workload, config: OfflineConfig
     dataset, kind = open_image_folder(case.calibration_root, eval_transform(model, prepared.geometry.input_size))
     dataset = seeded_subset(dataset, config.accuracy_samples, workload.seed)
     journal = AccuracyJournal(journal_path(workload.output_dir, prepared.setup.stem), model_identity(model))
-    return Calibration(model, dataset, kind, journal, held_out=config.held_out, seed=workload.seed,
-                       batch_size=config.accuracy_batch_size, device=prepared.setup.device,
-                       dtype=parameter_dtype(model))
+    classifier = Classifier(model, kind, prepared.setup.device, parameter_dtype(model), config.accuracy_batch_size)
+    return Calibration(classifier, dataset, journal, held_out=config.held_out, seed=workload.seed)
 
 
 def also_schedules(result: OfflineResult, calibration: HostedCalibration,
@@ -167,13 +173,11 @@ def paired(prepared: Prepared, workload: Workload, result: OfflineResult, compar
     distinct = distinct_points(compared)
     schedules = {n - i: as_schedule(result.schedule, found.latency, p.candidate)
                  for i, p in enumerate(distinct, start=1)}
-    device = prepared.setup.device
-    forward_at = schedule_forward_at(prepared.model, prepared.x, schedules, backend=workload.backend, device=device,
-                                     threads=workload.threads)
-    session = Session(LiveSource(forward_at, device, workload.threads, backend=workload.backend))
+    timed = TimedModel(prepared.model, prepared.x, prepared.setup.device, workload.threads, workload.backend)
+    forward_at = schedule_forward_at(timed, schedules)
+    measuring = MeasurementRun(LiveSource(forward_at, timed.device, timed.threads, backend=timed.backend))
     ratio = {i: p.predicted_ms / found.latency.baseline for i, p in enumerate(distinct, start=1)}
-    return verify(session, n, list(ratio), reps=found.reps, rounds=rounds, predicted_ratio=ratio,
-                  seed=workload.seed, progress=workload.progress)
+    return verify(measuring, n, ratio, Rounds(rounds, found.reps, workload.seed), progress=workload.progress)
 
 
 def run_case(case: DigitsCase, batch: int, args: argparse.Namespace) -> Case:

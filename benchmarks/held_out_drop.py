@@ -47,7 +47,7 @@ from tqdm import tqdm
 
 from pomt.accuracy import eval_transform, image_loader, open_image_folder, seeded_subset
 from pomt.digits import FRONTIER, digits_case
-from pomt.frontier.calibration import image_outcomes, paired_counts
+from pomt.frontier.calibration import Classifier, image_outcomes, paired_counts
 from pomt.frontier.candidates import FAMILIES, NONE, Candidate
 from pomt.frontier.choice import Evaluated, Goal, fastest_held_out_by_family, held_out_drop, held_out_inside, ordered
 from pomt.models.geometry import model_geometry
@@ -110,8 +110,8 @@ def main() -> None:
     model = case.load()
     dataset, kind = open_image_folder(case.calibration_root, eval_transform(model, model_geometry(model).input_size))
     dataset = seeded_subset(dataset, len(dataset), 0)
-    outcomes = image_outcomes(model, [c for c, _, _ in schedules], tqdm(image_loader(dataset, 64), "images"),
-                              agreement=kind != "top1")
+    outcomes = image_outcomes(Classifier(model, kind), [c for c, _, _ in schedules],
+                              tqdm(image_loader(dataset, 64), "images"))
     images = len(outcomes[NONE])
     runs = args.frontier[0].name if len(args.frontier) == 1 else f"{len(args.frontier)} runs"
     print(f"{len(schedules)} schedules of {runs} on {images} calibration images ({kind}); "

@@ -11,7 +11,7 @@ alternating from round to round so that drift weighs on both alike: `pair` visit
 back (A B, then B A the next round) and a + 1 on its own, in a shuffled order; `apart` visits every count
 on its own in a shuffled order in which no (a - 1, a) is adjacent. For each a it prints L(a - 1) / L(a) and
 L(a + 1) / L(a) in each condition (the geometric mean over rounds, with a 95% interval from
-`pomt.measurement.paired.paired_effect`) and a Welch t-test of pair against apart. No timing threshold: it prints what
+`pomt.measurement.robust.paired_effect`) and a Welch t-test of pair against apart. No timing threshold: it prints what
 it measured.
 
 On the 2-core AMD VM (deit_tiny, batch 1, 2 threads, 16 rounds, 2026-11-23) the two conditions agreed at
@@ -33,9 +33,9 @@ import numpy as np
 from scipy import stats as scipy_stats
 from tqdm import tqdm
 
-from pomt.measurement.paired import paired_effect
+from pomt.measurement.robust import paired_effect
 from pomt.measurement.sources import calibrate_reps
-from pomt.workload.prepare import Workload, live_session, prepare
+from pomt.workload.prepare import Workload, live_run, prepare
 
 Levels = dict[int, float]  # visit median (ms) per count, one round of one condition
 
@@ -79,7 +79,7 @@ def main() -> None:
     aligned = sorted(int(a) for a in args.aligned.split(","))
     workload = Workload(model=args.model, batch_size=args.batch_size, device="cpu", threads=args.threads,
                         progress=False)
-    source = live_session(workload, prepare(workload))  # as the offline computation measures, nothing written
+    source = live_run(workload, prepare(workload))  # as the offline computation measures, nothing written
     reps = calibrate_reps(source.visit(max(aligned) + 1, 3, 0).median_ms / 1e3, args.visit_s)
     rng = np.random.default_rng(0)
     rounds: dict[str, list[Levels]] = {"pair": [], "apart": []}

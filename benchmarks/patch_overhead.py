@@ -26,8 +26,7 @@ import timm
 import torch
 from torch import nn
 
-from pomt.measurement.profile import profile_forward
-from pomt.measurement.timing import interleaved
+from pomt.measurement.timing import interleaved, profile_forward
 from pomt.patching import patch
 from pomt.patching.blocks import BlockPlan, PatchState, install, run_pomt
 

@@ -2,7 +2,7 @@
 
 In one process, the model and its input are built afresh several times (each after a filler allocation of
 random size, so the allocator's history differs), and each placement measures N against N - `--remove` kept
-tokens in paired rounds (A B, B A, ...; `pomt.measurement.paired.paired_effect` on the per-round medians).
+tokens in paired rounds (A B, B A, ...; `pomt.measurement.robust.paired_effect` on the per-round medians).
 This runs in a child process per allocator setting: glibc's defaults (its mmap threshold adapts to what was
 freed), the threshold fixed low (`MALLOC_MMAP_THRESHOLD_`, which also turns the adaptation off) and pomt's
 steady settings (`pomt.device.allocator.STEADY`).
@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from pomt.device.allocator import STEADY
-from pomt.measurement.paired import paired_effect
-from pomt.measurement.sources import LiveSource, forward_at_tokens
+from pomt.measurement.robust import paired_effect
+from pomt.measurement.sources import LiveSource, live_forwards
 from pomt.models.geometry import model_geometry
 from pomt.models.registry import create_model, resolve_model_name
 
@@ -51,7 +51,7 @@ def placements(args: argparse.Namespace) -> None:
         geometry = model_geometry(model)
         n, low = geometry.num_tokens, geometry.num_tokens - args.remove
         x = torch.randn(args.batch_size, 3, *geometry.input_size)
-        source = LiveSource(forward_at_tokens(model, x, threads=args.threads), "cpu", args.threads, backend="eager")
+        source = LiveSource(live_forwards(model, x, threads=args.threads), "cpu", args.threads, backend="eager")
         medians: dict[int, list[float]] = {n: [], low: []}
         for r in range(args.rounds):
             for k in (n, low) if r % 2 == 0 else (low, n):

@@ -129,7 +129,7 @@ def paired_rounds(model, x, variants: dict, rounds: int, seed: int, threads: int
     with fixed_threads(threads) as used, torch.inference_mode():
         for _ in tqdm(range(rounds), desc=what, unit="round", leave=False):
             for i in rng.permutation(len(names)):
-                with variants[names[i]](), build_forward(model, x, backend=backend, device=device,
+                with variants[names[i]](), build_forward(model, x, backend=backend,
                                                           threads=used) as forward:
                     forward()
                     if measure is None:
@@ -231,7 +231,7 @@ def count_changes_excess(workload: str, args: argparse.Namespace) -> None:
     import torch
 
     from pomt.frontier.latency import count_changes
-    from pomt.measurement.paired import paired_effect
+    from pomt.measurement.robust import paired_effect
     from pomt.models.geometry import model_geometry
     from pomt.models.registry import create_model
     from pomt.models.tokens import dropped_to, truncate_tokens
@@ -267,13 +267,14 @@ def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
 
     from pomt.frontier.candidates import REDUCERS
     from pomt.frontier.latency import LatencyModel
-    from pomt.frontier.reducer_costs import measure_mixed_counts, measure_reducer_costs
-    from pomt.measurement.paired import paired_effect
+    from pomt.frontier.reducer_costs import COST_ROUNDS, measure_mixed_counts, measure_reducer_costs
+    from pomt.measurement.robust import paired_effect
     from pomt.models.geometry import model_geometry
     from pomt.models.registry import create_model
     from pomt.models.tokens import dropped_to, truncate_tokens
     from pomt.patching import patched
     from pomt.runtimes import resolve_dtype
+    from pomt.verification.verify import Rounds, TimedModel
 
     model_name, batch, size = workload.split(":")
     dtype = resolve_dtype(args.dtype, args.device)
@@ -287,11 +288,10 @@ def multi_block(workload: str, args: argparse.Namespace) -> list[float]:
     lowest = min(min(probe.counts(c)) for c in schedules)
     counts = sorted({*np.linspace(lowest, n, args.curve_points).round().astype(int).tolist(), n})
     start = time.perf_counter()
-    rounds = {} if args.cost_rounds is None else {"rounds": args.cost_rounds}
-    costs = measure_reducer_costs(net, x, REDUCERS, device=args.device, threads=args.threads, seed=args.seed,
-                                  backend=args.backend, **rounds)
-    mixed = measure_mixed_counts(net, x, device=args.device, threads=args.threads, seed=args.seed + 2,
-                                 backend=args.backend, **rounds)
+    timed = TimedModel(net, x, args.device, args.threads, args.backend)
+    rounds = COST_ROUNDS if args.cost_rounds is None else args.cost_rounds
+    costs = measure_reducer_costs(timed, REDUCERS, Rounds(rounds, seed=args.seed))
+    mixed = measure_mixed_counts(timed, Rounds(rounds, seed=args.seed + 2))
     cost_s = time.perf_counter() - start
 
     layouts = {c.key: tuple(probe.counts(c)[:depth]) for c in schedules}

@@ -1,11 +1,11 @@
 """What a visit's untimed forward buys on this machine: the first forward at a token count against the next ones.
 
 Each visit times three forwards back to back at a count drawn at random (`--low` to N), in the runtime the offline
-computation times (eager, `forward_at_tokens`, the steady allocator, `--threads`). Printed: the first over the
+computation times (eager, `live_forwards`, the steady allocator, `--threads`). Printed: the first over the
 second forward and the third over the second (geometric mean with a 2-SE interval, the median and the spread), for
 visits to counts new to the process and to counts visited before (`--pool K` draws the counts from K of them, so
 that most visits are repeats). Where the first forward is no slower and no noisier than the second, the untimed
-forward only doubles the cost of a one-forward visit (docs/results/amd-epyc-2core-2026-11-30-b.md). On the 2-core
+forward only doubles the cost of a one-forward visit (docs/results/amd-epyc-2core.md). On the 2-core
 AMD VM (2026-11-30): +1.5% [+0.4, +2.5] on deit_tiny at batch 1 (23 ms) at counts mostly new, +0.3% [-0.4, +1.1] at
 counts seen before; +0.5% [-0.9, +2.0] on deit_small at batch 4, -0.6% [-3.6, +2.4] on deit_base at batch 4 (1.2 s a
 forward), and at counts seen before -1.1% [-2.7, +0.6], SD 6.7% against 7.3% for the third over the second.
@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from pomt.device.allocator import steady_allocator
 from pomt.io import atomic_write_json
-from pomt.measurement.sources import forward_at_tokens
+from pomt.measurement.sources import live_forwards
 from pomt.measurement.timing import fixed_threads, time_calls
 from pomt.models.geometry import model_geometry
 from pomt.models.registry import create_model
@@ -59,7 +59,7 @@ def main() -> None:
     model = create_model(args.model, args.input_size).eval()
     n = model_geometry(model).num_tokens
     x = torch.randn(args.batch_size, 3, args.input_size, args.input_size)
-    forward_at = forward_at_tokens(model, x, threads=args.threads)
+    forward_at = live_forwards(model, x, threads=args.threads)
     rng = np.random.default_rng(args.seed)
     counts = rng.integers(args.low, n + 1, size=args.pool) if args.pool else None
     seen, first, third = {n}, {False: [], True: []}, {False: [], True: []}

@@ -58,8 +58,8 @@ from pomt.formats.trace import Trace, inject_steps, read_trace
 from pomt.measurement.confirmation import Confirmation, confirmed_steps, rejected
 from pomt.measurement.design import design_rounds
 from pomt.measurement.drift import corrected_values, drift_profile, relative_noise
-from pomt.measurement.search import LatencySearch, SearchResult, SearchSettings
-from pomt.measurement.sources import ReplaySource, Session, TraceExhausted
+from pomt.measurement.search import LatencySearch, SearchResult, SearchScope, SearchSettings
+from pomt.measurement.sources import MeasurementRun, ReplaySource, TraceExhausted
 from pomt.measurement.steps import Step, steps_in_trace
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
@@ -167,7 +167,7 @@ def oracle(search: LatencySearch, truth: list[Step]) -> SearchResult:
     """The search's coarse scan and aligned-edge verdicts, then each truth step not yet matched by a confirmed
     one, largest first: its counts measured in one pass, then confirmed (see the module docstring)."""
     s, m, judged = search.settings, search.measurer, search.judge.judged
-    m.reps = m.session.source.preferred_reps
+    m.reps = m.measuring.source.preferred_reps
     m.measure_units(search.coarse, s.coarse_passes)
     search.judge_anchors()
     for step in sorted(truth, key=lambda t: -abs(t.paired_pct)):
@@ -185,8 +185,8 @@ def oracle(search: LatencySearch, truth: list[Step]) -> SearchResult:
     points = search.curve()
     verdicts = list(judged.values())
     return SearchResult(points=points, steps=confirmed_steps(points, verdicts), candidates=verdicts, drift=None,
-                        noise=relative_noise(corrected_values(m.visits())), reps=m.reps, visits=m.session.visits,
-                        measured=m.session.measured, full_grid_visits=search.full_grid_visits,
+                        noise=relative_noise(corrected_values(m.visits())), reps=m.reps, visits=m.measuring.visits,
+                        measured=m.measuring.measured, full_grid_visits=search.full_grid_visits,
                         budget_visits=search.budget, budget_spent=False)
 
 
@@ -235,8 +235,9 @@ def main() -> None:
             source = ReplaySource.seeded(trace, [seed, zlib.crc32(name.encode())])
             settings = SearchSettings(budget=args.budget, align=args.align)
             reach = None if args.reach is None else trace.num_tokens - args.reach
-            search = LatencySearch(Session(source), trace.counts, trace.num_tokens, settings, seed=seed,
-                                   progress=False, focus_from=reach)
+            search = LatencySearch(MeasurementRun(source),
+                                   SearchScope(trace.counts, trace.num_tokens, focus_from=reach), settings, seed=seed,
+                                   progress=False)
             result = oracle(search, truth) if args.oracle else search.run()
             spent += spending(search, truth)
             tested = [c for c in result.rejected if c.effect is not None]

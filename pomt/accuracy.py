@@ -153,29 +153,35 @@ def accuracy_token_counts(min_tokens: int, num_tokens: int, points: int, extra: 
     return sorted({*even, *(n for n in extra if min_tokens <= n <= num_tokens)})
 
 
+@dataclass(frozen=True)
+class Images:
+    """The images an accuracy is measured on: a loader of (images, labels) batches, what its labels are (TOP1,
+    or AGREEMENT with a reference forward), the device the images go to and whether a progress bar shows."""
+
+    loader: Iterable
+    kind: str
+    device: str = "cpu"
+    progress: bool = True
+
+
 def outcomes(
-    forwards: Mapping[Hashable, Forward],
-    loader: Iterable,
-    kind: str,
-    reference: Forward,
-    device: str = "cpu",
-    progress: bool = True,
-    dtype: torch.dtype | None = None,
+    forwards: Mapping[Hashable, Forward], images: Images, reference: Forward, dtype: torch.dtype | None = None
 ) -> dict[Hashable, torch.Tensor]:
     """{key: one bool per image, in the loader's order: its top-1 under forwards[key] equals the label (TOP1) or
     the reference forward's top-1 (AGREEMENT)}; every image is loaded once for all forwards, and cast to `dtype`
     (the models' own, e.g. float16) when one is given. Kept per image so that two forwards compare paired."""
+    kind = images.kind
     right: dict[Hashable, list[torch.Tensor]] = {key: [] for key in forwards}
     seen = 0
     with torch.inference_mode():
-        for index, (images, labels) in enumerate(_batches(loader, progress)):
-            images = images.to(device, dtype)
-            target = labels.to(device) if kind == TOP1 else _top1(reference(images, index), labels)
+        for index, (batch, labels) in enumerate(_batches(images.loader, images.progress)):
+            batch = batch.to(images.device, dtype)
+            target = labels.to(images.device) if kind == TOP1 else _top1(reference(batch, index), labels)
             for key, forward in forwards.items():
                 same = kind == AGREEMENT and forward is reference
-                predicted = target if same else _top1(forward(images, index), labels, kind)
+                predicted = target if same else _top1(forward(batch, index), labels, kind)
                 right[key].append((predicted == target).cpu())
-            seen += len(images)
+            seen += len(batch)
     if seen == 0:
         raise DatasetError("the dataset sample is empty")
     return {key: torch.cat(hits) for key, hits in right.items()}
@@ -204,29 +210,20 @@ def _top1(out, labels: torch.Tensor, kind: str = AGREEMENT) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-def measure_accuracy(
-    model: nn.Module,
-    loader: Iterable,
-    token_counts: Sequence[int],
-    kind: str,
-    device: str = "cpu",
-    seed: int = 0,
-    progress: bool = True,
-) -> AccuracyCurve:
-    """A(n) for every count: random pruning after embedding (seeded per batch and count)."""
+def measure_accuracy(model: nn.Module, images: Images, token_counts: Sequence[int], seed: int = 0) -> AccuracyCurve:
+    """A(n) on `images` for every count: random pruning after embedding (seeded per batch and count)."""
 
     def pruned_to(n: int) -> Forward:
-        def forward(images: torch.Tensor, index: int) -> torch.Tensor:
+        def forward(batch: torch.Tensor, index: int) -> torch.Tensor:
             with truncate_tokens(model, n, selection="random", seed=seed + 7919 * index + n):
-                return model(images)
+                return model(batch)
 
         return forward
 
     counts = sorted(set(token_counts))
-    right = outcomes({n: pruned_to(n) for n in counts}, loader, kind, lambda images, _: model(images), device,
-                     progress, dtype=parameter_dtype(model))
+    right = outcomes({n: pruned_to(n) for n in counts}, images, lambda batch, _: model(batch), parameter_dtype(model))
     total = len(right[counts[0]])
-    return AccuracyCurve({n: int(hits.sum()) / total for n, hits in right.items()}, kind, total)
+    return AccuracyCurve({n: int(hits.sum()) / total for n, hits in right.items()}, images.kind, total)
 
 
 def image_loader(dataset: Dataset, batch_size: int, workers: int = 0) -> DataLoader:

@@ -12,13 +12,12 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from statistics import NormalDist
 
 import psutil
 
 from pomt.errors import BatchSizeError, CalibrationError, OutputError, PatchError, SettingError
 from pomt.options import SEED_MAX, flag
-from pomt.stats import CONFIDENCE, half_width, trials_for_half_width, wilson_interval
+from pomt.stats import CONFIDENCE, half_width, trials_for_half_width, wilson_interval, z_score
 
 METHODS = ("pomt", "topk", "tome", "l2norm", "random")
 
@@ -129,7 +128,7 @@ def check_drop_resolution(images: int, max_drop_points: float, confidence: float
     width = wilson_interval(0, images, confidence)[1] * 100
     if width > max_drop_points:
         share = max_drop_points / 100
-        z2 = _z_squared(confidence)
+        z2 = z_score(confidence) ** 2
         needed = math.ceil(z2 * (1 - share) / share) if share < 1 else 1  # Wilson's bound at 0: z2 / (n + z2)
         raise CalibrationError(
             f"{images} search images bound a paired accuracy drop only to within {width:.2f} points ({confidence:.0%} "
@@ -137,10 +136,6 @@ def check_drop_resolution(images: int, max_drop_points: float, confidence: float
             f"give at least {needed} search images (--accuracy-samples, a larger folder or a smaller --held-out) or "
             f"allow a drop of {width:.2f} points or more")
     return images
-
-
-def _z_squared(confidence: float) -> float:
-    return NormalDist().inv_cdf(0.5 + confidence / 2) ** 2
 
 
 def check_options(config: object) -> object:

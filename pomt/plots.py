@@ -7,7 +7,9 @@ from __future__ import annotations
 import math
 import textwrap
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,32 +32,36 @@ NOTE_WIDTH = 90  # characters a line of the plot's box holds before it wraps
 DOUBTFUL_BANDS = 4.0  # a count's band this many times the curve's median band is drawn apart from the curve
 
 
-def plot_offline(
-    path: str | Path,
-    title: str,
-    points: Sequence,
-    visit_values: Mapping[int, Sequence[float]],
-    steps: Sequence,
-    rejected: Sequence,
-    chosen_tokens: int | None,
-    *,
-    drift=None,
-    accuracy: Mapping[int, float] | None = None,
-    accuracy_kind: str | None = None,
-    utility: Mapping[int, float] | None = None,
-    verified=None,
-    here_only: Sequence[tuple[int, int]] = (),
-    detection: str | None = None,
-    reach: tuple[int, int] | None = None,
-    priced: Mapping[int, float] | None = None,
-) -> Path:
-    """Latency vs kept tokens: every visit (drift-corrected) as a dot, the pooled curve with its 95% band, the
-    curve the choice priced from (`priced`: `pomt.measurement.priced_curve`),
-    confirmed steps with their paired effect and interval, candidates the paired test rejected, steps
+@dataclass(frozen=True)
+class OfflinePlot:
+    """What the offline plot draws: every visit (drift-corrected, `visit_values`) as a dot, the pooled curve
+    (`points`) with its 95% band, the curve the choice priced from (`priced`: `pomt.measurement.robust`),
+    confirmed `steps` with their paired effect and interval, candidates the paired test `rejected`, steps
     confirmed here that a fresh process did not show (`here_only`, (low, high) each), the counts within the
-    policy's reach shaded (what `detection` states a limit over), the choice and what verification measured;
-    accuracy and utility below when known."""
-    points = sorted(points, key=lambda p: p.tokens)
+    policy's `reach` shaded (what `detection` states a limit over), the chosen count and what verification
+    measured; accuracy and utility below when known."""
+
+    title: str
+    points: Sequence
+    visit_values: Mapping[int, Sequence[float]]
+    steps: Sequence = ()
+    rejected: Sequence = ()
+    chosen_tokens: int | None = None
+    drift: Any = None
+    accuracy: Mapping[int, float] | None = None
+    accuracy_kind: str | None = None
+    utility: Mapping[int, float] | None = None
+    verified: Any = None
+    here_only: Sequence[tuple[int, int]] = ()
+    detection: str | None = None
+    reach: tuple[int, int] | None = None
+    priced: Mapping[int, float] | None = None
+
+
+def plot_offline(path: str | Path, plot: OfflinePlot) -> Path:
+    """Latency vs kept tokens, and accuracy and utility below when known (`OfflinePlot`)."""
+    steps, chosen, accuracy = plot.steps, plot.chosen_tokens, plot.accuracy
+    points = sorted(plot.points, key=lambda p: p.tokens)
     tokens = np.array([p.tokens for p in points])
     latency = np.array([p.latency_ms for p in points])
     spread = 1.96 * np.array([p.se_ms for p in points]) / np.where(latency > 0, latency, 1.0)
@@ -64,21 +70,21 @@ def plot_offline(
     plt = _pyplot()
     figure, axes = plt.subplots(rows, 1, figsize=(10, 4.8 * rows), sharex=True, squeeze=False)
     ax = axes[0][0]
-    dots = [(n, v) for n in sorted(visit_values) for v in visit_values[n]]
+    dots = [(n, v) for n in sorted(plot.visit_values) for v in plot.visit_values[n]]
     if dots:
         ax.plot(*zip(*dots, strict=True), ".", color="0.6", ms=2.5, alpha=0.6, label="visits (drift-corrected)")
     # a count whose band is many times the curve's usual one was seen only while the machine's speed
     # jumped: it is drawn apart, with its band, so that its level does not read as part of the curve
     doubtful = spread > DOUBTFUL_BANDS * float(np.median(spread)) if spread.size else spread.astype(bool)
     sound = ~doubtful
-    if reach is not None:
-        ax.axvspan(reach[0] - 0.5, reach[1] + 0.5, color="tab:green", alpha=0.07, lw=0,
-                   label=f"within the policy's reach ({reach[0]}-{reach[1]})")
+    if plot.reach is not None:
+        ax.axvspan(plot.reach[0] - 0.5, plot.reach[1] + 0.5, color="tab:green", alpha=0.07, lw=0,
+                   label=f"within the policy's reach ({plot.reach[0]}-{plot.reach[1]})")
     ax.fill_between(tokens[sound], lower[sound], upper[sound], alpha=0.25, color="tab:blue", label="95% band")
     ax.plot(tokens[sound], latency[sound], "-", color="tab:blue", lw=1.2, label="pooled latency")
-    if priced:
-        counts = sorted(priced)
-        ax.plot(counts, [priced[n] for n in counts], "--", color="0.1", lw=1.0,
+    if plot.priced:
+        counts = sorted(plot.priced)
+        ax.plot(counts, [plot.priced[n] for n in counts], "--", color="0.1", lw=1.0,
                 label="priced from (each level shrunk toward the trend by its noise)")
     if doubtful.any():
         ax.errorbar(tokens[doubtful], latency[doubtful],
@@ -98,8 +104,8 @@ def plot_offline(
         ax.annotate(f"{-step.paired_pct:+.1f}%", (edge, on_curve(edge)), xytext=(4, 14 + 10 * (i % 3)),
                     textcoords="offset points", fontsize=7, color=colour, ha="left", va="bottom",
                     bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
-    elsewhere = [0.5 * (low + high) for low, high in here_only]
-    rejected = [c for c in rejected if (c.low, c.high) not in here_only]
+    elsewhere = [0.5 * (low + high) for low, high in plot.here_only]
+    rejected = [c for c in plot.rejected if (c.low, c.high) not in plot.here_only]
     if rejected:
         middles = [0.5 * (c.low + c.high) for c in rejected]
         ax.plot(middles, [on_curve(x) for x in middles], "x", color="0.15", ms=7, mew=1.5, zorder=5,
@@ -107,24 +113,25 @@ def plot_offline(
     if elsewhere:
         ax.plot(elsewhere, [on_curve(x) for x in elsewhere], "o", mfc="none", color="tab:orange", ms=9, mew=1.5,
                 zorder=5, label="step in this process only (not in a fresh one)")
-    if chosen_tokens is not None:
-        ax.axvline(chosen_tokens, color="tab:green", lw=2, label=f"chosen: keep {chosen_tokens}")
-    notes = offline_notes(steps, len(rejected), len(elsewhere), drift=drift, detection=detection, verified=verified)
+    if chosen is not None:
+        ax.axvline(chosen, color="tab:green", lw=2, label=f"chosen: keep {chosen}")
+    notes = offline_notes(steps, len(rejected), len(elsewhere), drift=plot.drift, detection=plot.detection,
+                          verified=plot.verified)
     ax.text(0.99, 0.02, "\n".join(notes), transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
             bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8})
     ax.set_ylabel("latency per batch (ms)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(plot.title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
     if accuracy:
         ax2 = axes[1][0]
         counts = sorted(accuracy)
-        ax2.plot(counts, [accuracy[n] for n in counts], "o-", ms=3, label=f"accuracy ({accuracy_kind})")
-        if utility:
-            ucounts = sorted(utility)
-            ax2.plot(ucounts, [utility[n] for n in ucounts], "-", lw=1, label="utility")
-        if chosen_tokens is not None:
-            ax2.axvline(chosen_tokens, color="tab:green", lw=2)
+        ax2.plot(counts, [accuracy[n] for n in counts], "o-", ms=3, label=f"accuracy ({plot.accuracy_kind})")
+        if plot.utility:
+            ucounts = sorted(plot.utility)
+            ax2.plot(ucounts, [plot.utility[n] for n in ucounts], "-", lw=1, label="utility")
+        if chosen is not None:
+            ax2.axvline(chosen, color="tab:green", lw=2)
         ax2.set_ylabel("accuracy / utility")
         ax2.grid(alpha=0.3)
         ax2.legend(fontsize=8, loc="lower right")

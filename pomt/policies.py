@@ -1,24 +1,11 @@
 """How many tokens to remove at which block: the step, utility and budget policies (pure maths).
 
-Latency model. The curve L(n) is the whole model with every block at n tokens (embedding and head
-included, which pruning never changes). With D blocks of identical shape, one block at n tokens costs
-b(n) = (L(n) - C) / D for the fixed embedding + head cost C. Pruning R tokens at block l runs blocks
-0..l at the N tokens they receive and blocks l+1..D-1 at N - R, so
-
-    predicted(R) = C + (l + 1) b(N) + (D - l - 1) b(N - R) + cost(R)
-                 = [(l + 1) L(N) + (D - l - 1) L(N - R)] / D + cost(R):
-
-C cancels, so it never needs measuring. cost(R) is what the method's pruning block costs over the plain
-block at N tokens: explicit attention, scores, sorting and gathers, less what its MLP saves on N - R
-tokens (usually negative for large R). `pomt.verification.verify.method_cost` measures it inside the model per run;
-without it (a replay, `--no-verify`) it is 0, which charges the pruning block plainly at N. Several
-(block, remove) pairs remove cumulatively, each charged its cost. Counts that were not measured are
-interpolated linearly (`numpy.interp`), never extrapolated.
-
-Each policy ranks its candidates (`rank_*`: best first, only those that meet its conditions), so that
-the offline computation can verify the first few on the patched model; `choose_*` takes the first, or
-removes nothing with the reason. A pruning block outside the model raises `PatchError`
-(`pomt.checks`), other settings outside it `GridError`; a policy that cannot be met raises `PolicyError`.
+The curve L(n) is the whole model with every block at n tokens. Pruning R tokens at block l of D runs
+blocks 0..l at N tokens and the rest at N - R, so predicted(R) = [(l + 1) L(N) + (D - l - 1) L(N - R)] / D
++ cost(R): the embedding and head cancel out. cost(R) is what the method's pruning block costs over the
+plain block (`pomt.verification.verify.method_cost`; 0 without it). Unmeasured counts are interpolated
+linearly, never extrapolated. Each policy ranks its candidates (`rank_*`, best first, only those that meet
+its conditions) for the offline computation to verify; `choose_*` takes the first or removes nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +16,6 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from pomt.accuracy import interpolate
-from pomt.checks import check_prune_block
 from pomt.errors import CurveError, GridError, PolicyError
 from pomt.measurement.steps import Step
 
@@ -83,13 +69,13 @@ def predict_latency(
     prune: Sequence[tuple[int, int]],
     method_cost: MethodCost = no_cost,
 ) -> float:
-    """Predicted latency (ms) of the model with the (block, remove) pairs applied; see the module doc."""
+    """Predicted latency (ms) of the model with the (block, remove) pairs applied (see the module doc): they
+    remove cumulatively, each charged the method's cost; their blocks are checked where the setting enters."""
     if depth < 1:
         raise GridError(f"depth must be at least 1, got {depth}")
     counts = [num_tokens] * depth
     cost = 0.0
     for block, remove in prune:
-        check_prune_block(block, depth)
         if remove < 0:
             raise GridError(f"cannot remove a negative number of tokens ({remove})")
         for i in range(block + 1, depth):
@@ -123,7 +109,6 @@ class Setting:
     @property
     def limit(self) -> int:
         """The largest removal allowed (at least one patch token is always kept); checks the setting."""
-        check_prune_block(self.block, self.depth)
         if self.num_tokens <= self.prefix_tokens:
             raise GridError(f"{self.num_tokens} tokens leave no patch token after {self.prefix_tokens} prefix tokens")
         if self.max_remove < 0:

@@ -1,14 +1,11 @@
 """A measured accuracy as a count of successes out of trials, with its Wilson score interval (pure maths).
 
 Wilson's interval stays inside [0, 1] and keeps its coverage near 0 and 1, where accuracies of good models
-and agreements with an unpruned model live; the normal (Wald) interval collapses there.
-
-A schedule's accuracy drop is measured paired, on the same images as the unpruned model: the two accuracies are
-correlated (a schedule that changed few images has a drop known far better than either accuracy), so the
-bound on the drop combines the two Wilson intervals with the correlation of the paired outcomes, Newcombe's
-method 10 (Statistics in Medicine 17, 1998; "Improved confidence intervals for the difference between binomial
-proportions based on paired data"). With agreement there is nothing to correlate: the bound is one minus the
-agreement's lower bound.
+and agreements with an unpruned model live; the normal (Wald) interval collapses there. A schedule's drop
+is measured paired, on the same images as the unpruned model, so the bound on the drop combines the two
+Wilson intervals with the correlation of the paired outcomes: Newcombe's method 10 ("Improved confidence
+intervals for the difference between binomial proportions based on paired data", Statistics in Medicine
+17, 1998). With agreement there is nothing to correlate: the bound is one minus the agreement's lower bound.
 """
 
 from __future__ import annotations
@@ -20,7 +17,8 @@ from statistics import NormalDist
 CONFIDENCE = 0.95
 
 
-def _z(confidence: float) -> float:
+def z_score(confidence: float) -> float:
+    """The standard normal quantile a two-sided interval at `confidence` spans on each side."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
     return NormalDist().inv_cdf(0.5 + confidence / 2)
@@ -39,7 +37,7 @@ def wilson_interval(successes: int, trials: int, confidence: float = CONFIDENCE)
     if trials == 0:
         return 0.0, 1.0
     share = successes / trials
-    centre, half = _centre_and_half(share, trials, _z(confidence))
+    centre, half = _centre_and_half(share, trials, z_score(confidence))
     # the interval holds the share; rounding put all-right's upper end an ulp below 1 for about half of all n
     return max(0.0, min(share, centre - half)), min(1.0, max(share, centre + half))
 
@@ -87,7 +85,7 @@ def paired_difference_interval(a_correct: int, b_correct: int, a_only: int, b_on
 
 def half_width(accuracy: float, trials: int, confidence: float = CONFIDENCE) -> float:
     """Half the width of the Wilson interval of `accuracy` measured on `trials` items (decreasing in trials)."""
-    return _centre_and_half(accuracy, trials, _z(confidence))[1]
+    return _centre_and_half(accuracy, trials, z_score(confidence))[1]
 
 
 def trials_for_half_width(accuracy: float, width: float, confidence: float = CONFIDENCE) -> int:

@@ -1,4 +1,4 @@
-"""Shared fixtures: small models built once per session, CLI runner helpers, a fake sysfs tree and NVML."""
+"""Shared fixtures: small models built once per test run, CLI runner helpers, a fake sysfs tree and NVML."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from pomt.device.allocator import ALLOCATOR_ENV  # noqa: E402
 from pomt.formats.schedule import BlockRemoval, Schedule  # noqa: E402
 from pomt.models.geometry import transformer_blocks  # noqa: E402
 
-from device_fakes import FakeNvml  # noqa: E402
-from tiny_data import make_image_folder, train_tiny_vit  # noqa: E402
+from support.device_fakes import FakeNvml  # noqa: E402
+from support.tiny_data import make_image_folder, train_tiny_vit  # noqa: E402
 
 
 def pytest_configure(config):
@@ -156,7 +156,7 @@ def verified_record(fingerprint: str | None = None) -> dict:
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory):
-    """A generated labelled ImageFolder and a tiny ViT checkpoint trained on it (once per session)."""
+    """A generated labelled ImageFolder and a tiny ViT checkpoint trained on it (once per test run)."""
     root = make_image_folder(tmp_path_factory.mktemp("data"))
     checkpoint = tmp_path_factory.mktemp("ckpt") / "tiny.pth"
     train_accuracy = train_tiny_vit(root, checkpoint)

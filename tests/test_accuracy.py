@@ -7,6 +7,7 @@ from pomt.accuracy import (
     AGREEMENT,
     TOP1,
     AccuracyCurve,
+    Images,
     accuracy_token_counts,
     eval_transform,
     image_loader,
@@ -22,7 +23,7 @@ from pomt.accuracy import (
 from pomt.errors import CurveError, DatasetError
 from pomt.models.registry import create_model
 
-from tiny_data import MODEL, SIZE, loader_for, make_image_folder
+from support.tiny_data import MODEL, SIZE, loader_for, make_image_folder
 
 
 @pytest.mark.slow
@@ -32,7 +33,7 @@ def test_top1_falls_as_tokens_are_removed(trained):
     model = create_model(MODEL, input_size=SIZE, checkpoint=checkpoint)
     loader, kind = loader_for(root, model)
     assert kind == TOP1
-    curve = measure_accuracy(model, loader, [2, 6, 13, 25, 37], kind, progress=False)
+    curve = measure_accuracy(model, Images(loader, kind, progress=False), [2, 6, 13, 25, 37])
     values = [curve.values[n] for n in (2, 6, 13, 25, 37)]
     assert curve.samples == 160
     assert values[-1] > 0.8
@@ -47,7 +48,7 @@ def test_agreement_on_unlabelled_folder(trained, tmp_path):
     model = create_model(MODEL, input_size=SIZE, checkpoint=checkpoint)
     loader, kind = loader_for(flat, model)
     assert kind == AGREEMENT
-    curve = measure_accuracy(model, loader, [2, 37], kind, progress=False)
+    curve = measure_accuracy(model, Images(loader, kind, progress=False), [2, 37])
     assert curve.values[37] == 1.0  # the unpruned model agrees with itself
     assert curve.values[2] < 0.8
 
@@ -57,7 +58,7 @@ def test_accuracy_of_a_half_precision_model_casts_the_images(tmp_path):
     model = create_model(MODEL, input_size=SIZE).to(torch.bfloat16).eval()
     folder = make_image_folder(tmp_path / "flat", per_class=2, seed=3, labelled=False)
     loader, kind = loader_for(folder, model)
-    curve = measure_accuracy(model, loader, [2, 37], kind, progress=False)
+    curve = measure_accuracy(model, Images(loader, kind, progress=False), [2, 37])
     assert curve.samples == 8 and curve.values[37] == 1.0 and 0 <= curve.values[2] <= 1
 
 
@@ -76,12 +77,12 @@ def test_outcomes_score_each_image_of_each_forward_against_labels_or_the_referen
     def listed(right):
         return {key: hits.tolist() for key, hits in right.items()}
 
-    assert listed(outcomes(forwards, loader, TOP1, _same, progress=False)) == {
+    assert listed(outcomes(forwards, Images(loader, TOP1, progress=False), _same)) == {
         "same": [True, True, True, False], "flipped": [True, False, False, False]}
-    assert listed(outcomes(forwards, loader, AGREEMENT, _same, progress=False)) == {
+    assert listed(outcomes(forwards, Images(loader, AGREEMENT, progress=False), _same)) == {
         "same": [True, True, True, True], "flipped": [True, False, False, True]}
     with pytest.raises(DatasetError, match="more classes than the model's 3 outputs"):
-        outcomes(forwards, [(images[:1], torch.tensor([3]))], TOP1, _same, progress=False)
+        outcomes(forwards, Images([(images[:1], torch.tensor([3]))], TOP1, progress=False), _same)
 
 
 def test_whole_batches_of_seeded_random_images():
@@ -110,7 +111,7 @@ def test_too_many_classes_for_the_model_is_a_dataset_error(tmp_path):
     model = create_model(MODEL, input_size=SIZE, num_classes=2)
     loader, kind = loader_for(root, model, batch_size=8)
     with pytest.raises(DatasetError, match="more classes"):
-        measure_accuracy(model, loader, [37], kind, progress=False)
+        measure_accuracy(model, Images(loader, kind, progress=False), [37])
 
 
 def test_subset_is_seeded_and_bounded(tmp_path):

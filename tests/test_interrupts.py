@@ -24,9 +24,10 @@ from pomt.formats.trace import read_trace
 from pomt.io import COMMIT, clear_stale
 
 from conftest import DATA, ROOT, run_in_process, schedule_dict
-from tiny_data import MODEL, SIZE
+from support.tiny_data import MODEL, SIZE
 
 STEM = "test_vit_cpu_bs2_is96"
+DEIT_TINY = ("--model", "deit_tiny", "--input-size", "64", "--batch-size", "1")  # N = 17
 WORKLOAD = ("--model", MODEL, "--input-size", str(SIZE), "--batch-size", "2", "--threads", "1", "--no-progress")
 QUICK = ("--passes", "3", "--visit-s", "0.01", "--confirm-rounds", "3", "--verify-rounds", "3")
 SEARCH = (*WORKLOAD, *QUICK, "--latency-only", "--search", "full", "--reps", "3")
@@ -37,7 +38,7 @@ SET = ("curve.csv", "png", "schedule.json")
 
 
 def _start(args, cwd=ROOT) -> subprocess.Popen:
-    """`python -m pomt ARGS` in a session of its own, as a terminal's foreground job is (Ctrl-C reaches its
+    """`python -m pomt ARGS` in a process group of its own, as a terminal's foreground job is (Ctrl-C reaches its
     whole process group, fresh processes included)."""
     return subprocess.Popen([sys.executable, "-m", "pomt", *args], cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -157,8 +158,8 @@ def test_ctrl_c_while_a_fresh_process_works_ends_both_quietly(tmp_path):
     """The fresh process ignores Ctrl-C from its start (no traceback of its own); the parent stops it and
     exits without multiprocessing's warnings (leaked semaphores) at shutdown."""
     started = tmp_path / "started"
-    script = ("import sys; sys.path.insert(0, 'tests')\n"
-              "from interrupt_job import touch_then_sleep\n"
+    script = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+              "from support.interrupt_job import touch_then_sleep\n"
               "from pomt.verification.fresh import in_fresh_process\n"
               "try:\n"
               f"    in_fresh_process(touch_then_sleep, {str(started)!r})\n"
@@ -258,3 +259,30 @@ def test_a_kill_while_the_outputs_are_written_leaves_the_previous_set_or_the_new
         assert rerun.returncode == 0, rerun.stderr  # the next run clears every leftover
         assert _visible(folder) == new and not [p for p in folder.iterdir() if p.name.startswith(".")]
     assert renames >= 7 and outcomes[0] == "old" and "committed" in outcomes
+
+
+def _start_script(script: str, *args: str, cwd: Path) -> subprocess.Popen:
+    """A top-level script in a process group of its own, as a terminal's foreground job (Ctrl-C reaches its group)."""
+    return subprocess.Popen([sys.executable, str(ROOT / script), *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "journal"),
+    [
+        ("offline_computation.py", ("--search", "full", "--latency-only", "--passes", "40"), "trace.csv"),
+        ("offline_computation.py", ("--search", "adaptive", "--latency-only", "--coarse-passes", "40"), "trace.csv"),
+    ],
+    ids=["full-search", "adaptive-search"],
+)
+def test_ctrl_c_in_the_offline_script_is_exit_130_with_its_resume_line(script, args, journal, tmp_path):
+    out = tmp_path / "out"
+    process = _start_script(script, *DEIT_TINY, "--threads", "1", "--reps", "2", "--no-progress", "--output-dir",
+                            str(out), *args, cwd=tmp_path)
+    _when_lines(process, out / f"deit_tiny_patch16_224_cpu_bs1_is64.{journal}", 4)
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert process.returncode == 130, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "rerun with --resume to continue" in lines[0], lines[0]

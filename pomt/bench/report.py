@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pomt.bench.compare import Comparison
+from pomt.bench.accuracy import Comparison
+from pomt.bench.config import BASELINE
 from pomt.bench.run import BenchResult, SweepResult
-from pomt.bench.variants import BASELINE
 from pomt.io import atomic_write_csv, atomic_write_json, clear_stale, staged_set
-from pomt.measurement.profile import GPU_PROFILE
+from pomt.measurement.timing import GPU_PROFILE
 from pomt.plots import plot_benchmark, plot_sweep
-from pomt.verification.launch_bound import BUSY_FLOOR, waits_on_host
+from pomt.verification.verify import BUSY_FLOOR, waits_on_host
 
 COLUMNS = (
     "model", "method", "batch_size", "input_size", "tokens_kept", "latency_ms", "latency_iqr_ms", "throughput_ips",
@@ -83,7 +83,7 @@ def slower_than_unpruned(rows: list[dict]) -> list[str]:
 
 def launch_bound(rows: list[dict]) -> list[str]:
     """The variants whose GPU kernels filled less than `BUSY_FLOOR` of their median latency, each with the share:
-    their speed follows the host's (`pomt.verification.launch_bound`)."""
+    their speed follows the host's (`pomt.verification.verify.GpuWork`)."""
     return [
         f"{r['method']} ({r['device_time_ms'] / r['latency_ms']:.0%})" for r in rows
         if r.get("profile_kind") == GPU_PROFILE and r.get("device_time_ms") and r.get("latency_ms")

@@ -9,25 +9,23 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
 from torch import nn
 
-from pomt.bench.flops import count_flops, match_amount, meta_copy
-from pomt.checks import METHODS, check_method, check_prune_block
+from pomt.bench.config import BASELINE, SCHEDULE, BenchConfig
+from pomt.bench.costs import FlopsFn, match_amount
+from pomt.checks import check_prune_block
 from pomt.deploy.apply import apply_schedule
 from pomt.errors import PatchError
 from pomt.formats.schedule import Schedule
 from pomt.models.geometry import Geometry, model_geometry
-from pomt.patching import patch, token_counts, unpatch
+from pomt.patching import patch, token_counts
 from pomt.patching.tome import max_merge
 
-BASELINE = "none"
-SCHEDULE = "schedule"
-VALID_METHODS = (BASELINE, *METHODS)
 MATCH_TOLERANCE = 0.02
+AT_ONE_BLOCK = ("pomt", "topk", "l2norm", "random")  # the reducers that remove at --prune-block
 
 
 @dataclass(frozen=True)
@@ -67,15 +65,6 @@ class Variant:
         return self.reduction.name
 
 
-def variant_methods(methods: str | Sequence[str]) -> list[str]:
-    """The methods to compare (a sequence, or comma-separated), each checked, deduplicated, with the
-    unpruned baseline first."""
-    if isinstance(methods, str):
-        methods = [method.strip() for method in methods.split(",") if method.strip()]
-    checked = [check_method(method, VALID_METHODS) for method in dict.fromkeys(methods)]
-    return [BASELINE] + [method for method in checked if method != BASELINE]
-
-
 def tome_removal(merges: int, depth: int) -> dict[int, int]:
     """ToMe merges for a fine-grained amount: r = merges // depth per block, one more in the last
     merges % depth blocks. FLOPs fall with every merge, and a late merge saves little, so FLOP matching
@@ -88,32 +77,32 @@ def tome_removal(merges: int, depth: int) -> dict[int, int]:
 def plan_reductions(
     methods: Sequence[str],
     geometry: Geometry,
-    remove: int | None = None,
-    r: int | None = None,
-    prune_block: int = 3,
-    keep_rate: float | None = None,
+    config: BenchConfig,
     schedule: Schedule | None = None,
     amounts_later: bool = False,
 ) -> list[Reduction]:
-    """Reductions for `methods` with explicit amounts (or the schedule's removal), schedule variant included.
+    """Reductions for `methods` (checked, the baseline first) with the amounts `config` gives (or the schedule's
+    removal), the schedule variant second.
 
-    Pruning methods remove `remove` tokens (or all but `keep_rate` of the patch tokens) at `prune_block`;
-    without either they copy the schedule's removal. ToMe merges `r` tokens per block. With
-    `amounts_later` (FLOP matching fills them in), reducers get no amount here.
+    Pruning methods remove `config.remove` tokens (or all but `config.keep_rate` of the patch tokens) at
+    `config.prune_block`; without either they copy the schedule's removal. ToMe merges `config.r` tokens per
+    block. With `amounts_later` (matching fills them in), reducers get no amount here.
     """
+    if any(method in AT_ONE_BLOCK for method in methods):
+        check_prune_block(config.prune_block, geometry.depth, "--prune-block")
     reductions = []
-    for method in variant_methods(methods):
+    for method in methods:
         if method == BASELINE:
             reductions.append(Reduction(BASELINE, None))
         elif amounts_later:
             reductions.append(Reduction(method, method))
         elif method == "tome":
-            if r is None:
+            if config.r is None:
                 raise PatchError("method tome needs --r (tokens merged per block), or a --schedule to match")
-            reductions.append(Reduction(method, method, {b: r for b in range(geometry.depth)} if r else {}))
+            reductions.append(Reduction(method, method, dict.fromkeys(range(geometry.depth), config.r)
+                                        if config.r else {}))
         else:
-            removal = _token_removal(method, geometry, remove, prune_block, keep_rate, schedule)
-            reductions.append(Reduction(method, method, removal))
+            reductions.append(Reduction(method, method, _token_removal(method, geometry, config, schedule)))
     if schedule is not None:
         reductions.insert(1, Reduction(SCHEDULE, schedule.method, dict(schedule.removal)))
     for reduction in reductions:
@@ -121,63 +110,23 @@ def plan_reductions(
     return reductions
 
 
-def _token_removal(
-    method: str,
-    geometry: Geometry,
-    remove: int | None,
-    block: int,
-    keep_rate: float | None,
-    schedule: Schedule | None,
-) -> dict[int, int]:
-    check_prune_block(block, geometry.depth, "--prune-block")
-    if keep_rate is not None:
-        if not 0 < keep_rate <= 1:
-            raise PatchError(f"--keep-rate must lie in (0, 1], got {keep_rate}")
-        remove = geometry.patch_tokens - max(1, round(keep_rate * geometry.patch_tokens))
+def _token_removal(method: str, geometry: Geometry, config: BenchConfig, schedule: Schedule | None
+                   ) -> dict[int, int]:
+    remove = config.remove
+    if config.keep_rate is not None:
+        remove = geometry.patch_tokens - max(1, round(config.keep_rate * geometry.patch_tokens))
     if remove is None:
         if schedule is None:
             raise PatchError(f"method {method} needs --remove N, --keep-rate or a --schedule")
         return dict(schedule.removal)
-    if remove < 0:
-        raise PatchError(f"--remove must be >= 0, got {remove}")
-    return {block: remove} if remove else {}
-
-
-FlopsFn = Callable[[str | None, Mapping[int, int]], float]
-
-
-def flops_function(base: nn.Module, example: torch.Tensor) -> FlopsFn:
-    """FLOPs of the base model on `example` under (method, removal), counted on a weightless copy
-    (`meta_copy`); a method whose forward needs real data (`random`'s seeded generator) on a real copy."""
-    copies: dict[str, tuple[nn.Module, torch.Tensor]] = {}
-
-    def count_on(kind: str, method: str | None, removal: Mapping[int, int]) -> float:
-        if kind not in copies:
-            meta = kind == "meta"
-            copies[kind] = (meta_copy(base), example.to("meta")) if meta else (copy.deepcopy(base), example)
-        model, x = copies[kind]
-        unpatch(model)
-        if method and removal:
-            patch(model, method, dict(removal))
-        return float(count_flops(model, x))
-
-    def counted(method: str | None, removal: Mapping[int, int]) -> float:
-        try:
-            return count_on("meta", method, removal)
-        except (RuntimeError, NotImplementedError):  # an op the meta device cannot run
-            return count_on("real", method, removal)
-
-    return counted
+    return {config.prune_block: remove} if remove else {}
 
 
 def match_flops(
     reductions: Sequence[Reduction], geometry: Geometry, flops_at: FlopsFn, prune_block: int = 3
 ) -> list[Reduction]:
     """Replace each reducer's amount so its FLOPs match the schedule variant's (closest reachable)."""
-    target_reduction = next((red for red in reductions if red.name == SCHEDULE), None)
-    if target_reduction is None:
-        raise PatchError("--match flops needs a --schedule to match")
-    check_prune_block(prune_block, geometry.depth, "--prune-block")
+    target_reduction = next(red for red in reductions if red.name == SCHEDULE)
     target = flops_at(target_reduction.method, target_reduction.removal)
     matched = []
     for reduction in reductions:

@@ -2,10 +2,8 @@
 
 from pomt.cli import (  # noqa: F401  (importing a command module registers its commands)
     bench,
-    export,
-    info,
+    commands,
     offline,
-    record,
 )
 from pomt.cli.app import app, main
 

@@ -7,22 +7,23 @@ from pathlib import Path
 
 import typer
 
+from pomt.bench.config import BenchConfig
 from pomt.bench.report import format_sweep, format_table, write_benchmark, write_sweep
-from pomt.bench.run import BenchConfig, run_benchmark, run_sweep
+from pomt.bench.run import run_benchmark, run_sweep
 from pomt.checks import check_output_dir
 from pomt.cli.app import app, interrupted_means
 from pomt.cli.options import config_command
 from pomt.errors import BatchSizeError, InputSizeError
-from pomt.options import option
+from pomt.options import OUTPUTS, WORKLOAD, option
 
 
 @dataclass(frozen=True)
 class Outputs:
     """The options of the command itself: a sweep instead of one run, and where the files go."""
 
-    batch_sizes: str | None = option(None, "Sweep: comma-separated batch sizes.")
-    input_sizes: str | None = option(None, "Sweep: comma-separated input sizes.")
-    output_dir: Path = option(Path("bin"), "Where the CSV/JSON/PNG go.")
+    batch_sizes: str | None = option(None, "Sweep: comma-separated batch sizes.", panel=WORKLOAD)
+    input_sizes: str | None = option(None, "Sweep: comma-separated input sizes.", panel=WORKLOAD)
+    output_dir: Path = option(Path("bin"), "Where the CSV/JSON/PNG go.", panel=OUTPUTS)
 
 
 def _ints(text: str | None, what: str, error: type[Exception]) -> list[int] | None:

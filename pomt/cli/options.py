@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from pomt.options import flag
+from pomt.options import PANELS, flag
 
 _CLI_TYPES = (bool, int, float, Path, str)  # first match wins for a union such as `int | tuple[int, int]`
 
@@ -23,7 +23,8 @@ def config_command(*configs: type) -> Callable[[Callable], Callable]:
     field, and the command receives the dataclasses built from the parsed options."""
 
     def decorate(command: Callable) -> Callable:
-        parameters = [_parameter(f, hints[f.name]) for hints, f in _fields(configs)]
+        fields = sorted(_fields(configs), key=lambda pair: _panel_rank(pair[1]))  # --help lists panels in order
+        parameters = [_parameter(f, hints[f.name]) for hints, f in fields]
 
         def run(**values: Any) -> Any:
             plain = {name: value.value if isinstance(value, enum.Enum) else value for name, value in values.items()}
@@ -39,6 +40,12 @@ def config_command(*configs: type) -> Callable[[Callable], Callable]:
 
 def _fields(configs: tuple[type, ...]) -> list[tuple[dict, dataclasses.Field]]:
     return [(typing.get_type_hints(cls), f) for cls in configs for f in dataclasses.fields(cls)]
+
+
+def _panel_rank(f: dataclasses.Field) -> int:
+    """Where a field's help panel comes in `PANELS` (no panel: first, in typer's own panel)."""
+    panel = f.metadata.get("panel")
+    return -1 if panel is None else PANELS.index(panel)
 
 
 def _parameter(f: dataclasses.Field, hint: Any) -> inspect.Parameter:

@@ -27,20 +27,11 @@ class UnverifiedScheduleWarning(UserWarning):
     """A schedule whose promise was not measured on this device."""
 
 
-def _device_kind(model: nn.Module) -> str | None:
-    parameter = next(model.parameters(), None)
-    return None if parameter is None else parameter.device.type
-
-
-def _dtype_name(model: nn.Module) -> str | None:
-    parameter = next(model.parameters(), None)
-    return None if parameter is None else str(parameter.dtype).removeprefix("torch.")
-
-
-def _mismatch(message: str, strict: bool) -> None:
+def _mismatch(message: str, strict: bool, category: type[Warning] = UserWarning, depth: int = 0) -> None:
+    """Raise ScheduleError under strict, else warn `depth` frames above the usual `stacklevel=3`."""
     if strict:
         raise ScheduleError(message + " (strict)")
-    warnings.warn(message, stacklevel=3)
+    warnings.warn(message, category, stacklevel=3 + depth)
 
 
 def eager_fingerprint(device: str = "cpu", backend: str = Backend.EAGER.value) -> Fingerprint:
@@ -86,27 +77,22 @@ def _check_verified(schedule: Schedule, model: nn.Module, strict: bool) -> None:
         message = (f"schedule was verified on another device or runtime (fingerprint "
                    f"{verified.device_fingerprint_hash}, this one in PyTorch is {here}): its measured speedup may "
                    "not hold here")
-    if strict:
-        raise ScheduleError(message + " (strict)")
-    warnings.warn(message, UnverifiedScheduleWarning, stacklevel=3)
+    _mismatch(message, strict, UnverifiedScheduleWarning, depth=1)
 
 
 def _check_allocator(schedule: Schedule, kind: str | None, strict: bool) -> None:
     """Warn (`UnverifiedScheduleWarning`; raise under strict) when a CPU schedule was measured under other host
-    allocator settings than this process runs (`pomt.device.allocator`): on CPU the allocator moved latency by
-    up to a quarter, so its promise was not measured as this process runs."""
+    allocator settings than this process runs (`pomt.device.allocator`): on the CPU the allocator moves latency,
+    so its promise was not measured as this process runs. A schedule that records none is not compared."""
     theirs = schedule.device.allocator
     if schedule.device.kind != "cpu" or kind != "cpu" or theirs is None:
-        return  # older schedules did not record it
+        return
     ours = allocator_settings()
     if ours == theirs:
         return
-    message = (f"schedule was measured under {allocator_words(theirs)}, this process runs {allocator_words(ours)}: "
-               "its speedup holds under the same settings (pomt.steady_allocator() before serving, or the same "
-               "environment)")
-    if strict:
-        raise ScheduleError(message + " (strict)")
-    warnings.warn(message, UnverifiedScheduleWarning, stacklevel=3)
+    _mismatch(f"schedule was measured under {allocator_words(theirs)}, this process runs {allocator_words(ours)}: "
+              "its speedup holds under the same settings (pomt.steady_allocator() before serving, or the same "
+              "environment)", strict, UnverifiedScheduleWarning, depth=1)
 
 
 def apply_schedule(
@@ -131,10 +117,11 @@ def apply_schedule(
     schedule = load_schedule(schedule)
     schedule.check_geometry(model_geometry(model))
     _check_identity(schedule, model, strict)
-    kind, wanted = _device_kind(model), schedule.device.kind
+    parameter = next(model.parameters(), None)
+    kind, wanted = None if parameter is None else parameter.device.type, schedule.device.kind
     if wanted and kind and wanted != kind:
         _mismatch(f"schedule was made on {wanted}, the model is on {kind}", strict)
-    dtype = _dtype_name(model)
+    dtype = None if parameter is None else str(parameter.dtype).removeprefix("torch.")
     if dtype and dtype != schedule.dtype:
         _mismatch(f"schedule was measured in {schedule.dtype}, the model's parameters are {dtype}", strict)
     if batch_size is not None and batch_size != schedule.batch_size:

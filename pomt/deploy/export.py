@@ -1,13 +1,10 @@
 """`pomt export`: write a schedule's pruned model for a deployment runtime, checked against PyTorch.
 
-The schedule's model is created with the weights asked for, patched with `pomt.apply_schedule` (the
-eager path), and exported at static shapes (the pruning blocks' top-k and gathers at fixed sizes) with
-torch's ONNX exporter; OpenVINO IR is converted from that ONNX. The export is traced on the CPU, but pomt's
-explicit attention is chunked for the device the model will run on (`--target-device`, by default the one the
-schedule was measured on; `pomt.patching.attention.chunked_for`): on an H100, a file carrying the CPU's 16 MB
-chunks ran at 0.61x the unpruned speed where one chunk ran 1.25x (batch 64, 448 px). The written file is run through its
-runtime on seeded random inputs and compared with the patched PyTorch model; a small JSON card beside
-it records what was exported, with which packages, and how closely it matched.
+The schedule's model is created with the weights asked for, patched with `pomt.apply_schedule`, and exported at
+static shapes with torch's ONNX exporter (OpenVINO IR converted from that ONNX). It is traced on the CPU with
+pomt's explicit attention chunked for the device it will run on (`pomt.patching.attention.chunked_for`), since
+chunks sized for one device slow another. The written file is run through its runtime on seeded random inputs
+and compared with the patched model; a JSON card beside it records what was exported and how closely it matched.
 """
 
 from __future__ import annotations
@@ -95,55 +92,75 @@ def card_path(path: Path) -> Path:
     return path.with_name(path.name + ".json")
 
 
-def export_schedule(
-    schedule_path: str | Path,
-    *,
-    fmt: str = "onnx",
-    output: str | Path | None = None,
-    checkpoint: str | Path | None = None,
-    pretrained: bool = True,
-    batch_size: int | None = None,
-    seed: int = 0,
-    target: str | None = None,
-) -> ExportResult:
-    """Export the schedule's pruned model to `output`, its attention chunked for the `target` device type
-    (default: the schedule's), check it against PyTorch, write its card.
+@dataclass(frozen=True)
+class ExportOptions:
+    """How to export a schedule: the format, the model file (None: beside the schedule), the weights, the static
+    batch size (None: the schedule's), the seed of the inputs that trace and check it, and the device type its
+    attention is chunked for (None: the one the schedule was measured on)."""
+
+    fmt: str = "onnx"
+    output: str | Path | None = None
+    checkpoint: str | Path | None = None
+    pretrained: bool = True
+    batch_size: int | None = None
+    seed: int = 0
+    target: str | None = None
+
+
+@dataclass(frozen=True)
+class _Export:
+    """An export resolved from its options: the schedule, the runtime its format runs on, batch, seed, target."""
+
+    schedule_path: Path
+    schedule: Schedule
+    fmt: str
+    backend: Backend
+    batch: int
+    seed: int
+    target: str
+
+
+def export_schedule(schedule_path: str | Path, options: ExportOptions | None = None) -> ExportResult:
+    """Export the schedule's pruned model as `options` say (default `ExportOptions()`), check it against PyTorch,
+    write its card.
 
     Raises ExportError (after writing the file and its card) when the check fails, and before writing
     anything when an operation of the patched model cannot be exported.
     """
-    backend, suffix = check_format(fmt)
+    options = options or ExportOptions()
+    backend, suffix = check_format(options.fmt)
     check_backend(backend, "cpu")
     schedule_path = Path(schedule_path)
     schedule = load_schedule(schedule_path)
-    target = target_device(schedule, target)
-    path = Path(output) if output is not None else default_output(schedule_path, fmt)
+    target = target_device(schedule, options.target)
+    path = Path(options.output) if options.output is not None else default_output(schedule_path, options.fmt)
     if path.suffix != suffix:
-        raise ExportError(f"--output for format {fmt} must end in {suffix}, got {path.name}")
+        raise ExportError(f"--output for format {options.fmt} must end in {suffix}, got {path.name}")
     for file in (*_files_of(path), card_path(path)):
         check_output_file(file, "--output" if file == path else "output file")
-    batch = schedule.batch_size if batch_size is None else batch_size
+    batch = schedule.batch_size if options.batch_size is None else options.batch_size
     if batch < 1:
         raise ExportError(f"batch size must be >= 1, got {batch}")
+    job = _Export(schedule_path, schedule, options.fmt, backend, batch, options.seed, target)
     dtype = resolve_dtype(schedule.dtype, "cpu")
-    model, weights = _model(schedule, checkpoint, pretrained)
+    model, weights = _model(schedule, options.checkpoint, options.pretrained)
     with warnings.catch_warnings():  # exported for a deployment target, not timed here: the card says it
         warnings.simplefilter("ignore", UnverifiedScheduleWarning)
         warnings.filterwarnings("ignore", "schedule was made on")  # traced here for its target, on purpose
         model = apply_schedule(model.to(dtype), schedule, batch_size=batch)
-    example = _inputs(schedule, batch, dtype, seed, 1)[0]
+    example = _inputs(job, dtype, job.seed, 1)[0]
     try:
         with chunked_for(target):
             program = onnx_program(model, example)
     except ExportError as exc:
         raise ExportError(f"the {schedule.method} schedule cannot be exported: {exc}") from exc
-    inputs = _inputs(schedule, batch, dtype, seed + 1, CHECK_INPUTS)
+    inputs = _inputs(job, dtype, job.seed + 1, CHECK_INPUTS)
     clear_stale(path.parent, path.name)
     with staged_set(path.parent, path.name, last=[path.name, card_path(path).name]) as staging:
         staged = staging / path.name
-        _write(program, staged, fmt)
+        _write(program, staged, job.fmt)
         diff = _max_abs_diff(model, staged, backend, inputs)
-        card = _card(schedule_path, schedule, fmt, staged, example, weights, program, backend, seed, diff, target)
+        card = _card(job, staged, weights, program, diff)
         atomic_write_json(card_path(staged), card)
     written = set(card["files"])
     for stale in _files_of(path):  # a weight file of an earlier export this one has no more
@@ -156,16 +173,16 @@ def export_schedule(
     return result
 
 
-def _card(schedule_path: Path, schedule: Schedule, fmt: str, path: Path, example: torch.Tensor, weights: str,
-          program, backend: Backend, seed: int, diff: float, target: str) -> dict:
+def _card(job: _Export, path: Path, weights: str, program, diff: float) -> dict:
     """What was exported (the model file `path` and its weights), with which packages, how closely it matched."""
+    schedule = job.schedule
     tolerance = TOLERANCE[schedule.dtype]
     return {
-        "format": fmt,
+        "format": job.fmt,
         "file": path.name,
         "files": sorted(p.name for p in _files_of(path) if p.exists()),
-        "schedule": schedule_path.name,
-        "schedule_sha256": hashlib.sha256(schedule_path.read_bytes()).hexdigest(),
+        "schedule": job.schedule_path.name,
+        "schedule_sha256": hashlib.sha256(job.schedule_path.read_bytes()).hexdigest(),
         "model": schedule.model,
         "method": schedule.method,
         "prune": [{"block": step.block, "remove": step.remove} for step in schedule.prune],
@@ -174,18 +191,18 @@ def _card(schedule_path: Path, schedule: Schedule, fmt: str, path: Path, example
             "speedup": schedule.verified.speedup, "speedup_ci": list(schedule.verified.speedup_ci),
             "device_fingerprint_hash": schedule.verified.device_fingerprint_hash,
         },
-        "input_shape": list(example.shape),
+        "input_shape": [job.batch, 3, *schedule.input_size],
         "dtype": schedule.dtype,
-        "attention_chunked_for": target,
+        "attention_chunked_for": job.target,
         "weights": weights,
         "opset": _opset(program),
-        "backend": backend_info(backend),
+        "backend": backend_info(job.backend),
         "torch": torch.__version__,
         "timm": package_version("timm"),
         "check": {
-            "runtime": backend.value,
+            "runtime": job.backend.value,
             "inputs": CHECK_INPUTS,
-            "seed": seed + 1,
+            "seed": job.seed + 1,
             "max_abs_diff": diff,
             "tolerance": tolerance,
             "passed": diff <= tolerance,
@@ -212,9 +229,9 @@ def _model(schedule: Schedule, checkpoint, pretrained: bool) -> tuple[torch.nn.M
     return model, "random init" + (" (pretrained weights unavailable)" if pretrained else "")
 
 
-def _inputs(schedule: Schedule, batch: int, dtype: torch.dtype, seed: int, count: int) -> list[torch.Tensor]:
+def _inputs(job: _Export, dtype: torch.dtype, seed: int, count: int) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    shape = (batch, 3, *schedule.input_size)
+    shape = (job.batch, 3, *job.schedule.input_size)
     return [torch.randn(shape, generator=generator).to(dtype) for _ in range(count)]
 
 
@@ -240,11 +257,11 @@ def _max_abs_diff(model: torch.nn.Module, path: Path, backend: Backend, inputs: 
     """Largest |runtime - PyTorch| over the outputs of the written file on `inputs`."""
     threads = torch.get_num_threads()
     if backend == Backend.ONNXRUNTIME:
-        session = onnxruntime_session(path, "cpu", threads)
-        name = session.get_inputs()[0].name
+        program = onnxruntime_session(path, "cpu", threads)
+        name = program.get_inputs()[0].name
 
         def run(x: torch.Tensor) -> np.ndarray:
-            return session.run(None, {name: x.numpy()})[0]
+            return program.run(None, {name: x.numpy()})[0]
     else:
         compiled = openvino_compiled(path, inputs[0].dtype, threads)
 

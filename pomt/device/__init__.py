@@ -1,18 +1,9 @@
 """Which device to run on, its fingerprint with its clock state, and light clock readings: `cpu` (sysfs),
-`gpu` (NVML), `clocks` (lock state, verdicts, snapshots), `fingerprint` (the device and what it records), and
+`gpu` (NVML), `fingerprint` (the device, what it records, lock state, verdicts and snapshots of its clocks), and
 `allocator` (the host allocator's settings; the steady one CPU runs measure under). Nothing here prints or
 exits; failures to read clock state give None or "unknown", never an exception."""
 
 from pomt.device.allocator import allocator_settings, steady_allocator
-from pomt.device.clocks import (
-    LOCK_COMMAND,
-    clock_snapshot,
-    clocks_locked_cpu,
-    clocks_locked_gpu,
-    lock_state_path,
-    parse_lock_state,
-    read_lock_state,
-)
 from pomt.device.cpu import (
     cpu_freq_mhz,
     cpu_name,
@@ -23,9 +14,16 @@ from pomt.device.cpu import (
     sysfs_root,
 )
 from pomt.device.fingerprint import (
+    LOCK_COMMAND,
     Fingerprint,
+    clock_snapshot,
+    clocks_locked_cpu,
+    clocks_locked_gpu,
     device_fingerprint,
     fingerprint_hash,
+    lock_state_path,
+    parse_lock_state,
+    read_lock_state,
     require_locked_clocks,
     resolve_device,
 )

@@ -1,20 +1,12 @@
 """The host allocator a CPU measurement runs under: what this process's settings are, and the steady one pomt
 measures with by default.
 
-Under glibc's defaults the mmap threshold adapts to what was freed and the heap is trimmed whenever its free
-top passes a small threshold, so a forward of a ViT gives pages back to the kernel and faults them in again:
-on the 2-core VM some 14 500 page faults a forward of deit_tiny at 112 px and batch 16, and how many depends
-on the heap's history (`benchmarks/allocator.py`). That cost is neither steady between processes nor additive
-over blocks at mixed token counts, so it moves steps between processes and broke the latency model of
-multi-block schedules by up to 35%. With both thresholds fixed high (`STEADY`) the buffers stay mapped and are
-reused: no faults after the first forwards, and the same behaviour in every process. The trim threshold does
-most of it: the mmap threshold fixed alone still left some 8 000-10 000 faults a forward there. A fixed
-threshold that is low (128 KiB, pomt's earlier advice) maps and unmaps every large buffer instead, the slowest
-of all.
-
-`steady_allocator` sets `STEADY` in this process (glibc's `mallopt`) and in its environment (so child
-processes, the fresh-process checks among them, start with it), unless the environment already chose an
-allocator; the device fingerprint records the settings in force (`allocator_settings`).
+Under glibc's defaults the mmap threshold adapts to what was freed and the heap is trimmed whenever its free top
+passes a small threshold, so a ViT's forward gives pages back to the kernel and faults them in again, as many as
+the heap's history makes it (`benchmarks/allocator.py`): a cost neither steady between processes nor additive over
+blocks. With both thresholds fixed high (`STEADY`) the buffers stay mapped and are reused in every process.
+`steady_allocator` sets `STEADY` in this process (glibc's `mallopt`) and in its environment (child processes start
+with it), unless the environment already chose an allocator; the fingerprint records the settings in force.
 """
 
 from __future__ import annotations

@@ -183,12 +183,6 @@ def schedule_from_dict(data: Mapping) -> Schedule:
         raise ScheduleError("schedule 'prune' blocks must be strictly increasing")
     _shared(check_removals, data["method"], {item.block: item.remove for item in prune}, num_tokens, prefix, depth)
     removed = sum(item.remove for item in prune)
-    if removed >= num_tokens - prefix:
-        raise ScheduleError(
-            f"schedule removes {removed} tokens but only {num_tokens - prefix - 1} can go "
-            "(at least one patch token must stay)"
-        )
-    _shared(check_removals, data["method"], {item.block: item.remove for item in prune}, num_tokens, prefix, depth)
     kept = _int(data, "kept_tokens", 1)
     if kept != num_tokens - removed:
         raise ScheduleError(f"schedule kept_tokens {kept} != num_tokens {num_tokens} - removed {removed}")

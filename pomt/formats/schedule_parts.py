@@ -165,7 +165,7 @@ class VerificationRecord:
 class Verified(VerificationRecord):
     """The schedule's `verified` object: the verification in the measuring process, the method's measured
     cost at its block, the same candidates verified in a fresh process (None: not run), and on a GPU the
-    shipped schedule's GPU work against its verified latency (`pomt.verification.launch_bound.GpuWork.to_dict`)."""
+    shipped schedule's GPU work against its verified latency (`pomt.verification.verify.GpuWork.to_dict`)."""
 
     method_cost_ms: dict[str, float] | None = None
     fresh_process: VerificationRecord | None = None

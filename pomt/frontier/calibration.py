@@ -1,20 +1,22 @@
-"""Accuracy of candidate schedules, measured on the patched model itself over calibration images.
+"""The accuracy of candidate schedules, measured on the patched model itself over calibration images.
 
 The images are split once, seeded, into a search split (what a search compares candidates on) and a held-out
-split (what a chosen schedule is reported on). Top-1 against the labels of an ImageFolder, or without labels the
-agreement with the unpruned model's top-1. Candidates are evaluated together, batch by batch; on timm's
-`VisionTransformer` the blocks before a candidate's first pruning block run once per batch for all of them
-(`candidate_logits`, equal to each patched model's own forward). Each result is journalled under a key naming the
-candidate and the split's exact images (`pomt.frontier.journal`). `HostedCalibration` runs the measurement in a
-worker process, so that the process that times schedules never runs the accuracy forwards.
+split (what a chosen schedule is reported on); top-1 against the labels of an ImageFolder, or without labels the
+agreement with the unpruned model's top-1. Candidates run together batch by batch, the blocks before a
+candidate's first pruning block once for all of them on timm's `VisionTransformer` (`candidate_logits`). Every
+result is appended to an `AccuracyJournal` under the candidate and the split's exact images; `HostedCalibration`
+runs the measurement in a worker process, so that the process that times schedules never runs these forwards.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -25,16 +27,18 @@ from torch import nn
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from pomt.accuracy import AGREEMENT, TOP1, _batches, image_loader
-from pomt.errors import DatasetError
+from pomt.errors import AccuracyCacheError, DatasetError
 from pomt.frontier.candidates import NONE, Candidate
-from pomt.frontier.journal import AccuracyJournal
-from pomt.models.geometry import transformer_blocks
+from pomt.io import atomic_write_text
+from pomt.models.geometry import model_geometry, transformer_blocks
 from pomt.patching import patch, unpatch
 from pomt.stats import Proportion
 from pomt.verification.fresh import FreshWorker
 
 SEARCH, HELD_OUT = "search", "held_out"
 STOP_CONFIDENCE = 0.999  # of a drop beyond `stop_above`, checked after every batch (`surely_dropped_more`)
+FORMAT = "pomt.accuracy-journal"
+VERSION = 1
 
 
 def split_indices(size: int, held_out: float = 0.5, seed: int = 0) -> dict[str, list[int]]:
@@ -68,16 +72,114 @@ def dataset_digest(dataset: Dataset) -> str:
     return digest.hexdigest()[:16]
 
 
-class Calibration:
-    """The model, its calibration images in two splits, and the journal of what was measured on them."""
+def weights_digest(model: nn.Module) -> str:
+    """A digest of every parameter and buffer, by name: the same weights give the same digest anywhere."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        data = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{data.dtype}:{tuple(data.shape)};".encode())
+        digest.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
 
-    def __init__(self, model: nn.Module, dataset: Dataset, kind: str, journal: AccuracyJournal, *,
-                 held_out: float = 0.5, seed: int = 0, batch_size: int = 16, device: str = "cpu",
-                 dtype: torch.dtype | None = None, progress: bool = False) -> None:
-        if kind not in (TOP1, AGREEMENT):
-            raise ValueError(f"kind must be {TOP1!r} or {AGREEMENT!r}, got {kind!r}")
-        self.model, self.kind, self.journal = model, kind, journal
-        self.batch_size, self.device, self.dtype, self.progress = batch_size, device, dtype, progress
+
+def model_identity(model: nn.Module) -> dict:
+    """What makes two models the same for accuracy: architecture, token geometry, classes, weights."""
+    geometry = model_geometry(model)
+    return {"model": geometry.model, "input_size": list(geometry.input_size), "num_tokens": geometry.num_tokens,
+            "prefix_tokens": geometry.prefix_tokens, "depth": geometry.depth,
+            "num_classes": getattr(model, "num_classes", None), "weights": weights_digest(model)}
+
+
+def entry_key(candidate: Candidate, split: str) -> str:
+    """The cache key of one result: the candidate's key and the split's (which names its images)."""
+    return f"{split}|{candidate.key}"
+
+
+class AccuracyJournal:
+    """Accuracies by (candidate, split) for one model, in a JSON-lines file (`path` None: in memory only). Its
+    first line names the model (`model_identity`): a journal of another model is refused, never mixed in. Each
+    result is appended with one write and an fsync, and a half-written last line is cut off when it is opened."""
+
+    def __init__(self, path: str | Path | None, identity: Mapping) -> None:
+        self.path = None if path is None else Path(path)
+        self.identity = dict(identity)
+        self.entries: dict[str, Proportion] = {}
+        if self.path is None:
+            return
+        if self.path.is_file() and self.path.stat().st_size:
+            self._read()
+        else:
+            header = {"format": FORMAT, "version": VERSION, "identity": self.identity}
+            atomic_write_text(self.path, json.dumps(header, sort_keys=True) + "\n")
+
+    def _read(self) -> None:
+        data = self.path.read_bytes()
+        complete = data[: data.rfind(b"\n") + 1]
+        lines = complete.decode("utf-8", errors="replace").splitlines()
+        try:
+            header = json.loads(lines[0]) if lines else {}
+        except json.JSONDecodeError:
+            header = {}
+        if header.get("format") != FORMAT or header.get("version") != VERSION:
+            raise AccuracyCacheError(f"{self.path} is not a pomt accuracy cache (version {VERSION}); "
+                                     "delete it or choose another cache file")
+        if header.get("identity") != self.identity:
+            raise AccuracyCacheError(f"accuracy cache {self.path} belongs to another model "
+                                     f"({_differences(header.get('identity') or {}, self.identity)}); "
+                                     "delete it or choose another cache file")
+        for number, line in enumerate(lines[1:], start=2):
+            try:
+                entry = json.loads(line)
+                paired = [None if entry.get(k) is None else int(entry[k]) for k in ("lost", "gained")]
+                self.entries[entry["key"]] = Proportion(int(entry["correct"]), int(entry["images"]), *paired)
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                raise AccuracyCacheError(f"accuracy cache {self.path} is corrupt at line {number}; "
+                                         "delete it to measure again") from None
+        if len(complete) < len(data):
+            with self.path.open("r+b") as handle:  # a line cut by a kill: measured again
+                handle.truncate(len(complete))
+
+    def get(self, candidate: Candidate, split: str) -> Proportion | None:
+        return self.entries.get(entry_key(candidate, split))
+
+    def add(self, candidate: Candidate, split: str, result: Proportion) -> Proportion:
+        """Record one result (appended durably when the journal has a file)."""
+        key = entry_key(candidate, split)
+        self.entries[key] = result
+        if self.path is not None:
+            line = {"key": key, "split": split, **candidate.to_dict(), "correct": result.successes,
+                    "images": result.trials, "lost": result.lost, "gained": result.gained}
+            with self.path.open("ab") as handle:
+                handle.write((json.dumps(line, sort_keys=True) + "\n").encode("utf-8"))
+                handle.flush()
+                os.fsync(handle.fileno())
+        return result
+
+
+def _differences(stored: Mapping, now: Mapping) -> str:
+    keys = sorted(k for k in set(stored) | set(now) if stored.get(k) != now.get(k))
+    return ", ".join(f"{k} {stored.get(k)!r}, now {now.get(k)!r}" for k in keys)
+
+
+@dataclass(frozen=True, eq=False)
+class Classifier:
+    """The model whose top-1 is counted, and how: against the labels (TOP1) or the unpruned model's own top-1
+    (AGREEMENT), its images on `device` in `dtype` (None: as loaded), `batch_size` images a forward."""
+
+    model: nn.Module
+    kind: str = TOP1
+    device: str = "cpu"
+    dtype: torch.dtype | None = None
+    batch_size: int = 16
+
+
+class Calibration:
+    """The model as counted, its calibration images in two splits, and the journal of what was measured on them."""
+
+    def __init__(self, classifier: Classifier, dataset: Dataset, journal: AccuracyJournal, *,
+                 held_out: float = 0.5, seed: int = 0, progress: bool = False) -> None:
+        kind = classifier.kind
+        self.classifier, self.kind, self.journal, self.progress = classifier, kind, journal, progress
         self.indices = split_indices(len(dataset), held_out, seed)
         self.datasets = {name: Subset(dataset, idx) for name, idx in self.indices.items()}
         data = dataset_digest(dataset)
@@ -110,10 +212,9 @@ class Calibration:
         missing = [c for c in unique if self.cached(c, split, stopped) is None]
         if missing:
             start = time.perf_counter()
-            batches = _batches(image_loader(self.datasets[split], self.batch_size), self.progress)
+            batches = _batches(image_loader(self.datasets[split], self.classifier.batch_size), self.progress)
             stop = None if stop_above is None else partial(surely_dropped_more, drop=stop_above)
-            counted = count_correct(self.model, missing, batches, self.kind == AGREEMENT, self.device, self.dtype,
-                                    stop)
+            counted = count_correct(self.classifier, missing, batches, stop)
             for candidate in missing:
                 self.journal.add(candidate, self.split_ids[split], counted[candidate])
             self.evaluated += len(missing)
@@ -183,35 +284,32 @@ def candidate_logits(model: nn.Module, candidates: Sequence[Candidate], images: 
     return {c: predictions[c] for c in unique}
 
 
-def _outcomes_of_batch(model: nn.Module, candidates: Sequence[Candidate], images: torch.Tensor,
-                       labels: torch.Tensor, agreement: bool, device: str,
-                       dtype: torch.dtype | None) -> dict[Candidate, torch.Tensor]:
+def _outcomes_of_batch(classifier: Classifier, candidates: Sequence[Candidate], images: torch.Tensor,
+                       labels: torch.Tensor) -> dict[Candidate, torch.Tensor]:
     """{candidate: whether each image's top-1 is right} on one batch; `NONE` among the candidates."""
+    model, agreement = classifier.model, classifier.kind == AGREEMENT
     classes = getattr(model, "num_classes", None)
     if not agreement and classes is not None and int(labels.max()) >= classes:
         raise DatasetError(f"the images have more classes than the model's {classes} outputs; use a "
                            "matching checkpoint or unlabelled images (agreement)")
-    logits = candidate_logits(model, candidates, images.to(device, dtype))
+    logits = candidate_logits(model, candidates, images.to(classifier.device, classifier.dtype))
     top1 = {c: out.argmax(dim=-1) for c, out in logits.items()}
-    target = top1[NONE] if agreement else labels.to(device)
+    target = top1[NONE] if agreement else labels.to(classifier.device)
     return {c: (top1[c] == target).cpu() for c in candidates}
 
 
-def image_outcomes(model: nn.Module, candidates: Sequence[Candidate], batches: Iterable, agreement: bool,
-                   device: str = "cpu", dtype: torch.dtype | None = None,
+def image_outcomes(classifier: Classifier, candidates: Sequence[Candidate], batches: Iterable,
                    stop: Callable[[Proportion], bool] | None = None) -> dict[Candidate, torch.Tensor]:
-    """{candidate: for each image in order, whether its top-1 equals the label, or with `agreement` the
-    unpruned model's top-1} over (images, labels) batches, one batch in memory at a time; the unpruned
-    model (`NONE`) always among them. After each batch a candidate whose counts so far (`paired_counts`)
-    `stop` accepts is measured no further: its outcomes are those of the images it saw; once every candidate
-    asked for has stopped, so does the pass."""
+    """{candidate: for each image in order, whether its top-1 is right (`Classifier`)} over (images, labels)
+    batches, one batch in memory at a time; the unpruned model (`NONE`) always among them. After each batch a
+    candidate whose counts so far (`paired_counts`) `stop` accepts is measured no further: its outcomes are
+    those of the images it saw; once every candidate asked for has stopped, so does the pass."""
     wanted = list(dict.fromkeys([*candidates, NONE]))
     right: dict[Candidate, list[torch.Tensor]] = {c: [] for c in wanted}
     asked, active = set(candidates), list(wanted)
     with torch.inference_mode():
         for images, labels in batches:
-            for candidate, outcome in _outcomes_of_batch(model, active, images, labels, agreement, device,
-                                                         dtype).items():
+            for candidate, outcome in _outcomes_of_batch(classifier, active, images, labels).items():
                 right[candidate].append(outcome)
             if stop is not None:
                 seen = torch.cat(right[NONE])
@@ -229,13 +327,13 @@ def paired_counts(outcomes: torch.Tensor, reference: torch.Tensor) -> Proportion
                       int((outcomes & ~reference).sum()))
 
 
-def count_correct(model: nn.Module, candidates: Sequence[Candidate], batches: Iterable, agreement: bool,
-                  device: str = "cpu", dtype: torch.dtype | None = None,
+def count_correct(classifier: Classifier, candidates: Sequence[Candidate], batches: Iterable,
                   stop: Callable[[Proportion], bool] | None = None) -> dict[Candidate, Proportion]:
     """{candidate: its `paired_counts` against the unpruned model} over (images, labels) batches
     (`image_outcomes`, with its `stop`)."""
-    right = image_outcomes(model, candidates, batches, agreement, device, dtype, stop)
+    right = image_outcomes(classifier, candidates, batches, stop)
     return {c: paired_counts(right[c], right[NONE]) for c in dict.fromkeys(candidates)}
+
 
 _HOSTED: dict[str, Calibration] = {}  # in the worker: the calibration it was given
 

@@ -1,14 +1,12 @@
 """Evaluated schedules, their (predicted latency, accuracy) frontier, which of them may ship, best first, and
 the best uniform schedule they must beat (pure). Accuracies are the search split's; drops are in points.
 
-A schedule meets the goal when its search-split accuracy is at most `max_drop_points` below the unpruned
-model's (where a drop is asked), at least `min_accuracy` (where asked), both at `confidence` (on the one-sided
-bound of the paired drop, `pomt.frontier.choice.drop_within`, and of the accuracy), and its predicted latency
-within `latency_budget_ms` (where asked). What may ship is the frontier of the schedules that meet it: with a
-latency budget the most accurate first (on equal accuracy the faster), else the fastest (on equal latency the
-more accurate). That order is predicted; what ships is decided on measurement (`verified_choice`): of the
-schedules verified (`to_verify`: the best few in that order, each reducer's best and the best uniform schedule,
-all meeting the goal) that qualified, the fastest measured, or with a latency budget the first in the order.
+A schedule meets the goal when its accuracy is at most `max_drop_points` below the unpruned model's and at least
+`min_accuracy` (each where asked), both at `confidence` on one-sided bounds (`drop_within`), and its predicted
+latency is within `latency_budget_ms` (where asked). Of the frontier of those that meet it, what may ship is
+ordered fastest first, or with a latency budget most accurate first; what ships is decided on measurement
+(`verified_choice`): of the schedules verified (`to_verify`) that qualified, the fastest measured, or with a
+latency budget the first in the order.
 """
 
 from __future__ import annotations
@@ -190,9 +188,7 @@ def to_verify(result: FrontierResult, goal: Goal, first: int) -> list[Evaluated]
     """The schedules measured on the patched model, in the order of fallback: the first `first` of
     `preference`, then each reducer's fastest predicted schedule that meets the goal where none of that
     reducer is among them yet, then the best uniform schedule. Why each reducer: the latency model can miss
-    reducers differently (under glibc's default allocator multi-block ToMe was predicted up to 40% fast on
-    deit_tiny at batch 16 where single-block POMT was within 3%), so a reducer it misprices is measured rather
-    than ranked out."""
+    reducers differently, so a reducer it misprices is measured rather than ranked out."""
     chosen = preference(result, goal)[:first]
     faster = [p for p in result.evaluated
               if not p.candidate.unpruned and p.predicted_ms < result.baseline.predicted_ms]

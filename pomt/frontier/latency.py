@@ -1,58 +1,12 @@
 """Predicted latency of any schedule (reducer + removal per block) from one measured curve (pure maths).
 
-Blocks. L(n) is the whole model with every block at n tokens; a block at n tokens costs L(n) / D of it
-(as `pomt.policies.predict_from_counts` charges it: the embedding and head cancel out of any
-comparison), and each block is charged at the count entering it (`pomt.patching.plan.token_counts`, ToMe's
-clamping included).
+predicted = (1 + kappa sqrt(c)) sum_b L(n_b) / D + sum over pruning blocks prune(n_b, r_b)
+            + sum over blocks after the first pruning one carry(n_b) + later x (pruning blocks right after one)
 
-Reducers. A pruning block costs more than the plain block at the count n entering it (explicit attention,
-scores, sorting, gathers, less what its MLP saves on the tokens it removed): `ReducerCost.prune(n, r)`,
-measured inside the model at a few (n, r) (`pomt.frontier.reducer_costs`): at each measured n, a straight
-line in the share r / (n - P) of the patch tokens removed, fitted by least squares (a fixed cost less the
-MLP's saving on what was removed; three or more shares, else interpolated), then linear interpolation in n;
-held beyond the measured range, 0 when nothing is removed. ToMe's blocks after its first merge also run
-proportional attention (token sizes as an attention bias), whether they merge or not: `ReducerCost.carry(n)`
-per block, over the measured counts (held beyond them): their median, or a least-squares line where its slope
-is significant (`has_trend`). It is charged at up to D - 1 blocks, so one noisy count must not price every
-block: interpolating between noisy points put a 12-block ToMe schedule's prediction several percent off, and
-a line through six counts whose slope was not significant (p = 0.10) charged -0.49 ms a block at 48 tokens on
-the digits case at batch 16 (deit_tiny at 112 px, a 75 ms forward), where the counts' median was +0.02 and a
-direct measurement +0.15 [-0.44, +0.64]: the frontier search then sent a schedule merging at block 0 to
-verification at a predicted 1.44x, and it ran 1.27x (2026-11-28).
-
-ToMe's merges right after a merge cost less than a merge measured alone on the cut model: `ReducerCost.later`
-(ms, negative where measured) is added to each merge whose block follows a merging block, calibrated on the whole
-model running uniform ToMe (`pomt.frontier.reducer_costs`), whose merges all follow one. A merge after a block that
-did not merge is charged as measured alone: on the digits case at batch 16 (deit_tiny at 112 px, later -0.48 ms)
-charging `later` at every merge but the first put ToMe merging at spaced blocks 0.9-2.1% (in earlier sessions
-3.7%) under what it ran; charged after a merge only, 0.06-0.24% (2026-11-29).
-
-Mixed counts. A model whose blocks run at different counts can run slower than its blocks' sum on the
-whole-model curve. On the 2-core Intel VM (deit_tiny at 112 px, batch 16, the steady allocator) dropped layouts
-of the same mean count (38 of 50 tokens) ran over the uniform model at 38 by +0.4% to +2.8% with one count
-change, +3.1% to +3.7% with two, +2.2% to +3.6% with five and +3.7% to +5.7% with eleven (120 paired rounds,
-three runs; -0.2% to +2.9% under jemalloc); linear in the changes it does not fit (two changes read as much as
-five), as the square root of their number it fits within about 2 points. The AMD VM read -2.1% to +1.8%. So the
-excess is calibrated in the run (`MixedCounts`, measured by `pomt.frontier.reducer_costs.measure_mixed_counts`): one
-dropped layout that changes its count at every block, timed in the same paired rounds as the whole model at each of
-its counts, so that its excess is over its own blocks' sum measured beside it; kappa = (excess - 1) / sqrt(its
-changes), 0 where the excess's 95% interval holds 1. A schedule whose counts change c times pays kappa x sqrt(c) x
-its blocks' sum: `predict` charges it, and the dynamic programme (`pomt.frontier.surrogate`) with the total changes
-in its state, since it is not a sum over blocks. Until 2026-12-01 the layout was timed against the unpruned model
-alone and its excess read against the run's curve, measured minutes away: the curve's shape moves by some 4% at
-those counts from one minute to the next (Intel VM, 2026-11-29), and kappa took that in, with either sign. On the
-AMD VM at batch 16 (2026-12-01) the old reading was +5.2% in one run, pricing four two- and three-block schedules
-3-4% slow, and +3.1% in the next; the layout over its blocks timed beside it read +2.5% and +0.9%. What the curve's
-own movement leaves of the 3% goal is known weakness 14.
-
-predicted = (1 + kappa sqrt(c)) sum_b L(n_b) / D + sum over pruning blocks prune(n_b, r_b) + sum over blocks
-after the first pruning one carry(n_b) + later x (pruning blocks whose block before pruned).
-
-Speed. The costs are measured seconds to minutes away from the curve, and this VM's speed moves by a fifth
-within minutes: a cost in ms measured at one speed, charged beside a curve measured at another, misprices
-every schedule by that share of its reducer cost. So the costs carry their unit (`ReducerCost.unit_ms`, the
-unpruned whole model's latency in the rounds that measured them, each round's cost divided by that round's
-speed) and are charged at the curve's speed: scaled by L(N) / unit_ms (`ReducerCost.at_speed`).
+L(n) is the whole model at n tokens; a block costs L(n) / D at the count entering it (`token_counts`, ToMe's
+clamping included). `ReducerCost` holds a reducer's own cost over the plain block (`pomt.frontier.reducer_costs`).
+A layout whose count changes c times runs over its blocks' sum, by kappa sqrt(c) calibrated in the run
+(`MixedCounts`). Costs carry the speed they were measured at and are charged at the curve's (`at_speed`).
 """
 
 from __future__ import annotations
@@ -67,7 +21,7 @@ from scipy.stats import linregress
 
 from pomt.errors import CurveError
 from pomt.frontier.candidates import NONE, Candidate
-from pomt.patching.plan import removed_at, token_counts
+from pomt.patching.blocks import removed_at, token_counts
 from pomt.policies import predict_from_counts
 
 SLOPE_ALPHA = 0.05  # a carry's trend over the counts is charged only where significant at this level (`has_trend`)
@@ -118,7 +72,9 @@ class ReducerCost:
                        unit_ms=unpruned_ms)
 
     def prune(self, tokens: int, remove: int) -> float:
-        """Cost of a block that receives `tokens` and removes `remove` (see the module docstring)."""
+        """Cost of a block that receives `tokens` and removes `remove`: at each measured count a least-squares
+        line in the share of patch tokens removed (a fixed cost less the MLP's saving; with fewer than three
+        shares, interpolated), then linear in the count; held beyond the measured range, 0 removing none."""
         if remove <= 0 or not self.pruning:
             return 0.0
         share = remove / max(1, tokens - self.prefix_tokens)
@@ -130,7 +86,9 @@ class ReducerCost:
         return float(np.interp(tokens, counts, at_count))
 
     def carry(self, tokens: int) -> float:
-        """Cost of a block after the first pruning one, at the `tokens` it receives (0 without a table)."""
+        """Cost of a block after the first pruning one, at the `tokens` it receives (0 without a table): the
+        measured counts' median, or their least-squares line where its slope is significant (`has_trend`), as
+        it is charged at up to D - 1 blocks and one noisy count must not price every block."""
         if not self.carrying:
             return 0.0
         if not self._carry_has_trend:
@@ -178,9 +136,9 @@ def count_changes(counts: Sequence[int], depth: int) -> int:
 
 @dataclass(frozen=True)
 class MixedCounts:
-    """A dropped layout (the tokens entering each block): its latency over its blocks' sum (the whole model at each
-    of its counts, averaged over the blocks), both timed in the same paired rounds, with that excess's 95% interval;
-    and its latency over the unpruned model's, for the record (module docstring, Mixed counts)."""
+    """A dropped layout (the tokens entering each block) that changes its count at every block: its latency over
+    its blocks' sum (the whole model at each of its counts, averaged over the blocks), both timed in the same
+    paired rounds, with that excess's 95% interval; and its latency over the unpruned model's, for the record."""
 
     layout: tuple[int, ...]
     over_blocks: float
@@ -193,7 +151,7 @@ class MixedCounts:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> MixedCounts:
-        """KeyError on a calibration saved before 2026-12-01 (measured against the curve): measured again."""
+        """KeyError on a calibration without its blocks' sum (an older layout): the caller measures again."""
         low, high = data["ci"]
         return cls(tuple(int(n) for n in data["layout"]), float(data["over_blocks"]), (float(low), float(high)),
                    float(data["of_unpruned"]))
@@ -216,7 +174,8 @@ class LatencyModel:
 
     @cached_property
     def charged_costs(self) -> dict[str, ReducerCost]:
-        """The reducers' costs at the curve's speed (module docstring, Speed)."""
+        """The reducers' costs at the curve's speed: they are measured minutes away from the curve, on a machine
+        whose speed moves."""
         unpruned = predict_from_counts(self.curve, [self.num_tokens])
         return {method: cost.at_speed(unpruned) for method, cost in self.costs.items()}
 
@@ -263,8 +222,8 @@ class LatencyModel:
 
     @cached_property
     def kappa(self) -> float:
-        """The calibrated excess per square root of a count change (0 without a calibration, or where its
-        interval holds no excess)."""
+        """The calibrated excess per square root of a count change (0 without a calibration, or where its 95%
+        interval holds no excess): the excess grows as the square root of the changes, not linearly."""
         if self.mixed is None or not count_changes(self.mixed.layout, self.depth):
             return 0.0
         low, high = self.mixed.ci

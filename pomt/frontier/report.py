@@ -1,9 +1,10 @@
-"""Every schedule a frontier search evaluated, as table rows and as one JSON document (pure): reducer,
-removals, predicted latency, measured latency and speedup with their interval where verified, accuracy with
-its Wilson interval on each split measured, the images it lost and gained against the unpruned model there,
-the bound its search-split drop was judged on (`pomt.frontier.choice.drop_within`), and the search images at which
-its rates would bound its drop within the goal (`Proportion.images_to_bound`: more than it had where its measured
-drop met the goal and its bound did not, the images were too few to tell)."""
+"""Every schedule a frontier search evaluated, as table rows and as one JSON document, and their files.
+
+A row holds the reducer and removals, predicted latency, verified latency and speedup with their interval, the
+accuracy with its Wilson interval and the images lost and gained on each split, the bound its search-split drop
+was judged on (`pomt.frontier.choice.drop_within`), and the search images that would bound its drop within the
+goal (`Proportion.images_to_bound`: more than it had where the images were too few to tell).
+"""
 
 from __future__ import annotations
 
@@ -40,19 +41,19 @@ def _split(prefix: str, proportion: Proportion | None) -> dict:
             f"{prefix}_lost": proportion.lost, f"{prefix}_gained": proportion.gained}
 
 
-def row(point: Evaluated, baseline_ms: float, on_frontier: bool, chosen: bool,
-        measured: CandidateResult | None, confidence: float = CONFIDENCE, max_drop_points: float | None = None,
-        baseline_accuracy: float | None = None) -> dict:
-    """One evaluated schedule as a table row (COLUMNS); its drop bound at `confidence`, and where a drop was
-    asked (`max_drop_points`, from `baseline_accuracy`) whether the images were too few to tell if it is within
-    it (`drop_untold`) and the search images that would bound it within that drop."""
+def row(point: Evaluated, baseline_ms: float, measured: CandidateResult | None, confidence: float = CONFIDENCE,
+        max_drop_points: float | None = None, baseline_accuracy: float | None = None) -> dict:
+    """One evaluated schedule as a table row (COLUMNS; `rows` marks whether it is on the frontier and chosen); its
+    drop bound at `confidence`, and where a drop was asked (`max_drop_points`, from `baseline_accuracy`) whether
+    the images were too few to tell if it is within it (`drop_untold`) and the search images that would bound
+    it within that drop."""
     bound = point.search.drop_bound(confidence)
     asked = max_drop_points is not None and baseline_accuracy is not None and not point.candidate.unpruned
     images = point.search.images_to_bound(max_drop_points / 100, confidence) if asked else None
     return {
         "key": point.candidate.key, "family": point.family, "method": point.candidate.method,
         "removal": ";".join(f"{b}={r}" for b, r in point.candidate.removal),
-        "on_frontier": on_frontier, "chosen": chosen, "predicted_ms": round(point.predicted_ms, 5),
+        "on_frontier": False, "chosen": False, "predicted_ms": round(point.predicted_ms, 5),
         "predicted_speedup": round(baseline_ms / point.predicted_ms, 5) if point.predicted_ms > 0 else None,
         "verified_ms": None if measured is None else round(measured.pruned_ms, 5),
         "verified_speedup": None if measured is None else round(measured.speedup, 5),
@@ -73,8 +74,8 @@ def rows(result: FrontierResult, baseline_ms: float, chosen: Candidate | None,
     front = {e.candidate for e in result.frontier}
     others = sorted((e for e in result.evaluated if not e.candidate.unpruned),
                     key=lambda e: (e.predicted_ms, e.candidate))
-    return [row(e, baseline_ms, e.candidate in front, e.candidate == chosen, measured.get(e.candidate), confidence,
-                max_drop_points, result.baseline.accuracy) for e in [result.baseline, *others]]
+    return [{**row(e, baseline_ms, measured.get(e.candidate), confidence, max_drop_points, result.baseline.accuracy),
+             "on_frontier": e.candidate in front, "chosen": e.candidate == chosen} for e in [result.baseline, *others]]
 
 
 def document(result: FrontierResult, table: Sequence[dict], facts: Mapping, notes: Sequence[str]) -> dict:

@@ -1,53 +1,13 @@
 """The speed-accuracy frontier of schedules across blocks and reducers, searched on a measured-accuracy budget.
 
-Latency is predicted for any candidate from one curve (`LatencyModel`); accuracy is measured (an oracle:
-`Calibration.measure` on the search split), and every candidate measured counts against `max_evals`, read
-from the cache or not, so a resumed search takes the same decisions. The search:
-
-1. the unpruned model and the uniform families (`pomt.frontier.candidates`), always, as candidates and as the
-   baselines to beat;
-2. per reducer, probes within an equal share of what is left of the budget: single-block removals at a few
-   blocks and shares, which fit an additive stand-in for the accuracy drop (`pomt.frontier.surrogate`),
-   a block's larger share only where its smaller one stayed within the closely searched drops
-   (`measure_probes`);
-   a dynamic programme over blocks (`pomt.frontier.surrogate`) then proposes, for each stand-in drop up to
-   `drop_span` times `max_accuracy_drop`, the fastest per-block schedule within it, and the fastest of all;
-   landing on the fast side of confirmed steps (`Step.fast_tokens`) is among its choices;
-3. what is left of the budget is split between the reducers by what they promise (`bisection_shares`): at
-   least MIN_BISECTION each, the rest in proportion to how much faster than the fastest schedule measured
-   within the goal so far the programme's fastest proposal within the goal (by the stand-in) is predicted
-   to run. An equal split gave each reducer about 8 evaluations on the digits case at batch 1, where only
-   ToMe's 40-50 proposals held schedules faster than the unpruned model, and whether its bisection reached
-   the fastest within the goal differed from run to run;
-4. per reducer, half its share: the proposals, ordered from slowest to fastest, are bisected on measured
-   accuracy for the fastest within `max_accuracy_drop` of the unpruned model (and, with a latency budget,
-   the proposals at its edge are measured first); what of that half is left goes to the unmeasured
-   proposals faster than the fastest found within the drop, nearest first, then to the slower ones. The
-   order is by predicted latency, and accuracy does not follow it everywhere: on the digits case at batch 1
-   a ToMe merge of 23 tokens at block 7 met the goal alone and failed it beside a merge of 2 at block 0 (25
-   images changed), and the budget left, spent on both sides of that boundary, reached one of the 37
-   fastest of 51 proposals;
-5. per reducer, the other half refits the stand-in one measurement at a time (`refine`): fitted to every
-   schedule of the reducer measured so far (`fit_to_schedules`), the programme's fastest schedule within
-   the goal by it, faster than the fastest measured within the goal, is measured next (else the nearest
-   faster proposal within NEAR_MISS times the goal), and the fit takes it in; what a reducer leaves goes to
-   the most promising one that can use it. The probes' stand-in sums single-block bounds, which overprices
-   cuts spread over many blocks (uniform ToMe r = 3 at 2.35 points where its bound read 0.24 on the digits
-   case at batch 16), so its programme rarely proposes them. Replayed on 14 saved digits runs at 80
-   evaluations (latency models of nine runs at batch 16 and five at batch 1, accuracy from the real model),
-   the fastest schedule within the goal, predicted over the best uniform one, read 1.00-1.22x at batch 16
-   (six of nine at 1.10x or more, none losing held out) where the probes' stand-in alone read 1.00-1.11x
-   (and once 1.41x, a schedule that lost 1.98 points held out), and 1.07-1.20x at batch 1 against
-   1.05-1.16x. Both stand-ins judge drops at `stand_in_confidence`, below the goal's, so that the margins of
-   the blocks a schedule cuts add up to its own: replayed on nine batch-16 runs' latency models, 7 of 9 then
-   reached 1.10x the best uniform schedule predicted (1.00-1.29x), against 4 of 9 at the goal's confidence.
-
-Why this shape: a measured accuracy costs a pass over the calibration images, a predicted latency nothing.
-A greedy walk over blocks pays a measurement for every block it considers at every step (D per step);
-the stand-in needs a handful of probes per reducer, the programme is exact for the stand-in (to one
-bucket) in well under a second, and bisection spends about log2 of the proposals on measuring them.
-The stand-in ignores how cuts compound across blocks, which is why proposals are measured, never
-trusted; where the stand-in is exact (an additive accuracy), the bisection finds the optimum.
+Latency is predicted from one curve (`LatencyModel`); accuracy is measured on the search split, and every
+candidate counts against `max_evals`, cached or not, so a resumed search takes the same decisions. In order: the
+unpruned model and the uniform families; per reducer, single-block probes that fit an additive stand-in for the
+drop (`pomt.frontier.surrogate`), whose dynamic programme proposes the fastest schedule within each stand-in drop;
+the rest of the budget split between reducers by what their proposals promise (`bisection_shares`), half of each
+share bisecting the proposals on measured accuracy for the fastest within the goal, half refitting the stand-in
+to every measured schedule one measurement at a time (`refine`). A measured accuracy costs a pass over the images
+and a predicted latency nothing, so proposals are cheap and every one that may ship is measured, never trusted.
 """
 
 from __future__ import annotations
@@ -98,6 +58,10 @@ class FrontierSettings:
     drop_span: int = 6  # stand-in drops up to this many times max_accuracy_drop are searched closely
     stand_in_blocks: int = 4  # the stand-in judges drops so that this many blocks' doubt adds up to one schedule's
 
+    def __post_init__(self) -> None:
+        for method in self.reducers:
+            check_method(method, REDUCERS)
+
     @property
     def closely_searched(self) -> float:
         """The largest drop (a fraction) the search tells apart: `drop_span` times the goal. A schedule beyond
@@ -112,10 +76,7 @@ class FrontierSettings:
         at the goal's confidence price a k-block schedule sqrt(k) times too doubtful. Judged at the normal
         quantile z / sqrt(`stand_in_blocks`) (0.79 for 0.95 and four blocks) they add up to that schedule's
         margin. The refit judges the schedules it fits at the same confidence, so that it and the probes'
-        stand-in rank alike. At 0.95 throughout, a 12-token merge at block 0 of the digits model (5 images
-        lost, 3 gained: bound 1.68 points) was priced above the 1-point goal, and merges of 12, 9 and 5 at
-        blocks 0-2 (bound 0.22, 1.29x the best uniform schedule side by side) were never proposed (method,
-        section 15)."""
+        stand-in rank alike."""
         z = NormalDist().inv_cdf(self.confidence)
         return NormalDist().cdf(z / math.sqrt(self.stand_in_blocks))
 
@@ -134,8 +95,6 @@ class FrontierSearch:
     """One search: the latency model, the accuracy oracle, the settings, and what was measured so far."""
 
     def __init__(self, latency: LatencyModel, oracle: Oracle, settings: FrontierSettings = FrontierSettings()) -> None:
-        for method in settings.reducers:
-            check_method(method, REDUCERS)
         self.latency, self.oracle, self.settings = latency, oracle, settings
         self.records: dict[Candidate, Evaluated] = {}
         self.asked = 0
@@ -217,9 +176,7 @@ class FrontierSearch:
         """The probes in waves by share, smallest first: a block's next share only where its last one's drop,
         as the goal judges it, stayed within what the programme searches closely (`drop_span` times the
         goal). A larger cut at that block would fail further still (the stand-in holds a block's drop past its
-        largest probed share, rising along its last slope), and on the digits case at batch 1 the pomt, top-k
-        and l2norm probes lost 40-66 points at half the tokens: 10-12 of 80 evaluations spent on them where
-        ToMe's bisection had 16, and replayed with 160, five of 14 runs' searches found faster schedules."""
+        largest probed share, rising along its last slope), and the budget is better spent on bisection."""
         s = self.settings
         limit, baseline = s.closely_searched, self.records[NONE].search
         by_block: dict[int, list[Candidate]] = {}
@@ -274,7 +231,7 @@ class FrontierSearch:
 
     def refine(self, method: str, plan: ReducerPlan, budget: int) -> int:
         """Up to `budget` measurements, each chosen on the stand-in refitted to every schedule of `method`
-        measured so far (step 5 of the module docstring); what it leaves unspent is returned. Judged drops
+        measured so far (`fit_to_schedules`); what it leaves unspent is returned. Judged drops
         beyond what the programme searches closely (`drop_span` times the goal) are fitted as that much: how
         much worse a failed schedule is does not matter, and it would pull the fit away from the schedules near
         the goal. What is measured next: `refit_pick`; where it picks nothing, the refit stops."""
@@ -334,9 +291,8 @@ def refit_pick(proposals: Sequence[Candidate], within: Sequence[Candidate], meas
                near_miss: Callable[[Candidate], bool]) -> Candidate | None:
     """The next schedule a refit measures: the fastest unmeasured one within the goal by the refit (`within`)
     predicted faster than `best_ms`; else the nearest such proposal that is a `near_miss` (within NEAR_MISS
-    times the goal by the refit); else None. Replayed on 11 saved digits runs, near misses within twice the
-    goal found a faster schedule within the goal than none on 9 of them (as fast on 2); within six times the
-    goal they spent the evaluations on pomt, top-k and l2norm schedules that lost 22-48 points."""
+    times the goal by the refit: near enough to be worth a measurement, not so far that it is spent on
+    schedules that lose many points); else None."""
     fresh = [c for c in within if c not in measured and predict(c) < best_ms]
     if fresh:
         return min(fresh, key=lambda c: (predict(c), c))

@@ -1,21 +1,17 @@
-"""The paired verdict on one candidate step: is the change between two counts real?
+"""Candidate steps and the paired verdict on each: is the change between two counts real?
 
-The two counts are measured alternately (A B, B A, ...) and judged on their paired log-ratios, each visit
-with the drift at its time divided out, less what the smooth trend predicts across them: a t-test at up to
-three looks that share alpha (`confirmation_looks`), moderated by the noise of the other pairs when the
-rounds were taken in one state of the machine. A step is confirmed on at least MIN_ROUNDS rounds, when its
-estimate clears the minimum step by MIN_STEP_SE standard errors, and while the rounds are few, when no single
-round carries it.
-
-Until 2026-11-30 the estimate had only to reach the minimum step. The device's own steps of 2-3% then passed as
-3% steps whenever their rounds happened to read them large: 11 of the issue-29 bank's 17 false steps. One
-standard error removed those 11 and left the recall of its injected steps as it was
-(docs/results/amd-epyc-2core-2026-11-30-h.md).
+Candidates come from the pooled curve (`detected`), ranked in the order a search examines them, each with what it
+needs measured before its verdict. The verdict measures the two counts alternately (A B, B A, ...) and tests their
+drift-corrected paired log-ratios, less what the smooth trend predicts across them, at up to three looks that share
+alpha (`confirmation_looks`). A step is confirmed on at least MIN_ROUNDS rounds, when its estimate clears the
+minimum step by MIN_STEP_SE standard errors (the device's own small steps must not pass as the minimum step), and,
+while the rounds are few, when no single round carries it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,8 +20,14 @@ from pomt.formats.curve import CurvePoint
 from pomt.formats.trace import Visit
 from pomt.measurement.design import Measurer, design_rounds
 from pomt.measurement.drift import drift_profile
-from pomt.measurement.paired import SCREEN_MIN_PAIRS, PairedEffect, paired_effect, pooled_pair_noise
-from pomt.measurement.steps import Step, paired_step
+from pomt.measurement.robust import (
+    SCREEN_MIN_PAIRS,
+    PairedEffect,
+    paired_effect,
+    pooled_pair_noise,
+    trend,
+)
+from pomt.measurement.steps import Step, detect_steps, paired_step
 
 LOOK_ALPHAS = (0.5, 0.4, 0.1)  # shares of alpha at a confirmation's looks (half, all, twice its rounds)
 PROMISING = 0.1  # p below which a candidate of at least the minimum step earns the extra look
@@ -106,6 +108,127 @@ def confirmed_steps(points: list[CurvePoint], confirmations: list[Confirmation])
          for c in confirmations if c.accepted and c.effect is not None),
         key=lambda step: step.tokens,
     )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A possible step between `low` and `high` tokens, `z` its significance (noise units)."""
+
+    low: int
+    high: int
+    z: float
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return self.low, self.high
+
+
+def expected_levels(points: list[CurvePoint]) -> dict[int, float]:
+    """The curve's smooth trend at each of its counts (`pomt.measurement.robust.trend`, noise from the points)."""
+    t = np.array([p.tokens for p in points], dtype=float)
+    smooth = trend(t, np.array([p.latency_ms for p in points]), float(np.median([p.se_ms for p in points])))
+    return dict(zip([p.tokens for p in points], smooth.tolist(), strict=True))
+
+
+def level_change(points: list[CurvePoint], low: int, high: int,
+                 expected: dict[int, float] | None = None) -> tuple[float, float]:
+    """The curve's level change from `high` to `low` tokens over the trend's (a fraction, negative for
+    a drop) and its standard error; `expected`: the curve's `expected_levels`, when already known."""
+    level = {p.tokens: p for p in points}
+    expected = expected if expected is not None else expected_levels(points)
+    change = (level[low].latency_ms / expected[low]) / (level[high].latency_ms / expected[high]) - 1.0
+    se = math.hypot(level[low].se_ms / level[low].latency_ms, level[high].se_ms / level[high].latency_ms)
+    return change, se
+
+
+def detected(points: list[CurvePoint], k: float, steps: list[Confirmation]) -> list[Candidate]:
+    """Every candidate the detector sees at `k` on the pooled, drift-corrected curve (each point with its own
+    standard error) with the confirmed `steps` taken out: a spike gives one candidate on each side; a
+    candidate that ends at a confirmed step is trimmed to its other side."""
+    if len(points) < 4:
+        return []
+    tokens = [p.tokens for p in points]
+    factor = confirmed_factor(tokens, steps)
+    report = detect_steps(tokens, [p.latency_ms * f for p, f in zip(points, factor, strict=True)], k=k,
+                          noise_ms=[p.se_ms * f for p, f in zip(points, factor, strict=True)])
+    found = [(step.tokens, step.upper_tokens, step.significance) for step in report.steps]
+    for n in report.spikes:
+        i = tokens.index(n)
+        if 0 < i < len(tokens) - 1:
+            found += [(tokens[i - 1], n, k), (n, tokens[i + 1], k)]
+    return [Candidate(*span, z) for low, high, z in found if (span := outside_confirmed(low, high, steps))]
+
+
+def confirmed_factor(tokens: list[int], steps: list[Confirmation]) -> list[float]:
+    """Per count, what takes the confirmed steps below it out of its level: the product of their paired
+    excess ratios (a step's high side then continues its low side's trend)."""
+    return [math.prod(c.effect.excess for c in steps if c.high <= n) for n in tokens]
+
+
+def outside_confirmed(low: int, high: int, steps: list[Confirmation]) -> tuple[int, int] | None:
+    """The candidate span with a confirmed step at either end cut off, None when a confirmed step covers it."""
+    for c in steps:
+        if not (c.low < high and low < c.high):
+            continue
+        if c.high == high and c.low > low:
+            high = c.low
+        elif c.low == low and c.high < high:
+            low = c.high
+        else:
+            return None
+    return (low, high) if low < high else None
+
+
+def ranked(candidates: Iterable[Candidate], open_edges: Iterable[tuple[int, int]], reach: int) -> list[Candidate]:
+    """The most significant candidate of each span, in the order a search examines them: those that may hold
+    a step within reach of the caller's policy (high side above `reach`) first, then the rest; within each,
+    the open aligned edges first (their counts are settled and half their rounds taken, so a verdict costs a
+    few visits where a detector candidate still needs bisection and all its rounds), then the most
+    significant."""
+    edges = set(open_edges)
+    unique = {c.span: c for c in sorted(candidates, key=lambda c: c.z)}
+    return sorted(unique.values(), key=lambda c: (c.high <= reach, c.span not in edges, -c.z, c.low))
+
+
+def sharpest(points: list[CurvePoint], low: int, high: int, min_step: float) -> tuple[int, int]:
+    """The adjacent measured counts inside a candidate with the largest change over the trend, when that
+    change alone reaches `min_step`; else the candidate itself (a ramp of small changes is judged whole).
+    Once the sharpest part is judged, the detector re-runs: the rest of the span is flagged again only if
+    it holds more."""
+    inside = [p.tokens for p in points if low <= p.tokens <= high]
+    if len(inside) <= 2:
+        return low, high
+    expected = expected_levels(points)  # one trend fit for every interval inside
+    size, a, b = max((abs(level_change(points, a, b, expected)[0]), a, b)
+                     for a, b in zip(inside, inside[1:], strict=False))
+    return (a, b) if size >= min_step else (low, high)
+
+
+def unmeasured_inside(grid: list[int], visits: Sequence[Visit], low: int, high: int) -> list[int]:
+    """The grid counts strictly between `low` and `high` that no visit measured yet."""
+    measured = {v.tokens for v in visits}
+    return [n for n in grid[grid.index(low) + 1 : grid.index(high)] if n not in measured]
+
+
+def unsettled(visits: Sequence[Visit], low: int, high: int) -> list[int]:
+    """Counts to measure again before a candidate is judged: its two counts until they have three visits (a
+    median that one disturbed visit cannot move), its measured neighbours outside it until they have two.
+    A bisection places candidates from single visits, which misplaces some."""
+    counts: dict[int, int] = {}
+    for visit in visits:
+        counts[visit.tokens] = counts.get(visit.tokens, 0) + 1
+    measured = sorted(counts)
+    i, j = measured.index(low), measured.index(high)
+    wanted = {n: 2 for n in measured[max(0, i - 1) : i] + measured[j + 1 : j + 2]}
+    wanted.update({low: 3, high: 3})
+    return sorted(n for n, least in wanted.items() if counts[n] < least)
+
+
+def next_counts(grid: list[int], visits: Sequence[Visit], low: int, high: int) -> list[int]:
+    """What a candidate needs measured next: the middle unmeasured grid count inside it, or, once there is
+    none, the counts that are not yet settled (none: it is ready for its verdict)."""
+    inside = unmeasured_inside(grid, visits, low, high)
+    return [inside[len(inside) // 2]] if inside else unsettled(visits, low, high)
 
 
 class Judge:
@@ -200,7 +323,7 @@ class Judge:
 
     def effect(self, rounds: list[Round], offset: float) -> PairedEffect:
         """The paired effect of high over low tokens, each visit corrected for the drift at its time, its
-        t-test moderated by the noise of every other pair measured so far (`pomt.measurement.paired`).
+        t-test moderated by the noise of every other pair measured so far (`pomt.measurement.robust`).
         Borrowing that noise assumes every round's two visits were taken in one state of the machine
         (`steady`); pairs whose rounds were not are tested on their own, and lend nothing."""
         own = {(a.tokens, b.tokens) for a, b in rounds}
@@ -234,5 +357,7 @@ class Judge:
         return self._drift[1]
 
 
-__all__ = ["LOOK_ALPHAS", "MIN_ROUNDS", "MIN_STEP_SE", "Confirmation", "Judge", "accepted", "confirmation_looks",
-           "confirmed_steps", "one_round_carries", "rejected"]
+
+__all__ = ["LOOK_ALPHAS", "MIN_ROUNDS", "MIN_STEP_SE", "Candidate", "Confirmation", "Judge", "accepted",
+           "confirmation_looks", "confirmed_factor", "confirmed_steps", "detected", "expected_levels", "level_change",
+           "next_counts", "one_round_carries", "ranked", "rejected", "sharpest", "unmeasured_inside", "unsettled"]

@@ -1,4 +1,4 @@
-"""Which token counts to visit, in which order, and the object that visits them through a `Session`.
+"""Which token counts to visit, in which order, and the object that visits them through a `MeasurementRun`.
 
 A randomised block design, so that a machine whose speed drifts does not shape the curve: the counts are
 visited in passes, each in a seeded random order with the reference count (N) in it, never in one
@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from pomt.errors import GridError
 from pomt.formats.trace import Visit
-from pomt.measurement.sources import Session, TraceExhausted, calibrate_reps
+from pomt.measurement.sources import MeasurementRun, TraceExhausted, calibrate_reps
 
 CALIBRATION_REPS = 3
 
@@ -110,12 +110,12 @@ class BudgetSpent(Exception):
 
 
 class Measurer:
-    """Visits counts through a `Session` in shuffled passes and paired rounds, within an optional budget of
+    """Visits counts through a `MeasurementRun` in shuffled passes and paired rounds, within an optional budget of
     visits, and keeps every visit: `design` (the passes) and `paired` (the rounds)."""
 
-    def __init__(self, session: Session, reference: int, *, seed: int = 0, budget: int | None = None,
+    def __init__(self, measuring: MeasurementRun, reference: int, *, seed: int = 0, budget: int | None = None,
                  total: int | None = None, progress: bool = True):
-        self.session, self.reference, self.budget = session, reference, budget
+        self.measuring, self.reference, self.budget = measuring, reference, budget
         self.rng = np.random.default_rng(seed)
         self.reps = 1
         self.design: list[Visit] = []
@@ -129,12 +129,12 @@ class Measurer:
 
     def left(self) -> float:
         """Visits the budget still allows."""
-        return math.inf if self.budget is None else self.budget - self.session.visits
+        return math.inf if self.budget is None else self.budget - self.measuring.visits
 
     def visit(self, tokens: int, reps: int | None = None) -> Visit:
-        if self.budget is not None and self.session.visits >= self.budget:
+        if self.budget is not None and self.measuring.visits >= self.budget:
             raise BudgetSpent
-        visit = self.session.visit(tokens, reps or self.reps, self._pass)
+        visit = self.measuring.visit(tokens, reps or self.reps, self._pass)
         self._bar.update(1)
         return visit
 
@@ -145,7 +145,7 @@ class Measurer:
     def calibrate(self, reps: int | None, visit_s: float) -> None:
         """Timed forwards per visit: `reps`, a replayed trace's own, or from one visit of the reference
         (pass 0) so that a visit lasts about `visit_s`."""
-        preferred = getattr(self.session.source, "preferred_reps", None)
+        preferred = getattr(self.measuring.source, "preferred_reps", None)
         if reps is not None or preferred is not None:
             self.reps = reps or preferred
             return
@@ -165,21 +165,21 @@ class Measurer:
         asked = sorted(u for u in set(units) if u != (self.reference,))
         members = asked + [(self.reference,)] * reference_visits
         for p in range(passes):
-            members = [u for u in members if all(self.session.can_visit(n) for n in u)]
+            members = [u for u in members if all(self.measuring.can_visit(n) for n in u)]
             if asked and not any(u != (self.reference,) for u in members):
                 counts = ", ".join(str(n) for n in sorted({n for u in asked for n in u}))
                 raise TraceExhausted.of(counts)
             ordered = [members[i][:: 1 if p % 2 == 0 else -1] for i in self.rng.permutation(len(members))]
             pass_index = self.new_pass()
-            self.session.begin_pass(pass_index, [n for unit in ordered for n in unit])
+            self.measuring.begin_pass(pass_index, [n for unit in ordered for n in unit])
             for unit in ordered:
                 if len(unit) > 1:
-                    self.session.begin_unit(pass_index, unit)
+                    self.measuring.begin_unit(pass_index, unit)
                 self.design.extend(self.visit(n) for n in unit)
 
     def paired_round(self, order: tuple[int, int]) -> dict[int, Visit]:
         """One paired round: the two counts visited back to back in `order`, in a pass of their own."""
-        self.session.begin_pass(self.new_pass(), order)
+        self.measuring.begin_pass(self.new_pass(), order)
         taken = {n: self.visit(n) for n in order}
         self.paired.extend(taken.values())
         return taken

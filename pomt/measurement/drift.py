@@ -20,7 +20,7 @@ import numpy as np
 
 from pomt.formats.curve import CurvePoint
 from pomt.formats.trace import Visit
-from pomt.measurement.paired import MAD_TO_SD, pooled_pair_noise
+from pomt.measurement.robust import MAD_TO_SD, pooled_pair_noise
 
 MEDIAN_SE = 1.2533  # standard error of a median relative to that of a mean, for normal samples
 DRIFT_WINDOW = 8  # visits on each side that estimate the drift at a visit
@@ -46,9 +46,7 @@ class Drift:
     @property
     def one_pass(self) -> tuple[float, str] | None:
         """(max/min with one pass left out, "slowest" or "fastest": which) where that one pass makes most of a
-        drift of ONE_PASS_PCT or more, else None. On the AMD trace deit_small_bs4_amd_shuffled one reference visit
-        read 265 ms where the other 22 passes read 209-219 ms: a drift of 26%, 5% without that pass, one disturbed
-        pass rather than a drifting machine (a `make run` on the Intel VM read "max/min 2.53" beside a test run)."""
+        drift of ONE_PASS_PCT or more, else None: one disturbed pass rather than a drifting machine."""
         if len(self.reference_ms) < 3 or self.pct < ONE_PASS_PCT:
             return None
         ordered = sorted(self.reference_ms)
@@ -232,7 +230,7 @@ def relative_noise(values_by_count: dict[int, list[float]]) -> float:
     Residuals of every count with two or more visits are pooled, each scaled by sqrt(m / (m - 1)) for the
     count's own median having absorbed part of it. On counts with few visits this reads low (about 0.6 of
     the spread at three visits, 0.85 at six: a median absorbs more than a mean); it is the scale the step
-    detector's `candidate_k` and the trend's step guess were set on, so it stays until they are set again.
+    detector's `candidate_k` and the trend's step guess are set on.
     The paired tests do not use it: their noise prior is unbiased at any size (`pooled_pair_noise`).
     """
     residuals = []
@@ -248,7 +246,7 @@ def relative_noise(values_by_count: dict[int, list[float]]) -> float:
 
 def visit_noise(values_by_count: dict[int, list[float]]) -> float:
     """Standard deviation of one visit's log value about its count's level (a fraction), unbiased at any number
-    of visits a count (`pomt.measurement.paired.pooled_pair_noise` over the counts' visits)."""
+    of visits a count (`pomt.measurement.robust.pooled_pair_noise` over the counts' visits)."""
     return pooled_pair_noise(np.log(values) for values in values_by_count.values())[0]
 
 

@@ -1,22 +1,12 @@
-"""Level-shift tests over a window of counts, and the smallest shift a window could have shown (pure maths).
+"""Level shifts in a window of counts, and the smallest shift a window could have shown (pure maths).
 
-A step shows in every count on its side, not only in the two adjacent ones. In a window of counts around a
-candidate, the drift-corrected log values of every visit are fitted with a level (and, with `line`, a slope)
-and a jump at a position p (the jump multiplies every count >= p):
-
-    y_ij = a + b (n_i - c) + h [n_i >= p] + u_i + e_ij,   e_ij ~ N(0, v_ij),   u_i ~ N(0, tau^2)
-
-Without `line`, b = 0: for values whose trend is already divided out (`pomt.measurement.windows` divides the
-curve's robust trend out before it tests), a slope fitted again in every window only spends precision: with
-six counts each side it doubles the jump's standard error, and so the smallest step a window can show.
-
-v_ij is the run's noise model for one visit (noise plus the drift correction's doubt); u_i is what a count
-departs from the line by itself (real small edges between neighbours), its variance tau^2 estimated from the
-window (Paule-Mandel). A visit more than OUTLIER_SD standard deviations from the fit is interference and left
-out. The jump is tested by z = h / se(h) (normal while the counts scatter no more than the noise says, else
-t with k - 3 degrees of freedom, k - 2 without the slope), profiled over every position with MIN_SIDE counts
-each side, the p-value Bonferroni-corrected for the positions tried. The detection limit at a position is the
-shift that test would find with the given power: (critical value + power quantile) x se(h).
+A step shows in every count on its side. The window's drift-corrected log visits are fitted with a level (with
+`line`, a slope too) and a jump at position p: y_ij = a + b (n_i - c) + h [n_i >= p] + u_i + e_ij, e_ij ~ N(0, v_ij)
+the run's noise model for one visit, u_i ~ N(0, tau^2) what a count departs by itself (Paule-Mandel). Without
+`line`, b = 0: values with the trend already divided out would only spend precision on a slope. Visits beyond
+OUTLIER_SD are interference and left out. z = h / se(h) (normal, or t once tau is estimated) is profiled over every
+position with MIN_SIDE counts each side, Bonferroni-corrected; the detection limit at a position is the shift that
+test finds with the given power: (critical value + power quantile) x se(h).
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 A full search visits every grid count in shuffled passes. An adaptive one visits a coarse subset (the
 aligned edges, `pomt.measurement.design`), judges the edges on those rounds, on a noisy machine spends power
 passes on the counts within reach whose level-shift windows could miss a step of `--detect` %
-(`pomt.measurement.windows`, `pomt.measurement.power`), then refines the candidate steps the detector and
-the windows see (`pomt.measurement.candidates`) and confirms each by paired measurement
-(`pomt.measurement.confirmation`), and gives what is left of its budget of visits to power passes again.
+(`pomt.measurement.windows`), then refines the candidate steps the detector and the windows see and confirms
+each by paired measurement (`pomt.measurement.confirmation`), and gives what is left of its budget of visits to
+power passes again.
 Given its seed and what it measures the search is deterministic, so a run resumed from its journal
-(`pomt.measurement.sources.Session`) continues exactly.
+(`pomt.measurement.sources.MeasurementRun`) continues exactly.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from pomt.checks import check_options
 from pomt.errors import GridError
 from pomt.formats.curve import CurvePoint
 from pomt.formats.trace import Visit
-from pomt.measurement import candidates as cand
-from pomt.measurement.candidates import Candidate
-from pomt.measurement.confirmation import MIN_STEP_SE, Confirmation, Judge, confirmed_steps, rejected
+from pomt.measurement import confirmation as cand
+from pomt.measurement.confirmation import MIN_STEP_SE, Candidate, Confirmation, Judge, confirmed_steps, rejected
 from pomt.measurement.design import BudgetSpent, Measurer, anchor_pairs, checked_grid, coarse_units, design_rounds
 from pomt.measurement.drift import (
     Drift,
@@ -32,17 +31,19 @@ from pomt.measurement.drift import (
     relative_noise,
     visit_noise,
 )
-from pomt.measurement.power import passes_first, power_passes
-from pomt.measurement.sources import Session, TraceExhausted
+from pomt.measurement.sources import MeasurementRun, TraceExhausted
 from pomt.measurement.steps import Step
 from pomt.measurement.windows import (
     WindowScan,
     WindowShift,
+    WindowTest,
+    passes_first,
+    power_passes,
     scan_visits,
     window_span,
     window_verdicts,
 )
-from pomt.options import option
+from pomt.options import ADVANCED, MEASUREMENT, option
 
 LEAST_CANDIDATES = 3  # candidates the smallest adaptive budget can still examine
 FOCUS = 3  # candidates an adaptive round works on at once, most significant first
@@ -54,24 +55,28 @@ class SearchSettings:
     """How a search measures and when it believes a step; each field is also the CLI option of its name."""
 
     passes: int = option(6, "Shuffled passes over every count of a full search, the reference (N) in each; the "
-                            "adaptive search's budget is a fraction of that full grid.", min=2)
-    coarse_passes: int = option(3, "Shuffled passes over the adaptive search's coarse counts.", min=2)
-    refine_passes: int = option(1, "Passes over each round of counts an adaptive search adds.", min=1)
-    reps: int | None = option(None, "Timed forwards per visit (default: about --visit-s of timing).", min=1)
-    visit_s: float = option(0.1, "Seconds of timing a visit aims at, when --reps is not given.")
-    coarse_stride: int | None = option(None, "Adaptive search's coarse stride (default: sqrt of the grid).", min=1)
-    candidate_k: float = option(3.0, "Detector threshold (noise units) for a candidate step.")
-    step_alpha: float = option(0.01, "False-step rate of the paired confirmation (t-test level).")
+                            "adaptive search's budget is a fraction of that full grid.", min=2, panel=MEASUREMENT)
+    coarse_passes: int = option(3, "Shuffled passes over the adaptive search's coarse counts.", min=2, panel=ADVANCED)
+    refine_passes: int = option(1, "Passes over each round of counts an adaptive search adds.", min=1, panel=ADVANCED)
+    reps: int | None = option(None, "Timed forwards per visit (default: about --visit-s of timing).", min=1,
+                              panel=MEASUREMENT)
+    visit_s: float = option(0.1, "Seconds of timing a visit aims at, when --reps is not given.", panel=ADVANCED)
+    coarse_stride: int | None = option(None, "Adaptive search's coarse stride (default: sqrt of the grid).", min=1,
+                                       panel=ADVANCED)
+    candidate_k: float = option(3.0, "Detector threshold (noise units) for a candidate step.", panel=ADVANCED)
+    step_alpha: float = option(0.01, "False-step rate of the paired confirmation (t-test level).", panel=ADVANCED)
     min_step: float = option(0.03, "Smallest step (fraction of latency, beyond the trend) that is reported: a "
-                                   f"confirmed step's paired estimate less {MIN_STEP_SE:g} standard error reaches it.")
-    confirm_rounds: int = option(6, "Paired rounds (A B, B A, ...) that confirm a step.", min=3)
-    budget: float = option(0.2, "Adaptive search's most visits, as a fraction of the full grid's.")
+                                   f"confirmed step's paired estimate less {MIN_STEP_SE:g} standard error reaches it.",
+                             panel=MEASUREMENT)
+    confirm_rounds: int = option(6, "Paired rounds (A B, B A, ...) that confirm a step.", min=3, panel=MEASUREMENT)
+    budget: float = option(0.2, "Adaptive search's most visits, as a fraction of the full grid's.", panel=MEASUREMENT)
     detect: float = option(5.0, "Detection target in %: after the coarse scan, an adaptive search keeps visiting "
                                 "the counts within reach whose window could miss a step of this size, as far as "
-                                "the budget goes; the run states the limit it reached.")
+                                "the budget goes; the run states the limit it reached.", panel=MEASUREMENT)
     align: int = option(8, "Token alignment the hardware favours (SIMD width, GEMM or attention tile): the "
                            "adaptive search's coarse scan measures each multiple of it beside the count below, "
-                           "as a pair, and tests each such edge for a step (0: a plain strided scan).", min=0)
+                           "as a pair, and tests each such edge for a step (0: a plain strided scan).", min=0,
+                        panel=ADVANCED)
 
     def check(self) -> SearchSettings:
         """Raise GridError for settings no search can run with."""
@@ -166,16 +171,27 @@ class SearchResult:
                 "steps and gains rest on paired measurements, absolute latencies do not")
 
 
+@dataclass(frozen=True)
+class SearchScope:
+    """What a search covers: the `grid` of token counts with the `reference` count N in it; `adaptive` (coarse
+    passes, then candidates and power passes within the budget) or every count in full passes; and `focus_from`,
+    the lowest count the caller's policy reaches (None: the whole grid). Within that reach the coarse scan pairs
+    the aligned edges (every `coarse_stride`-th count below it, for the curve's shape) and candidates are examined
+    first."""
+
+    grid: list[int]
+    reference: int
+    adaptive: bool = True
+    focus_from: int | None = None
+
+
 class LatencySearch:
-    """One search over a token grid through a `Session`; `run()` measures, refines and confirms.
+    """One search over a token grid through a `MeasurementRun`; `run()` measures, refines and confirms."""
 
-    `focus_from`: the caller's policy reaches only the counts from there up; the coarse scan pairs the
-    aligned edges within that reach (every `coarse_stride`-th count below it, for the curve's shape) and
-    candidates within reach are examined first."""
-
-    def __init__(self, session: Session, grid: list[int], reference: int, settings: SearchSettings,
-                 *, adaptive: bool = True, seed: int = 0, focus_from: int | None = None, progress: bool = True):
-        self.grid, self.reference = checked_grid(grid, reference), reference
+    def __init__(self, measuring: MeasurementRun, scope: SearchScope, settings: SearchSettings, *, seed: int = 0,
+                 progress: bool = True):
+        adaptive, reference, focus_from = scope.adaptive, scope.reference, scope.focus_from
+        self.grid, self.reference = checked_grid(scope.grid, reference), reference
         self.settings = s = settings.check()
         self.adaptive, self.focus_from = adaptive, focus_from
         self.full_grid_visits = s.passes * len(self.grid)
@@ -185,7 +201,7 @@ class LatencySearch:
                                    sparse_below=len(self.anchors) < len(aligned))
         self.budget = max(int(s.budget * self.full_grid_visits), s.least_budget(self.coarse)) if adaptive else None
         self.pending: dict[tuple[int, int], Candidate] = {}  # anchor pairs the coarse rounds left open
-        self.measurer = Measurer(session, reference, seed=seed, budget=self.budget,
+        self.measurer = Measurer(measuring, reference, seed=seed, budget=self.budget,
                                  total=self.budget or self.full_grid_visits, progress=progress)
         self.judge = Judge(self.measurer, alpha=s.step_alpha, min_step=s.min_step, confirm_rounds=s.confirm_rounds)
         self._curve: tuple[tuple[int, int, int], list[CurvePoint]] | None = None
@@ -212,7 +228,7 @@ class LatencySearch:
 
     def candidates(self) -> list[Candidate]:
         """The aligned edges the coarse rounds left open and the detector's candidates at `candidate_k`, in
-        the order they are examined (`pomt.measurement.candidates.ranked`)."""
+        the order they are examined (`pomt.measurement.confirmation.ranked`)."""
         found = cand.detected(self.curve(), self.settings.candidate_k, self._accepted_steps())
         windows = [Candidate(w.low, w.high, abs(w.z)) for w in self.shifts]
         return cand.ranked([*self.pending.values(), *found, *windows], self.pending, self.focus_from or 0)
@@ -316,10 +332,10 @@ class LatencySearch:
     def detection(self) -> WindowScan:
         """The windows over the counts within reach on every visit so far (`pomt.measurement.windows`)."""
         return scan_visits(self.measurer.visits(), self.curve(), self._accepted_steps(), self.reach,
-                           alpha=self.settings.step_alpha, min_step=self.settings.min_step, below=self.windowed[0])
+                           WindowTest(self.settings.step_alpha, self.settings.min_step), below=self.windowed[0])
 
     def strengthen(self, reserve: int) -> WindowScan:
-        """Power passes (`pomt.measurement.power`) leaving `reserve` visits; then the windows' shifts become
+        """Power passes (`power_passes`) leaving `reserve` visits; then the windows' shifts become
         candidates."""
         found = power_passes(self.measurer, self.grid, self.windowed, self.settings.detect, reserve, self.detection)
         self.shifts, self.power_stop = found.shifts, found.stopped
@@ -356,11 +372,11 @@ class LatencySearch:
         return SearchResult(
             points=points, steps=confirmed_steps(points, confirmations), candidates=confirmations,
             drift=drift(m.visits(), self.reference), noise=relative_noise(corrected_values(m.visits())),
-            reps=m.reps, visits=m.session.visits, measured=m.session.measured,
+            reps=m.reps, visits=m.measuring.visits, measured=m.measuring.measured,
             full_grid_visits=self.full_grid_visits, budget_visits=self.budget,
             budget_spent=any(c.reason.startswith("not examined") for c in confirmations), design=m.visits(),
             detection=self.detection().short_of(s.detect, self.power_stop),
         )
 
 
-__all__ = ["LatencySearch", "SearchResult", "SearchSettings"]
+__all__ = ["LatencySearch", "SearchResult", "SearchScope", "SearchSettings"]

@@ -3,7 +3,7 @@
 Both answer the same question, `visit(tokens, reps, pass_index) -> Visit`: `reps` timed forwards at a token count,
 after one untimed forward where the runtime needs it (`pomt.runtimes.settles_every_visit`). Search, confirmation and
 verification are written against that one call, so they run unchanged on a live device, on a trace in a test, or on
-a trace a user recorded elsewhere (`--replay`). A `Session` adds the journal: every visit is appended to a trace
+a trace a user recorded elsewhere (`--replay`). A `MeasurementRun` adds the journal: every visit is appended to a trace
 file, and a resumed run is served the visits it already made, in order, before it measures anything new.
 """
 
@@ -24,12 +24,13 @@ from torch import nn
 from pomt.formats.trace import Trace, TraceWriter, Visit, rounded
 from pomt.measurement.drift import drift_profile
 from pomt.measurement.timing import fixed_threads, synchronize, time_calls
-from pomt.runtimes import ProgramCache, build_forward, settles_every_visit
+from pomt.runtimes import ProgramCache, ProgramFiles, build_forward, settles_every_visit
 
 ForwardAt = Callable[[int], AbstractContextManager[Callable[[], object]]]
 PAIRED = 2  # a pass of two counts is a paired round
 PAIR_PROGRESS = 0.1  # seconds of pair gap a replay trades for each second nearer its clock
 LATEST_START = 0.5  # a seeded replay starts its clock within the first half of the recording's span
+OPEN_PROGRAMS = 4  # compiled programs (one per count) a live source keeps open
 
 
 class Source(Protocol):
@@ -41,14 +42,14 @@ class Source(Protocol):
     def visit(self, tokens: int, reps: int, pass_index: int) -> Visit: ...
 
 
-def forward_at_tokens(model: nn.Module, x: torch.Tensor, *, backend: str = "eager", device: str = "cpu",
-                      threads: int | None = None, cache_dir: Path | None = None, keep: int = 4) -> ForwardAt:
+def live_forwards(model: nn.Module, x: torch.Tensor, *, backend: str = "eager", threads: int | None = None,
+                  cache_dir: Path | None = None) -> ForwardAt:
     """`forward_at(n)`: a context whose callable runs one forward of `model(x)` with n tokens kept, in
     `backend` (`pomt.runtimes.build_forward`). Eager forwards are built per visit (a hook, cheap); the
-    programs of other runtimes (one per count, cached on disk) stay open for the `keep` counts used last."""
-    return ProgramCache(lambda n: build_forward(model, x, backend=backend, device=device, tokens=n,
-                                                cache_dir=cache_dir, cache_key="latency", threads=threads),
-                        keep=0 if backend == "eager" else keep)
+    programs of other runtimes (one per count, cached on disk) stay open for the OPEN_PROGRAMS counts used last."""
+    return ProgramCache(lambda n: build_forward(model, x, backend=backend, tokens=n, threads=threads,
+                                                files=ProgramFiles(cache_dir, "latency")),
+                        keep=0 if backend == "eager" else OPEN_PROGRAMS)
 
 
 class LiveSource:
@@ -93,29 +94,15 @@ class TraceExhausted(Exception):
 class ReplaySource:
     """Serves a recorded trace as if it were the device.
 
-    A virtual clock starts at the trace's first timestamp and advances by what each served visit costs (its
-    samples, after one untimed forward where a live run of the trace's runtime would take it:
-    `settles_every_visit`). A visit gets the recorded visit of its count nearest in time to that
-    clock that has not been served yet, moved to the clock: it carries the clock's time, and its samples are
-    scaled by the machine's speed at the clock over its speed when the visit was recorded (the recording's own
-    drift, `pomt.measurement.drift.drift_profile` over all its visits). So a search's visits lie back to back on
-    the time line a live run would have, through the drift the recording saw there, each keeping its own
-    departure from its count's level (noise, interference). Served at their recorded times instead, the visits
-    of a count come from one pass of the recording each: a search's 218 visits of a noisy Intel trace spread
-    over 184 s of its 268 s, where a live search of the same model took 19 s, and the drift between them was
-    the recording's over ten times as long (2026-11-29).
-
-    A paired round (`begin_pass` with two counts, or a pair of counts a pass visits back to back,
-    `begin_unit`) is served the two unused recorded visits closest in time to each other (nearer the clock
-    breaking ties): the two sides keep the short disturbances they shared when recorded, as live. A recorded
-    visit is never served twice: when a count's visits are used up the replay raises `TraceExhausted` (a
-    replay cannot invent measurements). A visit keeps its recorded length whatever `reps` asks
-    (`preferred_reps` tells a search the trace's own).
-
-    `start`: where in the recording the clock starts, as a share of its span (0: its first visit). A bank that
-    replays one recording many times draws it per run (`seeded`): from one start every run of a trace meets the
-    same first minute of the machine (one unlucky stretch counted once a run), and a live run starts wherever
-    the machine happens to be.
+    A virtual clock starts at `start` (a share of the recording's span; `seeded` draws it, so that runs of one
+    trace do not all meet the same first minute of the machine) and advances by what each served visit costs
+    (its samples, after an untimed forward where a live run would take one: `settles_every_visit`). A visit gets
+    the unused recorded visit of its count nearest in time to the clock, moved to the clock: its samples scaled by
+    the recording's drift (`drift_profile`) at the clock over that when it was recorded. So a search's visits lie
+    back to back through the drift the recording saw, each keeping its own noise. A paired round (`begin_pass`
+    with two counts, or `begin_unit`) is served the two unused visits closest in time to each other, keeping the
+    short disturbances they shared. A recorded visit is never served twice (`TraceExhausted` when a count's are
+    used up), and keeps its recorded length whatever `reps` asks (`preferred_reps`: the trace's own).
     """
 
     def __init__(self, trace: Trace, start: float = 0.0):
@@ -201,7 +188,7 @@ class ReplaySource:
         return Visit(recorded.tokens, pass_index, start, samples)
 
 
-class Session:
+class MeasurementRun:
     """A source plus the run's journal and visit count: what search and verification measure through.
 
     With a journal that already holds visits (a resumed run), the first visits asked for are served from

@@ -20,8 +20,7 @@ from scipy.stats import median_abs_deviation
 from pomt.errors import CurveError
 from pomt.formats.trace import Visit
 from pomt.measurement.drift import drift_profile
-from pomt.measurement.paired import PairedEffect, paired_effect
-from pomt.measurement.trend import trend
+from pomt.measurement.robust import PairedEffect, paired_effect, trend
 
 NOISE_FLOOR = 1e-4  # relative: no timer resolves a curve to better than 0.01 %
 PASSES = 4
@@ -54,8 +53,7 @@ class Step:
     @property
     def fast_tokens(self) -> int:
         """The count on the step's faster side, where a schedule lands to run at the lower level: the low side of
-        a drop, the high side of a rise (fewer tokens, slower: on the 2-core CPU at batch 1, 15 tokens ran 5-8%
-        slower than 16)."""
+        a drop, the high side of a rise (fewer tokens, slower)."""
         return self.upper_tokens if self.kind == "rise" else self.tokens
 
     def to_dict(self) -> dict:
@@ -92,7 +90,8 @@ def detect_steps(
     spike_idx = _find_spikes(detrended, sigma, k, window)
     keep = np.ones(len(t), dtype=bool)
     keep[spike_idx] = False
-    steps = _find_steps(t[keep], y[keep], sigma[keep], k, window, spread) if keep.sum() >= 4 else []
+    bar = _Bar(k, window, spread)
+    steps = _find_steps(t[keep], y[keep], sigma[keep], bar) if keep.sum() >= 4 else []
     return StepReport(steps, [int(t[j]) for j in spike_idx], float(np.median(sigma)))
 
 
@@ -143,13 +142,21 @@ def _find_spikes(e: np.ndarray, sigma: np.ndarray, k: float, window: int) -> lis
 Known = list[tuple[int, int, int, float, float]]  # (sign, first interval, last interval, shift, z)
 
 
-def _find_steps(
-    t: np.ndarray, y: np.ndarray, sigma: np.ndarray, k: float, window: int, spread: int
-) -> list[Step]:
+@dataclass(frozen=True)
+class _Bar:
+    """What a step must pass: significance `k`, levels over `window` points each side, placed within `spread`
+    intervals of its sharpest one."""
+
+    k: float
+    window: int
+    spread: int
+
+
+def _find_steps(t: np.ndarray, y: np.ndarray, sigma: np.ndarray, bar: _Bar) -> list[Step]:
     """Candidates, re-scored with the other steps taken out of the curve, until the set settles."""
     found: Known = []
     for _ in range(PASSES):
-        again = _candidates(t, y, sigma, k, window, spread, found)
+        again = _candidates(t, y, sigma, bar, found)
         settled = [c[:3] for c in again] == [c[:3] for c in found]
         found = again
         if settled:
@@ -197,9 +204,9 @@ def _shift(
     return h, abs(h) / se if se > 0 else math.inf
 
 
-def _candidates(t: np.ndarray, y: np.ndarray, sigma: np.ndarray, k: float, window: int, spread: int,
-                known: Known) -> Known:
-    """(sign, first interval, last interval, shift, significance) of each step that passes k."""
+def _candidates(t: np.ndarray, y: np.ndarray, sigma: np.ndarray, bar: _Bar, known: Known) -> Known:
+    """(sign, first interval, last interval, shift, significance) of each step that passes `bar.k`."""
+    k, window, spread = bar.k, bar.window, bar.spread
     m = len(t) - 1
     e_all, staircase = _levels(t, y, known, sigma)
     inside = np.zeros(len(t), dtype=bool)

@@ -1,27 +1,24 @@
-"""Level-shift windows over the counts within reach: what steps the visits show, and the smallest step they
-could have shown (the run's detection limit). Pure functions of the drift-corrected visits.
+"""Level-shift windows over the counts within reach: the steps the visits show, the smallest step they could have
+shown (the run's detection limit), and the power passes that spend visits where a window needs them.
 
-The counts measured within reach, and the MARGIN grid counts below it (`window_span`: a step at the reach's low
-edge has counts below it too), are cut into overlapping windows of `WINDOW_COUNTS` counts (each window
-shares half its counts with the next), each tested for a jump at the positions within reach
-(`pomt.measurement.level_shift`), Bonferroni-corrected over the windows as well as over the positions within
-each. The values tested have the curve's robust trend divided out (`scan_visits`), so a window fits a level and
-a jump, no slope of its own: what the trend misses locally is count-level scatter, which the test estimates and
-pays for. A window's detection limit is the smallest step its worst position would show with 80% power, each
-position at the best of the windows that test it (the edges of one window lie in the middle of the next); the
-run's limit is the largest, so that "steps of L% or more would have been found" holds wherever such a step lies.
+The counts within reach and the MARGIN grid counts below it (`window_span`) are cut into overlapping windows of
+WINDOW_COUNTS counts, each tested for a jump at the positions within reach (`pomt.measurement.level_shift`),
+Bonferroni-corrected over windows and positions, on values with the curve's robust trend divided out. A position's
+limit is the smallest step its best window would show with 80% power; the run's limit is the largest, so "steps of
+L% or more would have been found" holds wherever such a step lies. Power passes visit the windows whose limit is
+above the target, widest first, while the budget leaves room.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from pomt.formats.curve import CurvePoint
 from pomt.formats.trace import Visit
-from pomt.measurement.candidates import confirmed_factor, expected_levels
-from pomt.measurement.confirmation import Confirmation
+from pomt.measurement.confirmation import Confirmation, confirmed_factor, expected_levels
+from pomt.measurement.design import Measurer
 from pomt.measurement.drift import corrected_values, relative_noise
 from pomt.measurement.level_shift import (
     MIN_SIDE,
@@ -33,15 +30,25 @@ from pomt.measurement.level_shift import (
     scatter_shown,
     visits_factor,
 )
+from pomt.measurement.sources import TraceExhausted
 
 WINDOW_COUNTS = 20  # measured counts a window spans (about ten each side of a jump in its middle)
-# grid counts below the reach the windows take in (`window_span`): a quarter window, so that a step at the reach's
-# low edge has six counts below it; ten made a power pass a fifth dearer and read worse on the bank (2026-11-30)
-MARGIN = 5
+MARGIN = 5  # grid counts below the reach the windows take in (`window_span`): a step at its low edge has counts below
 LEAST_COUNTS = 2 * MIN_SIDE + 1  # fewer measured counts leave no window to test
 SECOND_LOOK_P = 0.2  # the paired rounds' p-value under which they back a window's shift
-# why the power passes (`pomt.measurement.power`) stopped short of the target, as `WindowScan.stopped` says it
+# why the power passes (`power_passes`) stopped short of the target, as `WindowScan.stopped` says it
 BUDGET, EXHAUSTED = "budget", "exhausted"
+
+
+@dataclass(frozen=True)
+class WindowTest:
+    """How the windows test: at `alpha` (corrected for the windows), no limit below `min_step` (a fraction),
+    `size` measured counts a window, and with `line` a slope fitted in each window as well."""
+
+    alpha: float
+    min_step: float
+    size: int = WINDOW_COUNTS
+    line: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,9 +136,7 @@ class WindowScan:
     def _more(self, target_pct: float, spent: tuple[int, int] | None) -> str:
         """What the target would take: at least about how many times the visits the windows tested (`visits_factor`),
         as a --budget where the run's visits are known, or that no number of visits would. At least: the factor counts
-        on the counts' scatter averaging away where it is not shown to be more than chance, and where it is real it
-        does not (the noisy deit_tiny_bs4 replay's "about 2.3 times (--budget 0.40)" stated 19% at 0.40 against
-        the 12% asked, and reached it at 0.80, 2026-11-30)."""
+        on the counts' scatter averaging away where it is not shown to be more than chance."""
         if target_pct < self.min_step_pct:
             return f"; no limit is stated below the minimum step, {self.min_step_pct:g}%"
         factor = self.visits_factor(target_pct)
@@ -187,33 +192,31 @@ def window_visits(values_by_count: Mapping[int, Sequence[float]], counts: Sequen
 
 def window_span(grid: Sequence[int], reach: tuple[int, int]) -> tuple[int, int]:
     """(first, last) of the counts the windows over `reach` take in: the reach and the MARGIN grid counts below it.
-    A step at the reach's low edge needs counts below it as much as above: with the reach's own counts alone the
-    reach's first three positions were never tested and the fourth had two counts below it, and that edge set the
-    run's limit (the noisy deit_tiny_bs4 replay at --budget 0.4: 18.7% at 152 where the windows' middles read
-    9-12%, 2026-11-30)."""
+    A step at the reach's low edge needs counts below it as much as above, or the reach's first positions go
+    untested."""
     below = [n for n in grid if n < reach[0]]
     return (below[-MARGIN] if len(below) >= MARGIN else (below[0] if below else reach[0])), reach[1]
 
 
-def scan(values_by_count: Mapping[int, Sequence[float]], reach: tuple[int, int], noise: float, *,
-         alpha: float, min_step: float, size: int = WINDOW_COUNTS, line: bool = False,
+def scan(values_by_count: Mapping[int, Sequence[float]], reach: tuple[int, int], noise: float, test: WindowTest, *,
          below: int | None = None) -> WindowScan:
     """Test every window over the counts from `below` (default: the reach's first) to the reach's last that have a
-    visit, and state each window's detection limit, both at `alpha` corrected for the number of windows. Jumps
+    visit, and state each window's detection limit, both at `test.alpha` corrected for the number of windows. Jumps
     are tried and limits stated only at positions within `reach` (a jump whose low side is a count of the reach:
     landing below it keeps a count the policy can reach). The values are flat but for steps (the trend divided
-    out); `line` fits each window a slope as well. A count with a value at or below zero (no latency: a trend bent
+    out); `test.line` fits each window a slope as well. A count with a value at or below zero (no latency: a trend bent
     below zero divided it) is left out."""
+    alpha, min_step = test.alpha, test.min_step
     lo, hi = reach
     first = lo if below is None else min(below, lo)
     counts = [n for n in sorted(values_by_count)
               if first <= n <= hi and values_by_count[n] and min(values_by_count[n]) > 0.0]
-    spans = windows(counts, size)
+    spans = windows(counts, test.size)
     share = alpha / max(len(spans), 1)
     by_window, shifts, scatter, shown, profiles = [], [], 0.0, 0.0, []
     for span in spans:
         within = [n for n in span if lo < n <= hi]
-        shift = level_shift(window_visits(values_by_count, span, noise), within, line=line)
+        shift = level_shift(window_visits(values_by_count, span, noise), within, line=test.line)
         by_window.append((span, {} if shift is None else limits_of(shift, share, min_step)))
         if shift is None:
             continue
@@ -235,8 +238,7 @@ def _regions(by_window: list[tuple[list[int], dict[int, float]]],
     tests it best, so a position's limit is the lowest of the windows that test it, and a window's the
     largest of its positions' (the edges of one window are the middle of the next). The lowest and the highest
     region reach to the `ends` of the counts the windows take in, measured or not, so that the power passes visit
-    them: the coarse scan does not measure the reach's first counts and the margin below it (the noisy
-    deit_tiny_bs4 replay, reach 148-197, never visited 148 or 149 before 2026-11-30)."""
+    them (the coarse scan does not measure the reach's first counts and the margin below it)."""
     best = best_by_position(limits for _, limits in by_window)
     regions = [[span[0], span[-1], max(best[position] for position in limits)] for span, limits in by_window if limits]
     if regions:
@@ -264,7 +266,7 @@ def _supports(pin: Confirmation, shift: WindowShift, min_step: float) -> bool:
 
 
 def scan_visits(visits: Sequence[Visit], points: list[CurvePoint], confirmed: list[Confirmation],
-                reach: tuple[int, int], *, alpha: float, min_step: float, below: int | None = None) -> WindowScan:
+                reach: tuple[int, int], test: WindowTest, *, below: int | None = None) -> WindowScan:
     """`scan` on a search's visits: drift divided out, the `confirmed` steps and the curve's trend (its bend,
     `expected_levels` of the pooled `points`) taken out, so that the windows fit what is left. A count whose
     trend reads at or below zero (sub-millisecond noise can bend a tiny model's trend there) has no level to
@@ -273,7 +275,7 @@ def scan_visits(visits: Sequence[Visit], points: list[CurvePoint], confirmed: li
     factor = dict(zip(values, confirmed_factor(list(values), confirmed), strict=True))
     expected = expected_levels(points)
     values = {n: [v * factor[n] / expected[n] for v in vs] for n, vs in values.items() if expected.get(n, 0.0) > 0.0}
-    return scan(values, reach, relative_noise(values), alpha=alpha, min_step=min_step, below=below)
+    return scan(values, reach, relative_noise(values), test, below=below)
 
 
 def _large_enough(shift: LevelShift, min_step: float) -> bool:
@@ -323,5 +325,43 @@ def window_verdicts(shifts: Sequence[WindowShift], judged: Mapping[tuple[int, in
     return out
 
 
-__all__ = ["BUDGET", "EXHAUSTED", "MARGIN", "WINDOW_COUNTS", "WindowScan", "WindowShift", "best_by_position",
-           "counts_to_strengthen", "scan", "scan_visits", "window_span", "window_verdicts", "window_visits", "windows"]
+NOISY_VISIT = 0.04  # a visit's noise (unbiased, `drift.visit_noise`) above which power passes come first
+
+
+def passes_first(grid: Sequence[int], windowed: tuple[int, int], left: float, noise: float) -> bool:
+    """Whether power passes come before the candidates: on a noisy machine (the coarse scan's visits scatter
+    more than NOISY_VISIT) and where a pass over the counts the windows take in (`windowed`, first and last:
+    `window_span`) and the reference costs at most half the `left` budget.
+    On a noisy machine the paired rounds of one candidate cost as much as such a pass and confirm far less; on a
+    quiet one they confirm in a few rounds and the candidates need the budget. Where one pass would take most of
+    the budget (a reach over the whole grid), the candidates come first."""
+    inside = sum(windowed[0] <= n <= windowed[1] for n in grid)
+    return noise > NOISY_VISIT and inside + 1 <= left / 2
+
+
+def power_passes(measurer: Measurer, grid: Sequence[int], windowed: tuple[int, int], target_pct: float,
+                 reserve: int, scan: Callable[[], WindowScan]) -> WindowScan:
+    """Visit the counts the windows take in (`windowed`, first and last) of the windows that could miss a step of
+    `target_pct`, one pass at a time, while the budget leaves `reserve` visits after the pass; `scan` states the
+    windows on every visit so far.
+    Returns the last scan, with why the passes stopped short of the target (`WindowScan.stopped`) where they did."""
+    while True:
+        found = scan()
+        limit = found.limit_pct
+        if limit is not None and limit <= target_pct:
+            return found
+        counts = counts_to_strengthen(grid, found.above(target_pct), windowed)
+        room = measurer.left() - 1 - reserve  # the reference visits each pass too
+        if room < len(counts):
+            counts = counts[:max(0, int(room))]
+        if len(counts) < WINDOW_COUNTS:  # the budget left cannot strengthen a window
+            return replace(found, stopped=BUDGET)
+        try:
+            measurer.measure_passes(counts, 1)
+        except TraceExhausted:  # a replay holds no more of these counts
+            return replace(found, stopped=EXHAUSTED)
+
+
+__all__ = ["BUDGET", "EXHAUSTED", "MARGIN", "NOISY_VISIT", "WINDOW_COUNTS", "WindowScan", "WindowShift", "WindowTest",
+           "best_by_position", "counts_to_strengthen", "passes_first", "power_passes", "scan", "scan_visits",
+           "window_span", "window_verdicts", "window_visits", "windows"]

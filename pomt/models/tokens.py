@@ -1,7 +1,10 @@
-"""Run a model with only n tokens kept right after patch + position embedding (as POMT measures).
+"""Run a model with only n tokens kept right after patch + position embedding (as POMT measures), or with only
+its last few blocks.
 
 Tokens are dropped by a forward pre-hook on a block, so every variant still runs through the model's
-own `model(x)` path; prefix tokens (class, distillation, registers) are always kept.
+own `model(x)` path; prefix tokens (class, distillation, registers) are always kept. `last_blocks` runs the
+embedding, the last blocks and the head: what a reducer costs at a block is a fraction of a millisecond, which
+the other blocks' jitter would drown in a whole forward.
 """
 
 from __future__ import annotations
@@ -105,3 +108,19 @@ def dropped_to(model: nn.Module, counts: Sequence[int]) -> Iterator[nn.Module]:
                 stack.enter_context(truncate_tokens(model, tokens, at_block=block))
             previous = tokens
         yield model
+
+
+@contextlib.contextmanager
+def last_blocks(model: nn.Module, count: int) -> Iterator[nn.Module]:
+    """Inside the context `model` runs only its last `count` blocks (DINOv2's chunks flattened); the
+    blocks are the model's own modules, and the original container is put back on leaving."""
+    blocks = transformer_blocks(model)
+    if not 1 <= count <= len(blocks):
+        raise ValueError(f"count must lie in [1, {len(blocks)}], got {count}")
+    original = model.blocks
+    container = nn.Sequential if isinstance(original, nn.Sequential) else nn.ModuleList
+    model.blocks = container(*blocks[-count:]) if container is nn.Sequential else container(blocks[-count:])
+    try:
+        yield model
+    finally:
+        model.blocks = original

@@ -1,5 +1,5 @@
-"""What the offline computation is asked to do besides measuring (`OfflineConfig`, whose fields are its CLI
-options), the checks of it, and the limits it sets on a schedule."""
+"""Stage 1, configure: what the offline computation is asked to do besides measuring (`OfflineConfig`, whose
+fields are its CLI options), the checks of it before anything is built, and the limits it sets on a schedule."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pomt.errors import DatasetError, GridError, PolicyError, SettingError
 from pomt.frontier.search import MAX_EVALS
 from pomt.measurement.search import SearchSettings
 from pomt.models.geometry import Geometry
-from pomt.options import option
+from pomt.options import ADVANCED, CHOICE, MEASUREMENT, OUTPUTS, VERIFICATION, WORKLOAD, option
 from pomt.policies import POLICIES
 from pomt.verification.verify import verify_rounds
 from pomt.workload.prepare import Workload
@@ -21,6 +21,8 @@ SEARCHES = ("adaptive", "full")
 FRONTIER = "frontier"
 OFFLINE_POLICIES = (FRONTIER, *POLICIES)
 DEFAULT_DROP = 1.0  # points: the frontier's default --max-accuracy-drop
+SAMPLE_CAP = 5_000  # images: the default calibration sample, where a folder holds more (its search split resolves
+# a paired drop of about 0.15 points at 95%)
 BLIND_SHARE = 0.25  # of the patch tokens: the most a schedule removes by default when accuracy is unknown
 
 
@@ -30,64 +32,68 @@ class OfflineConfig:
     (`SearchSettings`); each field is also the CLI option of its name (`pomt.options`)."""
 
     search: str = option("adaptive", "Coarse grid refined at candidate steps (adaptive), or every count.",
-                         choices=SEARCHES)
+                         choices=SEARCHES, panel=MEASUREMENT)
     replay: Path | None = option(None, "Analyse a recorded trace (CSV with its JSON sidecar) instead of measuring; "
-                                       "model, batch and input size are the trace's.")
+                                       "model, batch and input size are the trace's.", panel=WORKLOAD)
     dataset_root: Path | None = option(
-        None, "ImageFolder for accuracy (top-1), or a folder of images (agreement with the unpruned model)."
-    )
-    checkpoint: Path | None = option(None, "Local checkpoint (state dict or timm file).")
+        None, "ImageFolder for accuracy (top-1), or a folder of images (agreement with the unpruned model).",
+        panel=CHOICE)
+    checkpoint: Path | None = option(None, "Local checkpoint (state dict or timm file).", panel=WORKLOAD)
     pretrained: bool | None = option(
         None, "Pretrained weights (default: only when accuracy is measured and no checkpoint is given).",
-        negatable=True,
-    )
+        negatable=True, panel=WORKLOAD)
     agreement: bool = option(False, "Measure A(n) as agreement with the unpruned model, the folder's labels "
-                                    "ignored (for images whose classes are not the model's).")
-    accuracy_samples: int = option(500, "Images in the seeded accuracy sample.", min=1)
-    accuracy_points: int = option(12, "Token counts at which A(n) is measured.", min=2)
-    accuracy_batch_size: int = option(32, "Images per forward while measuring accuracy.", min=1)
-    alpha: float = option(0.5, "Utility weight of latency against accuracy.", min=0, max=1)
+                                    "ignored (for images whose classes are not the model's).", panel=CHOICE)
+    accuracy_samples: int | None = option(
+        None, f"Images in the seeded calibration sample (default: the whole folder, at most {SAMPLE_CAP:,}).", min=1,
+        panel=CHOICE)
+    accuracy_points: int = option(12, "Token counts at which A(n) is measured.", min=2, panel=ADVANCED)
+    accuracy_batch_size: int = option(32, "Images per forward while measuring accuracy.", min=1, panel=ADVANCED)
+    alpha: float = option(0.5, "Utility weight of latency against accuracy.", min=0, max=1, panel=ADVANCED)
     policy: str | None = option(
         None, "Default: frontier with --dataset-root (the fastest verified schedule across blocks and reducers "
               "within --max-accuracy-drop), else budget with a budget, utility with an accuracy curve, else step.",
-        choices=OFFLINE_POLICIES,
-    )
+        choices=OFFLINE_POLICIES, panel=CHOICE)
     max_accuracy_drop: float | None = option(
         None, "Frontier: most accuracy the schedule may lose against the unpruned model, in points (default 1.0).",
-        min=0)
+        min=0, panel=CHOICE)
     accuracy_confidence: float = option(
         0.95, "Frontier: confidence that a schedule meets --max-accuracy-drop and --min-accuracy, judged on the "
               "one-sided bound of its search-split accuracy (the drop paired with the unpruned model's on the same "
-              "images); 0.5 judges on the measured value.", min=0.5, max=0.999)
+              "images); 0.5 judges on the measured value.", min=0.5, max=0.999, panel=CHOICE)
     max_evals: int = option(MAX_EVALS, "Frontier: schedules whose accuracy the search may measure on the search split.",
-                            min=1)
+                            min=1, panel=ADVANCED)
     held_out: float = option(0.5, "Frontier: share of the calibration images held out to report the chosen "
-                                  "schedule's accuracy on.", min=0.05, max=0.95)
-    latency_budget_ms: float | None = option(None, "Latency the schedule must meet (ms, > 0).", min=0)
-    min_accuracy: float | None = option(None, "Lowest acceptable A(n), in [0, 1].", min=0, max=1)
+                                  "schedule's accuracy on.", min=0.05, max=0.95, panel=ADVANCED)
+    latency_budget_ms: float | None = option(None, "Latency the schedule must meet (ms, > 0).", min=0, panel=CHOICE)
+    min_accuracy: float | None = option(None, "Lowest acceptable A(n), in [0, 1].", min=0, max=1, panel=CHOICE)
     max_remove: int | None = option(None, "Most tokens the schedule may remove (default: all but one with an "
                                           "accuracy estimate; a quarter of the patch tokens without one, since "
-                                          "pruning more would be a guess about accuracy, not latency).", min=0)
+                                          "pruning more would be a guess about accuracy, not latency).", min=0,
+                                    panel=CHOICE)
     min_gain: float = option(0.03, "Least speedup (fraction) worth pruning for, predicted and measured.", min=0,
-                             max=1)
-    prune_block: int = option(3, "Block (0-based) where tokens are removed.", min=0)
-    method: str = option("pomt", "Reducer the schedule is applied with.", choices=METHODS)
+                             max=1, panel=CHOICE)
+    prune_block: int = option(3, "Block (0-based) where tokens are removed.", min=0, panel=CHOICE)
+    method: str = option("pomt", "Reducer the schedule is applied with.", choices=METHODS, panel=CHOICE)
     verify: bool = option(True, "Measure the patched model against the unpruned one before shipping.",
-                          negatable=True)
-    verify_rounds: int = option(10, "Rounds of the verification (every candidate once per round).", min=3)
+                          negatable=True, panel=VERIFICATION)
+    verify_rounds: int = option(10, "Rounds of the verification (every candidate once per round).", min=3,
+                                panel=VERIFICATION)
     verify_seconds: float = option(15.0, "Seconds the verification's rounds should fill: where rounds are shorter, "
                                          "more than --verify-rounds (at most four times as many), here and in "
-                                         "the fresh process.", min=0)
+                                         "the fresh process.", min=0, panel=VERIFICATION)
     verify_candidates: int = option(2, "Best-ranked removals verified (plus the other side of a targeted step; "
                                        "with the frontier, plus each reducer's best and the best uniform "
-                                       "schedule).", min=1)
+                                       "schedule).", min=1, panel=VERIFICATION)
     verify_fresh: bool = option(True, "Measure the confirmed steps within reach, and the removals that qualified, "
                                       "once more in a fresh process (a step near N can sit elsewhere there); "
                                       "keep only what holds in both.",
-                                negatable=True)
-    latency_only: bool = option(False, "Measure latency only (no accuracy).")
-    accuracy_only: bool = option(False, "Estimate accuracy only; write its CSV.")
-    accuracy_curve: Path | None = option(None, "Accuracy CSV from an --accuracy-only run.")
+                                negatable=True, panel=VERIFICATION)
+    latency_only: bool = option(False, "Measure latency only (no accuracy).", panel=OUTPUTS)
+    accuracy_only: bool = option(False, "Estimate accuracy only; write its CSV.", panel=OUTPUTS)
+    verbose: bool = option(False, "Print every step, rejected candidate, verified variant, note and file.",
+                           panel=OUTPUTS)
+    accuracy_curve: Path | None = option(None, "Accuracy CSV from an --accuracy-only run.", panel=CHOICE)
 
     def rounds_for(self, forward_ms: float, reps: int, variants: int) -> int:
         """Rounds of a verification of `variants` (the unpruned model included) of `reps` forwards of about
@@ -186,3 +192,8 @@ def policy_name(config: OfflineConfig, accuracy_known: bool) -> str:
 def max_accuracy_drop(config: OfflineConfig) -> float:
     """The frontier's drop limit in points: the setting, else `DEFAULT_DROP`."""
     return DEFAULT_DROP if config.max_accuracy_drop is None else config.max_accuracy_drop
+
+
+def sample_size(config: OfflineConfig, available: int) -> int:
+    """Images in the calibration sample: `--accuracy-samples`, else the whole folder up to `SAMPLE_CAP`."""
+    return min(available, config.accuracy_samples or SAMPLE_CAP)

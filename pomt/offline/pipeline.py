@@ -1,4 +1,5 @@
-"""`run_offline`: the offline computation's stages strung together, and what a run found and wrote."""
+"""Stage 6, `run_offline`: the stages strung together (configure, measure, choose, verify, write), one
+pipeline with two choosers, and what a run found and wrote (`OfflineResult`)."""
 
 from __future__ import annotations
 
@@ -9,26 +10,41 @@ from pomt.accuracy import AccuracyCurve, save_accuracy_curve
 from pomt.device.fingerprint import Fingerprint
 from pomt.formats.schedule import Schedule
 from pomt.frontier.calibration import hosted
+from pomt.frontier.choice import held_out_note
+from pomt.frontier.report import FrontierReport, document, rows
 from pomt.measurement.search import SearchResult, SearchSettings
 from pomt.models.geometry import Geometry
-from pomt.offline.accuracy import Sample, accuracy_sample, estimate_accuracy, given_accuracy
-from pomt.offline.config import (
-    FRONTIER,
-    OfflineConfig,
-    Request,
-    max_remove,
-    policy_name,
-    validate,
+from pomt.offline.choose import (
+    FrontierFound,
+    FrontierSetup,
+    Ranking,
+    as_schedule,
+    find_frontier,
+    policy_setting,
+    prepare_frontier,
+    rank,
 )
-from pomt.offline.fresh_steps import check_steps_in_fresh_process
-from pomt.offline.frontier_pipeline import FrontierRun, choose_on_frontier
-from pomt.offline.frontier_setup import prepare_frontier
-from pomt.offline.latency import measure_latency
-from pomt.offline.outputs import output_names, prepare_outputs, write_outputs
-from pomt.offline.prepare import Run, prepare_run
-from pomt.offline.ranking import policy_setting, rank
-from pomt.offline.records import Findings, final_schedule
-from pomt.offline.verdict import decide, here_only_note, with_gpu_work
+from pomt.offline.config import FRONTIER, OfflineConfig, Request, max_remove, policy_name, validate
+from pomt.offline.measure import (
+    Latency,
+    Run,
+    Sample,
+    accuracy_sample,
+    check_steps_in_fresh_process,
+    estimate_accuracy,
+    given_accuracy,
+    measure_latency,
+    prepare_run,
+)
+from pomt.offline.verify import FrontierVerdict, decide, decide_frontier, here_only_note, with_gpu_work
+from pomt.offline.write import (
+    Findings,
+    final_schedule,
+    frontier_record,
+    output_names,
+    prepare_outputs,
+    write_outputs,
+)
 from pomt.policies import Decision
 from pomt.verification.verify import Verification
 from pomt.workload.prepare import Workload, journalled
@@ -131,7 +147,7 @@ def frontier_result(request: Request, run: Run, chosen: FrontierRun, paths: dict
         geometry=run.geometry, device=run.setup.fingerprint, batch_size=run.setup.batch_size, search=latency.search,
         decision=verdict.decision, verification=verdict.verification, fresh_verification=verdict.fresh_verification,
         fresh_steps=list(latency.fresh_steps), schedule=chosen.schedule, paths=paths,
-        measure_seconds=latency.seconds, notes=[*chosen.found.notes, *verdict.notes, *([note] if note else [])],
+        measure_seconds=latency.seconds, notes=[*verdict.notes, *([note] if note else []), *chosen.found.notes],
         frontier=chosen,
     )
 
@@ -142,3 +158,53 @@ def accuracy_only(workload: Workload, config: OfflineConfig, run: Run, sample: S
     path = save_accuracy_curve(Path(workload.output_dir) / output_names(run.setup.stem)["accuracy"], accuracy)
     return OfflineResult(geometry=run.geometry, device=run.setup.fingerprint, batch_size=run.setup.batch_size,
                          accuracy=accuracy, paths={"accuracy": path})
+
+
+@dataclass(frozen=True)
+class FrontierRun:
+    """What the frontier stages found and what they write."""
+
+    found: FrontierFound
+    verdict: FrontierVerdict
+    findings: Findings
+    schedule: Schedule
+    report: FrontierReport
+
+
+def choose_on_frontier(request: Request, run: Run, setup: FrontierSetup, latency: Latency) -> FrontierRun:
+    """Search, verify, and build the schedule and the frontier's files (see the module docstring)."""
+    config, settings, goal = request.config, request.settings, setup.goal
+    found = find_frontier(request, run, setup, latency)
+    verdict = decide_frontier(request, run, found, goal.describe())
+    note = held_out_note(verdict.chosen, found.result.baseline, goal)
+    if note is not None:
+        verdict = replace(verdict, verdict=replace(verdict.verdict, notes=(*verdict.verdict.notes, note)))
+    ranking = Ranking(policy_setting(config, run.geometry, latency.search, None), (), latency.search)
+    findings = Findings(latency, None, ranking, verdict.verdict)
+    kind, stem, result = setup.calibration.kind, run.setup.stem, found.result
+    chosen = None if verdict.chosen is None else verdict.chosen.candidate
+    record = frontier_record(f"{stem}.frontier.json", kind, goal, result.baseline, verdict.chosen, found.uniform,
+                             verdict.measured, result.evals, found.unresolved)
+    schedule = final_schedule(run, config, settings, findings)
+    schedule = as_schedule(replace(schedule, predicted=replace(schedule.predicted, accuracy_kind=kind)),
+                           found.latency, chosen, record)
+    schedule, launch = with_gpu_work(request, run, schedule)
+    if launch is not None:
+        verdict = replace(verdict, verdict=replace(verdict.verdict, notes=(*verdict.verdict.notes, launch)))
+    table = rows(result, found.latency.baseline, chosen, verdict.measured, goal.confidence, goal.max_drop_points)
+    facts = {"model": run.geometry.model, "stem": stem, "batch_size": run.setup.batch_size,
+             "accuracy_kind": kind, "search_images": setup.calibration.size("search"),
+             "held_out_images": setup.calibration.size("held_out"), "max_accuracy_drop": goal.max_drop_points,
+             "latency_budget_ms": goal.latency_budget_ms, "min_accuracy": goal.min_accuracy,
+             "accuracy_confidence": goal.confidence, "chosen": None if chosen is None else chosen.key,
+             "best_uniform": record["best_uniform"], "unresolved": record["unresolved"],
+             "seconds": found.seconds, "journal": setup.journal.name,
+             "reducer_costs": {m: c.to_dict() for m, c in found.latency.costs.items()},
+             "mixed_counts": None if found.latency.mixed is None else {**found.latency.mixed.to_dict(),
+                                                                       "kappa": round(found.latency.kappa, 6)}}
+    floor = None if goal.max_drop_points is None else result.baseline.accuracy - goal.max_drop_points / 100
+    title = (f"{run.geometry.model}, batch {run.setup.batch_size}, {kind} on {facts['search_images']} search "
+             f"images: {result.evals} schedules measured")
+    notes = [*found.notes, *verdict.verdict.notes]
+    return FrontierRun(found, verdict, findings, schedule,
+                       FrontierReport(table, document(result, table, facts, notes), floor, title))

@@ -2,6 +2,6 @@
 
 from pomt.checks import METHODS
 from pomt.patching.api import patch, patch_state, patched, unpatch
-from pomt.patching.plan import token_counts
+from pomt.patching.blocks import token_counts
 
 __all__ = ["METHODS", "patch", "patch_state", "patched", "token_counts", "unpatch"]

@@ -14,11 +14,11 @@ from collections.abc import Iterator, Mapping
 
 from torch import nn
 
-from pomt.checks import check_batch_size, check_seed
+from pomt.checks import check_batch_size, check_method, check_prune_block, check_seed
 from pomt.errors import PatchError
 from pomt.models.geometry import model_geometry, transformer_blocks
-from pomt.patching import blocks, pooling
-from pomt.patching.plan import check_method, resolve_removal, token_counts
+from pomt.patching import blocks
+from pomt.patching.blocks import token_counts
 
 STATE_ATTR = blocks.STATE_ATTR
 
@@ -64,7 +64,7 @@ def patch(
         for index, plan in plans.items():
             state.originals[index] = blocks.install(model_blocks[index], plan)
         if method == "tome" and plans:
-            state.model_class = pooling.install(model)
+            state.model_class = blocks.install_pooling(model)
     except BaseException:
         _restore(model, model_blocks, state)
         raise
@@ -77,8 +77,23 @@ def _restore(model: nn.Module, model_blocks: list[nn.Module], state: blocks.Patc
         blocks.uninstall(model_blocks[index], original)
     state.originals.clear()
     if state.model_class is not None:
-        pooling.uninstall(model, state.model_class)
+        blocks.uninstall_pooling(model, state.model_class)
         state.model_class = None
+
+
+def resolve_removal(prune: Mapping[int, int] | int, depth: int) -> dict[int, int]:
+    """`patch`'s `prune`, checked: {block: tokens removed}, zero entries dropped; an int means every block."""
+    if isinstance(prune, bool) or not isinstance(prune, (int, Mapping)):
+        raise PatchError(f"prune must be an int or a {{block: remove}} mapping, got {type(prune).__name__}")
+    items = {block: prune for block in range(depth)} if isinstance(prune, int) else dict(prune)
+    removal: dict[int, int] = {}
+    for block, remove in sorted(items.items()):
+        check_prune_block(block, depth)
+        if isinstance(remove, bool) or not isinstance(remove, int) or remove < 0:
+            raise PatchError(f"tokens to remove at block {block} must be an integer >= 0, got {remove!r}")
+        if remove:
+            removal[block] = remove
+    return removal
 
 
 @contextlib.contextmanager

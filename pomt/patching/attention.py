@@ -49,11 +49,10 @@ def probabilities(attn: nn.Module, q: torch.Tensor, k: torch.Tensor) -> torch.Te
 def probs_budget(q: torch.Tensor) -> int:
     """Bytes of explicit probabilities a patched block holds at once, for queries q (B, H, N, d).
 
-    On the CPU PROBS_BYTES: small chunks cost it nothing. On a GPU small chunks make small matrix products
-    that run slowly (docs/results/h100-2026-11-24.md), so a chunk there may take as much as a
-    (B, N, MLP_RATIO x C) activation, which the block's MLP holds anyway: MLP_RATIO x d query rows (256 for
-    64-dimensional heads), one chunk at 224 px, about N / 256 at larger inputs. The device is q's, unless
-    `chunked_for` names the one the model will run on."""
+    On the CPU PROBS_BYTES: small chunks cost it nothing. On a GPU small chunks make small, slow matrix
+    products, so a chunk there may take as much as a (B, N, MLP_RATIO x C) activation, which the block's MLP
+    holds anyway: MLP_RATIO x d query rows (256 for 64-dimensional heads), one chunk at 224 px, about N / 256
+    at larger inputs. The device is q's, unless `chunked_for` names the one the model will run on."""
     if (_CHUNKED_FOR.get() or q.device.type) == "cpu":
         return PROBS_BYTES
     batch, heads, tokens, dim = q.shape

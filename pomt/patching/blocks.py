@@ -1,18 +1,17 @@
-"""Forwards of the blocks that prune, and the class swap that installs them on one block instance.
+"""The patched blocks: the removal plan, the pruning forwards, and the class swaps that install them.
 
 A patched block becomes an instance of a subclass of its own class (timm `Block`, the DINOv2 authors'
-`Block`/`NestedTensorBlock`) whose forward runs the block's own modules (norm1, attn, ls1, drop_path1,
-norm2, mlp, ls2, drop_path2) and removes tokens after the attention residual, before the MLP.
-Token order after a pruning block: prefix tokens, then the kept patch tokens in their original order,
-then (pomt only) the fused token. ToMe (the published algorithm, see tome.py): prefix tokens, the
-unmerged set-A tokens, then the set-B tokens, sets alternating over all tokens; every block after the
-first merge runs proportional attention (log token size added to its attention logits).
+`Block`/`NestedTensorBlock`) whose forward runs the block's own modules and removes tokens after the
+attention residual, before the MLP. Token order after a pruning block: prefix tokens, the kept patch tokens
+in their original order, then (pomt only) the fused token; after a ToMe block the order of `tome.py`, and
+every block after the first merge runs proportional attention (log token size added to its logits). ToMe
+on a timm model that averages its tokens also swaps the model's class, to pool by token size.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -21,10 +20,38 @@ from torch import nn
 from pomt.errors import PatchError, ScheduleError
 from pomt.models.family import PATCHED_FROM, check_block
 from pomt.patching import attention, scores
-from pomt.patching.plan import removed_at
-from pomt.patching.tome import bipartite_matching, merge_weighted
+from pomt.patching.tome import bipartite_matching, max_merge, merge_weighted
 
 STATE_ATTR = "_pomt_patch"
+AVERAGING = ("avg", "avgmax")  # timm's global_pool values that average tokens, which ToMe weights by size
+
+
+def removed_at(method: str, patch_tokens: int, remove: int) -> int:
+    """Tokens actually removed by one block that sees `patch_tokens` patch tokens.
+
+    ToMe clamps to the published cap, (tokens - protected) // 2 with every prefix token protected,
+    i.e. half the patch tokens; every other method raises PatchError when no patch token would be left.
+    """
+    if method == "tome":
+        return min(remove, max_merge(patch_tokens))
+    if remove >= patch_tokens:
+        raise PatchError(
+            f"cannot remove {remove} tokens from {patch_tokens} patch tokens: at least one must stay "
+            f"(remove at most {patch_tokens - 1})"
+        )
+    return remove
+
+
+def token_counts(
+    num_tokens: int, prefix_tokens: int, depth: int, method: str, removal: Mapping[int, int]
+) -> list[int]:
+    """Tokens entering each block, then the count leaving the last one (depth + 1 values)."""
+    counts = [num_tokens]
+    for block in range(depth):
+        tokens = counts[-1]
+        remove = removal.get(block, 0)
+        counts.append(tokens - removed_at(method, tokens - prefix_tokens, remove) if remove else tokens)
+    return counts
 
 
 @dataclass(eq=False)
@@ -231,3 +258,48 @@ def uninstall(block: nn.Module, original: type) -> None:
     block.__class__ = original
     if "_pomt_plan" in block.__dict__:
         del block.__dict__["_pomt_plan"]
+
+
+_POOLED_CLASSES: dict[type, type] = {}
+
+
+def _size_weighted_pool(self, x: torch.Tensor, pool_type: str | None = None) -> torch.Tensor:
+    """timm's `pool` with the token mean weighted by the token sizes of the last ToMe forward (a merged token
+    stands for `size` tokens, as ToMe's paper pools); class-token, max and attention pooling stay timm's."""
+    pool_type = self.global_pool if pool_type is None else pool_type
+    size = self.__dict__[STATE_ATTR].size
+    if size is None or pool_type not in AVERAGING or self.attn_pool is not None or size.shape[1] != x.shape[1]:
+        return super(type(self), self).pool(x, pool_type)
+    start = 0 if self.pool_include_prefix else self.num_prefix_tokens
+    x, size = x[:, start:], size[:, start:].to(x.dtype)
+    mean = (x * size).sum(dim=1) / size.sum(dim=1)
+    return mean if pool_type == "avg" else 0.5 * (x.amax(dim=1) + mean)
+
+
+def averages_tokens(model: nn.Module) -> bool:
+    """Whether `model` is a timm VisionTransformer whose head averages its tokens."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    return (
+        isinstance(model, VisionTransformer)
+        and getattr(model, "global_pool", None) in AVERAGING
+        and getattr(model, "attn_pool", None) is None
+    )
+
+
+def install_pooling(model: nn.Module) -> type | None:
+    """Swap `model` to its size-weighted pooling subclass when its head averages tokens; returns the
+    original class, or None when nothing was changed."""
+    if not averages_tokens(model):
+        return None
+    original = type(model)
+    if original not in _POOLED_CLASSES:
+        name = f"SizePooled{original.__name__}"
+        _POOLED_CLASSES[original] = type(name, (original,), {"pool": _size_weighted_pool})
+    model.__class__ = _POOLED_CLASSES[original]
+    return original
+
+
+def uninstall_pooling(model: nn.Module, original: type) -> None:
+    """Give `model` back its original class."""
+    model.__class__ = original

@@ -1,21 +1,12 @@
 """Bipartite soft matching, as published (Bolya et al., "Token Merging: Your ViT but Faster", ICLR 2023).
 
-Pure functions on all T tokens of a block, the P prefix tokens (class, distillation, registers) at
-positions 0..P-1 included. Set A = even positions, set B = odd positions. Every A token proposes its
-most similar B token (cosine similarity of the metric) and the r best proposals merge into their B
-token. Prefix tokens are protected: a prefix token in A never proposes, one in B is never proposed to,
-and at most (T - P) // 2 pairs merge (the published cap).
-
-Output order, as the authors' code gives it: the prefix tokens in their original order, then the
-unmerged A tokens (in their original order when there is a prefix token, else in the order of their
-decreasing best similarity, which the authors leave unsorted), then the B tokens in their original order.
-Only static-shape ops (gather, scatter_add, slice fills, argsort), so the merge exports to ONNX (both
-torch exporters; scatter_reduce "sum" trips the TorchScript one).
-
-Few ops, because each is a kernel launch: on a GPU whose host issues kernels slower than the GPU runs them,
-a merge block's launches, not its arithmetic, set the pace (measured on an H100, docs/results). Prefix
-protection fills slices in place (no mask built per block). (Merging the sizes as one more channel of the
-tokens would save three more, but torch's ONNX exporter then fails to decompose the attention that follows.)
+Pure functions on all T tokens of a block, the P prefix tokens (class, distillation, registers) included.
+Set A = even positions, set B = odd. Every A token proposes its most similar B token (cosine similarity of
+the metric) and the r best proposals merge into their B token. Prefix tokens are protected (a prefix token
+in A never proposes, one in B is never proposed to) and at most (T - P) // 2 pairs merge. Output order, as
+the authors' code gives it: the prefix tokens, the unmerged A tokens (in their original order when there is
+a prefix token, else by decreasing best similarity), then the B tokens. Few ops, each a kernel launch, and
+only static-shape ones (gather, scatter_add, slice fills, argsort), so the merge exports to ONNX.
 """
 
 from __future__ import annotations
@@ -70,7 +61,7 @@ def merge_sum(x: torch.Tensor, matching: Matching) -> torch.Tensor:
     a, b = x[:, ::2], x[:, 1::2]
     unmerged = a.gather(1, matching.unmerged.expand(-1, -1, channels))
     moved = a.gather(1, matching.src.expand(-1, -1, channels))
-    b = b.scatter_add(1, matching.dst.expand(-1, -1, channels), moved)
+    b = b.scatter_add(1, matching.dst.expand(-1, -1, channels), moved)  # scatter_reduce trips an ONNX exporter
     return torch.cat([x[:, :prefix], unmerged[:, (prefix + 1) // 2 :], b[:, prefix // 2 :]], dim=1)
 
 

@@ -3,8 +3,8 @@
 A latency curve measured in one runtime does not transfer to another, so pomt measures in the runtime
 that deploys: `build_forward` gives one closable callable per (model, input, runtime, kept tokens),
 timed with `pomt.measurement.timing` as an eager forward is. Modules: `backend` (names, dtypes,
-checks, versions), `forward` (the callable and the forwards kept open), `export` and `programs` (the
-static program and its on-disk cache), and one module per runtime.
+checks, versions, eager), `forward` (the callable and the forwards kept open), `programs` (the static
+program, torch.compile of it, its on-disk cache), and one module per other runtime.
 """
 
 from pomt.runtimes.backend import (
@@ -20,10 +20,10 @@ from pomt.runtimes.backend import (
     settles_every_visit,
 )
 from pomt.runtimes.cudagraph import GraphedForward, cuda_graph
-from pomt.runtimes.export import onnx_program
-from pomt.runtimes.forward import Forward, ProgramCache, build_forward, parameter_dtype
+from pomt.runtimes.forward import Forward, ProgramCache, ProgramFiles, build_forward, parameter_dtype
 from pomt.runtimes.onnxruntime import onnxruntime_session
 from pomt.runtimes.openvino import openvino_compiled, openvino_tensor
+from pomt.runtimes.programs import onnx_program
 
 __all__ = [
     "BACKENDS",
@@ -33,6 +33,7 @@ __all__ = [
     "Forward",
     "GraphedForward",
     "ProgramCache",
+    "ProgramFiles",
     "backend_info",
     "build_forward",
     "check_backend",

@@ -1,7 +1,8 @@
-"""The runtimes and dtypes pomt measures in: their names, whether they run here, and their versions.
+"""The runtimes and dtypes pomt measures in: their names, whether they run here, their versions, and eager.
 
 A latency curve holds for one runtime and one precision only, so both are named once here and checked
-before any model is built; their versions go into the schedule and the device fingerprint.
+before any model is built; their versions go into the schedule and the device fingerprint. Eager runs the
+model itself, its kept-token count a hook on the model (`pomt.models.tokens.truncate_tokens`).
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ import contextlib
 import importlib
 import importlib.metadata
 import warnings
+from collections.abc import Callable
 from enum import Enum
 
 import torch
 from torch import nn
 
 from pomt.errors import BackendError
+from pomt.models.tokens import truncate_tokens
 
 DEPLOY_EXTRA = "pip install 'pomt[deploy]'"
 
@@ -52,13 +55,9 @@ DISTRIBUTIONS = {"tensorrt": ("tensorrt", "tensorrt-cu13", "tensorrt-cu12", "ten
 
 def settles_every_visit(device: str, backend: str) -> bool:
     """Whether a timed visit begins with an untimed forward every time (True), or only at its shape's first
-    visit in the process (False: eager on the CPU). A new shape's first forward pays a one-time set-up (GPU
-    kernel selection and the caching allocator, a compiled, exported or captured program per visit); on the
-    CPU, eager, what it sets up is kept by the process. Measured on the 2-core AMD VM (2026-11-30, steady
-    allocator, three forwards a visit in random count order): the first over the second forward +1.5% [+0.4,
-    +2.5] on deit_tiny at batch 1 (23 ms) at counts mostly new, +0.3% [-0.4, +1.1] at counts seen before;
-    +0.5% [-0.9, +2.0] on deit_small at batch 4, -0.6% [-3.6, +2.4] on deit_base at batch 4 (1.2 s), where the
-    untimed forward doubled each visit's cost."""
+    visit in the process (False: eager on the CPU, where what a new shape's first forward sets up is kept by the
+    process; GPU kernel selection, the caching allocator and every compiled, exported or captured program are
+    set up per visit)."""
     return not (device == "cpu" and backend == Backend.EAGER.value)
 
 
@@ -172,3 +171,23 @@ def backend_info(backend: Backend | str) -> dict:
 
         info["providers"] = list(onnxruntime.get_available_providers())
     return info
+
+
+def inference(model: nn.Module | Callable, example: torch.Tensor) -> Callable[[], object]:
+    """model(example) without autograd, the same way for every torch backend."""
+
+    def run() -> object:
+        with torch.inference_mode():
+            return model(example)
+
+    return run
+
+
+def eager_run(
+    model: nn.Module, example: torch.Tensor, tokens: int | None
+) -> tuple[Callable[[], object], Callable[[], None]]:
+    """(run, release): one forward of `model` keeping `tokens` tokens (None: all), and what removes its hook."""
+    stack = contextlib.ExitStack()
+    if tokens is not None:
+        stack.enter_context(truncate_tokens(model, tokens))
+    return inference(model, example), stack.close

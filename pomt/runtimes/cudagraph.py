@@ -1,13 +1,10 @@
 """CUDA graphs: a forward captured once and replayed, so the host issues one launch, not one per kernel.
 
-On a GPU a pruned ViT can be launch-bound (`pomt.verification.launch_bound`): its kernels take less GPU time than the
-host takes to issue them, and its speed is then the host's. A replayed graph takes the host out: on an H100
-(deit_base, batch 64, float16) the frontier's ToMe schedule ran 1.98x as a graph, steady from run to run,
-where eager it read 0.81-1.72x on three hosts (docs/results/h100-2026-11-28.md, where the capture below ran as
-a script). The graph is captured from the eager model as it is (patched with a schedule, or truncated to a
-token count) after warm-up forwards on a side stream, as PyTorch asks. Its input is static: the graph reads
-the example tensor where it lay when captured, so a new batch is copied into it first (`GraphedForward(x)`).
-A forward that waits on the host (a data-dependent shape, `.item()`) cannot be captured: one BackendError line.
+A pruned ViT on a GPU can be launch-bound (`pomt.verification.verify`): its speed is then the host's, and
+a replayed graph takes the host out. The graph is captured from the eager model as it is (patched with a
+schedule, or truncated to a token count) after warm-up forwards on a side stream, as PyTorch asks. Its input is
+static: a new batch is copied into the captured example first (`GraphedForward(x)`). A forward that waits on
+the host (a data-dependent shape, `.item()`) cannot be captured: one BackendError line.
 """
 
 from __future__ import annotations

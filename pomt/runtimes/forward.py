@@ -1,10 +1,8 @@
 """One forward of a model in one runtime, as a closable callable that pomt times like an eager forward.
 
-`build_forward` checks the runtime, then builds the forward of (model, input, runtime, kept tokens):
-eager runs the model itself; cudagraph replays its forward captured as a CUDA graph; torch.compile, ONNX
-Runtime, OpenVINO and TensorRT run the static program of that token count, loaded from the program cache when it
-holds it. `ProgramCache` keeps the last few
-forwards open, so a measurement that goes back and forth between counts does not build them again.
+Eager runs the model itself; cudagraph replays its forward captured as a CUDA graph; torch.compile, ONNX Runtime,
+OpenVINO and TensorRT run the static program of its token count, from the program cache when it holds it.
+`ProgramCache` keeps the last few forwards open for a measurement that goes back and forth between counts.
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,14 +18,23 @@ from torch import nn
 
 from pomt.errors import BackendError
 from pomt.models.geometry import model_geometry
-from pomt.runtimes.backend import Backend, check_backend, first_line
-from pomt.runtimes.compile import compile_run
+from pomt.runtimes.backend import Backend, eager_run, first_line, parse_backend
 from pomt.runtimes.cudagraph import cudagraph_run
-from pomt.runtimes.eager import eager_run
 from pomt.runtimes.onnxruntime import onnxruntime_run
 from pomt.runtimes.openvino import openvino_run
-from pomt.runtimes.programs import cached_onnx, program_folder, program_key
+from pomt.runtimes.programs import cached_onnx, compile_run, program_folder, program_key
 from pomt.runtimes.tensorrt import tensorrt_run
+
+
+@dataclass(frozen=True)
+class ProgramFiles:
+    """Where exported programs are kept between runs (None: a temporary folder per program), and what stands
+    for the weights in their key: None, a fingerprint of the parameters, so a cached program computes this
+    model's outputs; a fixed string such as "latency" reuses programs across models that differ only in
+    weights, for timing alone (a resumed search on fresh random weights)."""
+
+    folder: str | Path | None = None
+    weights: str | None = None
 
 
 class Forward:
@@ -53,7 +61,7 @@ class Forward:
         return self._run()
 
     def close(self) -> None:
-        """Remove the token hook (eager) and drop the runtime's session so its memory can go."""
+        """Remove the token hook (eager) and drop the runtime's program so its memory can go."""
         release, self._release = self._release, None
         self._run = _closed
         if release is not None:
@@ -75,25 +83,22 @@ def build_forward(
     example: torch.Tensor,
     *,
     backend: Backend | str,
-    device: str,
     tokens: int | None = None,
-    cache_dir: str | Path | None = None,
-    cache_key: str | None = None,
     threads: int | None = None,
+    files: ProgramFiles | None = None,
 ) -> Forward:
-    """A callable that runs ONE forward of `model` on `example` in `backend` (synchronous; warm-up is yours).
+    """A callable that runs ONE forward of `model` on `example` in `backend` (synchronous; warm-up is yours),
+    on the example's device, where `pomt.runtimes.check_backend` says the backend runs.
 
     `tokens`: keep that many tokens right after patch + position embedding (static for non-eager
     backends: one export per count), or None to run the model as it is (e.g. patched with a schedule).
-    Model and example must already be on `device` in the dtype to measure. `cache_dir` keeps exported
-    programs between runs. `cache_key` stands for the weights in their key: by default a fingerprint
-    of the parameters, so a cached program computes this model's outputs; a fixed string (e.g.
-    "latency") reuses programs across models that differ only in weights, for timing alone (a resumed
-    search on fresh random weights). `threads`: the runtime's intra-op threads (default torch's current
-    count). Eager leaves the token hook on `model` until the Forward is closed.
+    Model and example must already be in the dtype to measure. `threads`: the runtime's intra-op threads
+    (default torch's current count). `files`: where programs are kept and keyed (`ProgramFiles`). Eager leaves
+    the token hook on `model` until the Forward is closed.
     """
-    backend = check_backend(backend, device)
-    _check_inputs(model, example, device)
+    device = str(example.device)
+    backend = parse_backend(backend)
+    _check_dtype(model, example)
     if backend == Backend.ONNXRUNTIME and example.dtype == torch.bfloat16 and not device.startswith("cuda"):
         raise BackendError("onnxruntime on the CPU takes numpy inputs and numpy has no bfloat16; use openvino")
     if tokens is not None:
@@ -105,11 +110,12 @@ def build_forward(
     if backend == Backend.CUDAGRAPH:
         graphed = cudagraph_run(model, example, tokens)
         return Forward(graphed, backend, tokens, release=graphed.reset)
-    cache = Path(cache_dir) if cache_dir is not None else None
+    files = files or ProgramFiles()
+    cache = Path(files.folder) if files.folder is not None else None
     if backend == Backend.COMPILE:
         run, hit = compile_run(model, example, tokens, cache)
         return Forward(run, backend, tokens, cache_hit=hit)
-    key = program_key(model, example, tokens, cache_key)
+    key = program_key(model, example, tokens, files.weights)
     with program_folder(cache) as folder:
         if backend == Backend.TENSORRT:
             run, artifact, hit = tensorrt_run(model, example, tokens, folder, key, device)
@@ -132,12 +138,10 @@ def parameter_dtype(model: nn.Module) -> torch.dtype | None:
     return None if parameter is None else parameter.dtype
 
 
-def _check_inputs(model: nn.Module, example: torch.Tensor, device: str) -> None:
+def _check_dtype(model: nn.Module, example: torch.Tensor) -> None:
     dtype = parameter_dtype(model)
     if dtype is not None and dtype != example.dtype:
         raise ValueError(f"model parameters are {dtype} but the example is {example.dtype}; cast both")
-    if example.device.type != torch.device(device).type:
-        raise ValueError(f"the example is on {example.device}, not on {device}")
 
 
 class ProgramCache:

@@ -1,18 +1,23 @@
-"""The on-disk cache of exported programs, keyed by everything that changes the program.
+"""A model's static program: `torch.export` of one forward, its ONNX export, torch.compile of it, and the cache.
 
-A key names the model, input shape, dtype, kept tokens, patch, exporter versions, pomt's own code that
-shapes the trace, and the weights (a fingerprint, or a caller's fixed string in its place where only
-latency matters), so a resumed run finds its programs again and never runs a stale one. ONNX weights
-go to content-addressed files shared by every program exported from the same weights.
+Non-eager runtimes run a static program, one per kept-token count, with the token hook
+(`pomt.models.tokens.truncate_tokens`) and the pruning patches traced through; an export failure is one
+ExportError naming the aten operation it failed on. A program's key names everything that changes it (model,
+input, dtype, tokens, patch, exporter versions, pomt's tracing code, the weights), so a resumed run finds it again
+and never runs a stale one; ONNX weights go to content-addressed files shared by the programs of one model.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
+import os
+import re
 import tempfile
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -20,12 +25,91 @@ from torch import nn
 
 import pomt.models.tokens
 import pomt.patching
+from pomt.errors import BackendError, ExportError
 from pomt.io import atomic_write_bytes, atomic_write_json
 from pomt.models.geometry import model_geometry
 from pomt.models.tokens import truncate_tokens
 from pomt.patching.api import patch_state
-from pomt.runtimes.backend import dtype_name, package_version
-from pomt.runtimes.export import onnx_program
+from pomt.runtimes.backend import dtype_name, first_line, inference, package_version
+
+_OP_PATTERNS = (
+    re.compile(r"OpOverload\(op='([\w.]+)', overload='(\w+)'\)"),
+    re.compile(r"target=torch\.ops\.([\w.]+)"),
+    re.compile(r"\b(aten::\w+)"),
+)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Keep the exporters' progress prints and warnings off the user's terminal."""
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _failed_operation(exc: BaseException) -> str | None:
+    """The aten operation an exporter failure names, if it names one."""
+    texts, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        texts.append(str(exc))
+        exc = exc.__cause__ or exc.__context__
+    for pattern in _OP_PATTERNS:
+        for text in texts:
+            match = pattern.search(text)
+            if match:
+                return ".".join(part for part in match.groups() if part).replace("::", ".")
+    return None
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    seen = set()
+    while (exc.__cause__ or exc.__context__) is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return exc
+
+
+def _export_failure(exc: BaseException, stage: str) -> ExportError:
+    operation = _failed_operation(exc)
+    reason = first_line(_innermost(exc))
+    what = f"operation {operation} " if operation else ""
+    return ExportError(f"{stage} failed (torch {torch.__version__}): {what}cannot be exported: {reason}")
+
+
+def export_program(model: nn.Module, example: torch.Tensor) -> torch.export.ExportedProgram:
+    """`torch.export` of `model(example)` at static shapes (token hooks and patches traced through)."""
+    try:
+        with _quiet(), torch.no_grad():
+            return torch.export.export(model, (example,), strict=False)
+    except Exception as exc:
+        raise _export_failure(exc, "torch.export") from exc
+
+
+def _translations() -> dict:
+    """ONNX translations torch's exporter lacks. aten.sort.stable: TopK over the whole axis, which
+    breaks ties by the lower index first, as a stable sort does."""
+    from onnxscript import opset18 as op
+
+    def sort_stable(self, *, stable=None, dim: int = -1, descending: bool = False):
+        size = op.Reshape(op.Gather(op.Shape(self), dim, axis=0), op.Constant(value_ints=[1]))
+        return op.TopK(self, size, axis=dim, largest=descending, sorted=True)
+
+    return {torch.ops.aten.sort.stable: sort_stable}
+
+
+def onnx_program(model: nn.Module, example: torch.Tensor):
+    """torch's ONNX program (`torch.onnx.ONNXProgram`) of `model(example)` at static shapes."""
+    program = export_program(model, example)
+    try:
+        with _quiet():
+            return torch.onnx.export(
+                program, (example,), dynamo=True, verbose=False, optimize=True,
+                custom_translation_table=_translations(),
+            )
+    except Exception as exc:
+        raise _export_failure(exc, "ONNX export") from exc
+
 
 BLOB_MIN_BYTES = 1024  # initializers at least this large go to shared weight files in the cache
 
@@ -123,3 +207,60 @@ def cached_onnx(
     atomic_write_json(path.with_suffix(".json"), key)
     atomic_write_bytes(path, proto.SerializeToString())
     return path, False
+
+
+def compile_run(
+    model: nn.Module, example: torch.Tensor, tokens: int | None, cache: Path | None
+) -> tuple[Callable[[], object], bool]:
+    """(run, cache hit): the compiled program of `model(example)` at `tokens`, run once to compile it; a hit
+    when inductor found every graph in cache/inductor."""
+    from torch._dynamo.utils import counters
+
+    with contextlib.ExitStack() as stack:
+        if tokens is not None:
+            stack.enter_context(truncate_tokens(model, tokens))
+        graph = export_program(model, example).module()
+    run = inference(torch.compile(graph, dynamic=False), example)
+
+    before = dict(counters["inductor"])
+    with _inductor_cache(cache):
+        try:
+            run()
+        except Exception as exc:
+            raise BackendError(f"torch.compile cannot compile this model: {first_line(exc)}") from exc
+    hits = counters["inductor"]["fxgraph_cache_hit"] - before.get("fxgraph_cache_hit", 0)
+    misses = counters["inductor"]["fxgraph_cache_miss"] - before.get("fxgraph_cache_miss", 0)
+    return run, hits > 0 and misses == 0
+
+
+@contextlib.contextmanager
+def _inductor_cache(cache: Path | None) -> Iterator[None]:
+    """Point torch.compile's on-disk caches (FX graph, AOT autograd, kernels) into cache/inductor."""
+    if cache is None:
+        yield
+        return
+    folder = cache / "inductor"
+    folder.mkdir(parents=True, exist_ok=True)
+    with _environ(TRITON_CACHE_DIR=str(folder / "triton")):
+        try:  # torch's own switch, which also clears its in-memory lookups of the old folder
+            from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+        except ImportError:
+            with _environ(TORCHINDUCTOR_CACHE_DIR=str(folder)):
+                yield
+        else:
+            with temporary_cache_dir(str(folder)):
+                yield
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

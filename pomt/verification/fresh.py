@@ -1,10 +1,10 @@
 """The verification again, in a fresh process: the promise must hold where the schedule is served.
 
 A step near N can move from one process to the next, so a removal verified in the measuring process may rest
-on a step the serving process lacks. The candidates are therefore measured once more in a new interpreter
-(`spawn`: the model built afresh from the workload, same input seed, same paired rounds and criterion as
-`pomt.verification.verify.verify`), and a removal ships only when it qualified in both. The confirmed steps within
-the policy's reach are checked the same way before the policy sees them (docs/method.md, section 8).
+on a step the serving process lacks. The candidates are measured once more in a new interpreter (`spawn`: the
+model built afresh from the workload, same input seed, same paired rounds and criterion as
+`pomt.verification.verify.verify`); a removal ships only when it qualified in both. The confirmed steps within
+the policy's reach are checked the same way before the policy sees them.
 """
 
 from __future__ import annotations
@@ -29,10 +29,19 @@ from pomt.device.allocator import STEADY_ADVICE
 from pomt.device.fingerprint import Fingerprint
 from pomt.formats.schedule import Schedule
 from pomt.formats.trace import Visit
-from pomt.measurement.paired import PairedEffect, paired_effect
-from pomt.measurement.sources import LiveSource, Session
-from pomt.verification.verify import CandidateResult, Verification, choose, schedule_forward_at, verify
-from pomt.workload.prepare import Prepared, Workload, live_session, prepare
+from pomt.measurement.robust import PairedEffect, paired_effect
+from pomt.measurement.sources import LiveSource, MeasurementRun
+from pomt.verification.verify import (
+    CandidateResult,
+    Criterion,
+    Rounds,
+    TimedModel,
+    Verification,
+    choose,
+    schedule_forward_at,
+    verify,
+)
+from pomt.workload.prepare import Prepared, Workload, live_run, prepare
 
 Pair = tuple[int, int]
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
@@ -43,26 +52,22 @@ Answer = TypeVar("Answer")
 @dataclass(frozen=True)
 class FreshJob:
     """What the fresh process needs: the workload to rebuild, the candidate schedules (by kept tokens: the
-    removals verified) and the verification's settings."""
+    removals verified), the verification's rounds (their seed: the workload's) and its criterion."""
 
     workload: Workload
     schedules: dict[int, Schedule]
-    reps: int
-    rounds: int
-    min_gain: float
-    min_step: float
-    alpha: float
+    rounds: Rounds
+    criterion: Criterion
 
 
 @dataclass(frozen=True)
 class StepJob:
-    """The steps to check in a fresh process: the workload to rebuild, each step's (low, high) counts, the
-    visit length and the paired rounds per step."""
+    """The steps to check in a fresh process: the workload to rebuild, each step's (low, high) counts and the
+    paired rounds per step."""
 
     workload: Workload
     pairs: tuple[Pair, ...]
-    reps: int
-    rounds: int
+    rounds: Rounds
 
 
 class FreshWorker:
@@ -102,10 +107,9 @@ class FreshWorker:
 
 
 def by_value(job: object) -> bytes:
-    """`job` pickled with its tensors' data copied (`FreshWorker.run_copied`). Sent as it is, torch's
-    multiprocessing pickling moves a tensor's storage to shared memory that both processes map, and while a worker
-    held the digits model that way the parent's forwards ran 40% slower (deit_tiny at batch 16 on the 2-core
-    Intel VM, 35.9 -> 50.3 ms; 12 kept tokens 0.36 -> 0.54 of it), back to 36.1 ms once the worker closed."""
+    """`job` pickled with its tensors' data copied (`FreshWorker.run_copied`): sent as it is, torch's
+    multiprocessing pickling moves a tensor's storage to shared memory that both processes map, and the parent's
+    forwards on a model held that way run slower while the worker lives."""
     return pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -165,15 +169,15 @@ def _step_rounds_here(job: StepJob) -> dict[Pair, list[tuple[Visit, Visit]]]:
     search measured it), each step's two counts visited back to back, every step once per round in a seeded
     order, the order within a pair reversed every other round."""
     workload, prepared = _prepared_here(job.workload)
-    session = live_session(workload, prepared)
-    rng = np.random.default_rng(workload.seed)
+    measuring = live_run(workload, prepared)
+    rng = np.random.default_rng(job.rounds.seed)
     rounds: dict[Pair, list[tuple[Visit, Visit]]] = {pair: [] for pair in job.pairs}
-    for index in range(job.rounds):
+    for index in range(job.rounds.rounds):
         for i in rng.permutation(len(job.pairs)):
             low, high = job.pairs[i]
             order = (high, low) if index % 2 == 0 else (low, high)
-            session.begin_pass(index, order)
-            taken = {n: session.visit(n, job.reps, index) for n in order}
+            measuring.begin_pass(index, order)
+            taken = {n: measuring.visit(n, job.rounds.reps, index) for n in order}
             rounds[(low, high)].append((taken[low], taken[high]))
     return rounds
 
@@ -195,23 +199,21 @@ def _verify_here(job: FreshJob) -> Verification:
     """The fresh process's side: build the workload, patch through each candidate schedule, verify."""
     workload, prepared = _prepared_here(job.workload)
     n = prepared.geometry.num_tokens
-    forward_at = schedule_forward_at(prepared.model, prepared.x, job.schedules, backend=workload.backend,
-                                     device=prepared.setup.device, threads=workload.threads,
-                                     cache_dir=Path(workload.output_dir) / prepared.cache_dir)
-    session = Session(LiveSource(forward_at, prepared.setup.device, workload.threads, backend=workload.backend))
-    return verify(session, n, [n - kept for kept in job.schedules], reps=job.reps, rounds=job.rounds,
-                  min_gain=job.min_gain, min_step=job.min_step, alpha=job.alpha, seed=workload.seed, progress=False)
+    timed = TimedModel(prepared.model, prepared.x, prepared.setup.device, workload.threads, workload.backend)
+    forward_at = schedule_forward_at(timed, job.schedules, Path(workload.output_dir) / prepared.cache_dir)
+    measuring = MeasurementRun(LiveSource(forward_at, timed.device, timed.threads, backend=timed.backend))
+    return verify(measuring, n, dict.fromkeys(n - kept for kept in job.schedules), job.rounds, job.criterion,
+                  progress=False)
 
 
-def held_in_both(here: Verification, fresh: Verification, min_gain: float,
-                 min_step: float) -> tuple[CandidateResult | None, str]:
+def held_in_both(here: Verification, fresh: Verification, criterion: Criterion) -> tuple[CandidateResult | None, str]:
     """The candidate to ship among those that qualified in both processes (chosen on the fresh process's
     measurements, as `pomt.verification.verify.choose` chooses), and the fresh process's verdict in one sentence."""
     qualified_here = {c.remove for c in here.candidates if c.qualifies}
     both = [c for c in fresh.candidates if c.remove in qualified_here]
     if not both:
         return None, "in a fresh process: none of the candidates that qualified here was measured"
-    chosen, reason = choose(both, min_gain, min_step)
+    chosen, reason = choose(both, criterion.min_gain, criterion.min_step)
     return chosen, f"in a fresh process: {reason}"
 
 

@@ -1,16 +1,12 @@
 """Checks of a schedule on this machine before it ships: a schedule is a promise, so it is measured.
 
-- `verify`: the patched model, through `pomt.apply_schedule`, against the unpruned model. Every round
-  visits each variant once in a seeded random order; each visit is corrected for the drift at its time
-  (`pomt.measurement.drift.drift_profile`), and each candidate's speedup is judged on its paired log-ratios with the
-  unpruned visits of the same rounds. A candidate qualifies when its speedup is significant (interval
-  above 1) and at least 1 + `min_gain`; the one shipped removes the fewest tokens among those whose
-  speedup is within `min_step` of the fastest one's (prune just enough). None qualifying: remove 0.
-- `verify_rounds`: how many rounds: at least the caller's, more where rounds are so short that a few seconds
-  hold more (at most ROUNDS_FACTOR times as many). Ten rounds of a 7 ms forward (deit_tiny at 112 px, batch 1)
-  take under 3 s and gave intervals of +-4-5% around speedups of 1.03-1.05x, so whether a schedule 5% faster
-  shipped was a coin's toss from run to run; the rounds are set before anything is measured, from the
-  unpruned model's measured latency, so the test's false-step rate stays what it was.
+`verify` times the patched model (through `pomt.apply_schedule`) against the unpruned one in seeded, shuffled
+rounds, each visit corrected for the drift at its time; a candidate qualifies when its paired speedup is
+significant and at least 1 + `min_gain`, and the one shipped removes the fewest tokens among those within
+`min_step` of the fastest (prune just enough). `verify_rounds` sets the rounds from the unpruned latency before
+anything is measured, so short forwards get more rounds at an unchanged false-step rate. `measure_gpu_work`
+says whether a schedule on a GPU waits on its host (launch-bound), when its speed is the host's, not the GPU's.
+`TimedModel`, `Rounds` and `Criterion` are the argument groups every measurement of a schedule shares.
 """
 
 from __future__ import annotations
@@ -31,31 +27,64 @@ from pomt.formats.schedule import Schedule
 from pomt.formats.schedule_parts import VerificationRecord
 from pomt.formats.trace import Visit
 from pomt.measurement.drift import Drift, drift, drift_profile
-from pomt.measurement.paired import paired_effect
-from pomt.measurement.sources import ForwardAt, Session
+from pomt.measurement.robust import paired_effect
+from pomt.measurement.sources import ForwardAt, MeasurementRun
+from pomt.measurement.timing import profile_forward
 from pomt.models.geometry import model_geometry
 from pomt.patching import unpatch
-from pomt.runtimes import Forward, ProgramCache, build_forward
+from pomt.runtimes import Forward, ProgramCache, ProgramFiles, build_forward
 
 
-def schedule_forward_at(model: nn.Module, x: torch.Tensor, schedules: Mapping[int, Schedule], *,
-                        backend: str = "eager", device: str = "cpu", threads: int | None = None,
+@dataclass(frozen=True, eq=False)
+class TimedModel:
+    """A model and the input it is timed on, with where its forwards run: device, CPU threads (None: torch's)
+    and runtime (`pomt.runtimes.BACKENDS`)."""
+
+    model: nn.Module
+    x: torch.Tensor
+    device: str = "cpu"
+    threads: int | None = None
+    backend: str = "eager"
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """How a paired measurement repeats: `rounds` rounds in a seeded order, `reps` timed forwards a visit
+    (None: as many as the measurement calibrates, where it does)."""
+
+    rounds: int
+    reps: int | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """When a measured candidate qualifies and which ships: speedup at least 1 + `min_gain`, significant at
+    `alpha`; the fewest removed within `min_step` of the fastest."""
+
+    min_gain: float = 0.03
+    min_step: float = 0.03
+    alpha: float = 0.01
+
+
+def schedule_forward_at(timed: TimedModel, schedules: Mapping[int, Schedule],
                         cache_dir: Path | None = None) -> ForwardAt:
     """`forward_at(kept)`: the unpruned model at N kept tokens, else the model patched with the schedule
-    that keeps that many, through `pomt.apply_schedule`, run in `backend`. Eager runs the patched model
+    that keeps that many, through `pomt.apply_schedule`, run in its runtime. Eager runs the patched model
     itself (unpatched again after the visit); other runtimes export it once per schedule, patched."""
+    model, backend = timed.model, timed.backend
     num_tokens = model_geometry(model).num_tokens
 
     def build(kept: int) -> Forward:
         if kept == num_tokens:
-            return build_forward(model, x, backend=backend, device=device, threads=threads, cache_dir=cache_dir,
-                                 cache_key="latency")
+            return build_forward(model, timed.x, backend=backend, threads=timed.threads,
+                                 files=ProgramFiles(cache_dir, "latency"))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # candidates are unverified by construction
             apply_schedule(model, schedules[kept])
         try:
-            forward = build_forward(model, x, backend=backend, device=device, threads=threads,
-                                    cache_dir=cache_dir, cache_key="latency")
+            forward = build_forward(model, timed.x, backend=backend, threads=timed.threads,
+                                    files=ProgramFiles(cache_dir, "latency"))
         except BaseException:
             unpatch(model)
             raise
@@ -72,7 +101,7 @@ ROUNDS_FACTOR = 4
 
 def verify_rounds(min_rounds: int, seconds: float, forward_ms: float, reps: int, visits: int) -> int:
     """Rounds of a verification whose rounds are `visits` visits of `reps` forwards of about `forward_ms`: at
-    least `min_rounds`, as many as fill `seconds`, at most ROUNDS_FACTOR x `min_rounds` (module docstring)."""
+    least `min_rounds`, as many as fill `seconds`, at most ROUNDS_FACTOR x `min_rounds`."""
     round_ms = forward_ms * max(1, reps) * max(1, visits)
     if not (math.isfinite(round_ms) and round_ms > 0):
         return min_rounds
@@ -135,60 +164,51 @@ class Verification:
         )
 
 
-def verify(
-    session: Session,
-    num_tokens: int,
-    removals: Sequence[int],
-    *,
-    reps: int,
-    rounds: int = 10,
-    predicted_ratio: Mapping[int, float] | None = None,
-    min_gain: float = 0.03,
-    min_step: float = 0.03,
-    alpha: float = 0.01,
-    seed: int = 0,
-    progress: bool = True,
-) -> Verification:
-    """Measure the candidates (removals) against the unpruned model and choose; see the module docstring.
+def verify(measuring: MeasurementRun, num_tokens: int, removals: Mapping[int, float | None], rounds: Rounds,
+           criterion: Criterion = Criterion(), *, progress: bool = True) -> Verification:
+    """Measure the candidate removals against the unpruned model and choose (module docstring); `rounds.reps`
+    forwards a visit.
 
-    `predicted_ratio[remove]` is the latency the prediction promised over the unpruned model's; the
-    predicted latency of a candidate is that ratio times the unpruned latency measured here, so the
-    prediction is judged on the same minute's speed as the measurement.
+    `removals[remove]`: the latency the prediction promised over the unpruned model's (None: no prediction);
+    a candidate's predicted latency is that ratio times the unpruned latency measured here, so the prediction
+    is judged on the same minute's speed as the measurement.
     """
-    removals = sorted({r for r in removals if r > 0})
-    rng = np.random.default_rng(seed)
-    kept = [num_tokens] + [num_tokens - r for r in removals]
+    predicted_ratio = {r: ratio for r, ratio in removals.items() if r > 0}
+    removed = sorted(predicted_ratio)
+    rng = np.random.default_rng(rounds.seed)
+    kept = [num_tokens] + [num_tokens - r for r in removed]
     visits: list[Visit] = []
-    with tqdm(total=rounds * len(kept), desc="verify", unit="visit", disable=not progress) as bar:
-        for r in range(rounds):
+    with tqdm(total=rounds.rounds * len(kept), desc="verify", unit="visit", disable=not progress) as bar:
+        for r in range(rounds.rounds):
             order = [int(k) for k in rng.permutation(kept)]
-            session.begin_pass(r + 1, order)
+            measuring.begin_pass(r + 1, order)
             for k in order:
-                visits.append(session.visit(k, reps, r + 1))
+                visits.append(measuring.visit(k, rounds.reps, r + 1))
                 bar.update(1)
     _, drift_log = drift_profile(visits)
     value: dict[tuple[int, int], float] = {
         (v.tokens, v.pass_index): v.median_ms / math.exp(g) for v, g in zip(visits, drift_log, strict=True)
     }
-    passes = range(1, rounds + 1)
+    passes = range(1, rounds.rounds + 1)
     unpruned = [value[(num_tokens, p)] for p in passes]
     unpruned_ms = float(np.median(unpruned))
     results = []
-    for remove in removals:
+    for remove in removed:
         effect = paired_effect(unpruned, [value[(num_tokens - remove, p)] for p in passes])
         speedup, ci = 1.0 / effect.ratio, (1.0 / effect.ci[1], 1.0 / effect.ci[0])
-        ratio = (predicted_ratio or {}).get(remove)
+        ratio = predicted_ratio[remove]
         results.append(CandidateResult(
             remove=remove,
             pruned_ms=unpruned_ms * effect.ratio,
             speedup=speedup,
             speedup_ci=ci,
             p_value=effect.p_value,
-            qualifies=effect.p_value < alpha and ci[0] > 1.0 and speedup >= 1.0 + min_gain,
+            qualifies=effect.p_value < criterion.alpha and ci[0] > 1.0 and speedup >= 1.0 + criterion.min_gain,
             predicted_ms=None if ratio is None else unpruned_ms * ratio,
         ))
-    chosen, reason = choose(results, min_gain, min_step)
-    return Verification(unpruned_ms, tuple(results), chosen, reason, rounds, reps, drift(visits, num_tokens))
+    chosen, reason = choose(results, criterion.min_gain, criterion.min_step)
+    return Verification(unpruned_ms, tuple(results), chosen, reason, rounds.rounds, rounds.reps,
+                        drift(visits, num_tokens))
 
 
 def choose(results: Sequence[CandidateResult], min_gain: float, min_step: float) -> tuple[CandidateResult | None, str]:
@@ -208,3 +228,73 @@ def choose(results: Sequence[CandidateResult], min_gain: float, min_step: float)
         f"measured {chosen.speedup:.3f}x (95% CI {chosen.speedup_ci[0]:.3f}-{chosen.speedup_ci[1]:.3f}) removing "
         f"{chosen.remove}" + ("" if chosen is fastest else f", within {min_step:.0%} of the fastest candidate")
     )
+
+
+# The host issues a forward's kernels while the GPU runs earlier ones; where they take less GPU time than the host
+# takes to issue them, the forward's latency follows the host's speed, and a verified speedup may not hold on
+# another host or a busier minute. Pruning cuts GPU time and reducers add kernels, so a schedule can be launch-bound
+# where the unpruned model is not.
+BUSY_FLOOR = 0.85  # below this share of the verified forward spent in GPU work, the forward waits on its host
+
+
+def waits_on_host(gpu_ms: float, wall_ms: float) -> bool:
+    """Whether a forward whose kernels took `gpu_ms` of GPU time in `wall_ms` waited on its host."""
+    return gpu_ms / wall_ms < BUSY_FLOOR
+
+
+@dataclass(frozen=True)
+class GpuWork:
+    """GPU time (ms) and kernels a forward of the unpruned model and the shipped schedule, and the schedule's
+    verified wall-clock latency (ms) on this host."""
+
+    unpruned_ms: float
+    pruned_ms: float
+    unpruned_kernels: float
+    pruned_kernels: float
+    wall_ms: float
+
+    @property
+    def busy(self) -> float:
+        """The share of the verified forward the GPU spent in the schedule's kernels."""
+        return self.pruned_ms / self.wall_ms
+
+    @property
+    def gpu_speedup(self) -> float:
+        """The speedup at the GPU's own pace: unpruned GPU time over the schedule's."""
+        return self.unpruned_ms / self.pruned_ms
+
+    @property
+    def launch_bound(self) -> bool:
+        return waits_on_host(self.pruned_ms, self.wall_ms)
+
+    def to_dict(self) -> dict:
+        return {"unpruned_ms": round(self.unpruned_ms, 4), "pruned_ms": round(self.pruned_ms, 4),
+                "unpruned_kernels": round(self.unpruned_kernels, 1), "pruned_kernels": round(self.pruned_kernels, 1),
+                "wall_ms": round(self.wall_ms, 4), "busy": round(self.busy, 3),
+                "gpu_speedup": round(self.gpu_speedup, 4), "launch_bound": self.launch_bound}
+
+    def note(self, verified_speedup: float) -> str | None:
+        """A sentence where the schedule was launch-bound here; None where the GPU was busy enough."""
+        if not self.launch_bound:
+            return None
+        return (f"launch-bound on this host: the GPU worked {self.pruned_ms:.2f} ms of the schedule's "
+                f"{self.wall_ms:.2f} ms forward ({self.busy:.0%}; {self.pruned_kernels:.0f} kernels against "
+                f"{self.unpruned_kernels:.0f} unpruned), so its {verified_speedup:.2f}x follows how fast the host "
+                f"issues kernels: a slower or busier host serving it runs it slower; at the GPU's own pace "
+                f"(served from a CUDA graph: `pomt.cuda_graph`, measured with --backend cudagraph) it would run up "
+                f"to {self.gpu_speedup:.2f}x")
+
+
+def measure_gpu_work(model: nn.Module, x: torch.Tensor, schedule: Schedule, device: str,
+                     wall_ms: float) -> GpuWork | None:
+    """The GPU work of `model` patched with `schedule` (eager) and unpruned, each profiled once after a warm-up;
+    None off CUDA. `wall_ms`: the schedule's verified latency here."""
+    if not device.startswith("cuda"):
+        return None
+    forward_at = schedule_forward_at(TimedModel(model, x, device), {schedule.kept_tokens: schedule})
+    with forward_at(schedule.num_tokens) as forward:
+        unpruned = profile_forward(forward, device)
+    with forward_at(schedule.kept_tokens) as forward:  # patched through apply_schedule, unpatched after
+        pruned = profile_forward(forward, device)
+    return GpuWork(unpruned.device_time_ms, pruned.device_time_ms, unpruned.ops_per_forward,
+                   pruned.ops_per_forward, wall_ms)

@@ -1,2 +1,2 @@
 """What is measured: the resolved run (model, device, sizes, output stem) and the workload made concrete
-(model in its dtype, input, grid, journal, live session)."""
+(model in its dtype, input, grid, journal, live measurement run)."""

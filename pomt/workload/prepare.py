@@ -1,15 +1,16 @@
-"""What is measured, and how it is set up on this machine: one (model, batch, input size, dtype, runtime)
-and the token grid, shared by the offline computation and `pomt record`.
+"""What is measured, and how it is set up on this machine, shared by the offline computation, the benchmark and
+`pomt record`.
 
-`prepare` builds the model in its dtype on its device with a seeded input (the benchmark's cells too);
-`open_journal` opens (or, with `resume`, continues) the trace a run writes every visit to;
-`live_session` measures through the runtime on this machine into that journal; `journalled` turns Ctrl-C
-into a line saying how many visits the journals keep.
+`prepare_run` resolves and checks the run before any model is built (model name, device and fingerprint, the
+host allocator, batch and input size, the output stem `<model>_<device>_bs<B>_is<S>`); `prepare` builds the model
+in its dtype on its device with a seeded input and the token grid; `open_journal` opens (or, with `resume`,
+continues) the trace a run writes every visit to; `live_run` measures through the runtime into that journal;
+`journalled` turns Ctrl-C into a line saying how many visits the journals keep.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -17,20 +18,87 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pomt.checks import check_input_memory, check_options, check_output_dir, check_threads
-from pomt.device.allocator import ALLOCATOR_HELP, ALLOCATORS
+from pomt.checks import check_batch_size, check_input_memory, check_options, check_output_dir, check_threads
+from pomt.device import Fingerprint, device_fingerprint, resolve_device
+from pomt.device import require_locked_clocks as refuse_unlocked_clocks
+from pomt.device.allocator import ALLOCATOR_HELP, ALLOCATORS, check_allocator, use_allocator
 from pomt.errors import Interrupted
 from pomt.formats.schedule import utc_now
 from pomt.formats.trace import TraceWriter
 from pomt.measurement.design import token_grid
-from pomt.measurement.sources import LiveSource, Session, forward_at_tokens, journal_end_s
+from pomt.measurement.sources import LiveSource, MeasurementRun, journal_end_s, live_forwards
 from pomt.models.geometry import Geometry, model_geometry
-from pomt.models.registry import MAX_INPUT_SIZE, create_model
-from pomt.options import SEED_MAX, option
+from pomt.models.registry import (
+    MAX_INPUT_SIZE,
+    architecture,
+    create_model,
+    default_input_size,
+    normalise_input_size,
+    resolve_model_name,
+)
+from pomt.options import ADVANCED, MEASUREMENT, OUTPUTS, SEED_MAX, WORKLOAD, option
 from pomt.runtimes import BACKENDS, DTYPES, backend_info, check_backend, resolve_dtype
-from pomt.workload.setup import RunSetup, prepare_run
 
 MODEL, BATCH_SIZE = "deit_base", 4  # what a workload measures where it does not say
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """The resolved setting of one run."""
+
+    model: str  # timm name, pretrained tag kept
+    device: str  # cpu, cuda, cuda:N or mps
+    fingerprint: Fingerprint
+    batch_size: int
+    input_size: tuple[int, int]
+
+    @property
+    def architecture(self) -> str:
+        return architecture(self.model)
+
+    @property
+    def stem(self) -> str:
+        return output_stem(self.model, self.device, [self.batch_size], [self.input_size])
+
+    def at(self, batch_size: int, input_size: int | tuple[int, int]) -> RunSetup:
+        """The same run at another batch size and input size (a cell of a sweep)."""
+        return replace(self, batch_size=check_batch_size(batch_size), input_size=normalise_input_size(input_size))
+
+
+def output_stem(
+    model: str, device: str, batch_sizes: Sequence[int], input_sizes: Sequence[tuple[int, int]]
+) -> str:
+    """`<model>_<device>_bs<B>_is<S>`; a sweep joins its batch and input sizes with "-"."""
+    sizes = "-".join(str(h) if h == w else f"{h}x{w}" for h, w in input_sizes)
+    batches = "-".join(map(str, batch_sizes))
+    return f"{architecture(model)}_{device.split(':')[0]}_bs{batches}_is{sizes}"
+
+
+@dataclass(frozen=True)
+class Host:
+    """How the host is held while a run measures: its allocator on a CPU (`pomt.device.allocator`) and whether
+    unlocked clocks are refused."""
+
+    allocator: str = "steady"
+    require_locked_clocks: bool = False
+
+
+def prepare_run(model: str, device: str = "auto", threads: int | None = None, batch_size: int = 1,
+                input_size: int | tuple[int, int] | None = None, host: Host = Host()) -> RunSetup:
+    """Resolve the model name, sizes and device, set the host allocator on a CPU
+    (`pomt.device.allocator.use_allocator`), and take the device's fingerprint (which records the allocator);
+    with `host.require_locked_clocks`, raise DeviceError unless its clocks are locked."""
+    name = resolve_model_name(model)
+    batch = check_batch_size(batch_size)
+    size = normalise_input_size(input_size) or default_input_size(name)
+    resolved = resolve_device(device)
+    check_allocator(host.allocator)  # on every device, so a typo is refused before any GPU run too
+    if resolved == "cpu":
+        use_allocator(host.allocator)
+    fingerprint = device_fingerprint(resolved, threads)
+    if host.require_locked_clocks:
+        refuse_unlocked_clocks(fingerprint)
+    return RunSetup(name, resolved, fingerprint, batch, size)
 
 
 @dataclass(frozen=True)
@@ -38,24 +106,27 @@ class Workload:
     """The model, batch, input, device and runtime measured, the token grid, and where outputs go; each
     field is also the CLI option of its name (`pomt.options`)."""
 
-    model: str | None = option(None, f"timm model name or alias (default: {MODEL}; a replay's is its trace's).")
+    model: str | None = option(None, f"timm model name or alias (default: {MODEL}; a replay's is its trace's).",
+                               panel=WORKLOAD)
     batch_size: int | None = option(None, f"Batch size the latency is for (default: {BATCH_SIZE}; a replay's is "
-                                          "its trace's).", min=1)
+                                          "its trace's).", min=1, panel=WORKLOAD)
     input_size: int | tuple[int, int] | None = option(None, "Input size in pixels (default: the model's).", min=1,
-                                                      max=MAX_INPUT_SIZE)
-    device: str = option("auto", "auto (cuda if present, else cpu), cpu, cuda[:N], mps.")
-    threads: int | None = option(None, "CPU threads, fixed and recorded (default: torch's).", min=1)
-    allocator: str = option("steady", ALLOCATOR_HELP, choices=ALLOCATORS)
-    dtype: str = option("float32", "Model and input dtype (bfloat16 on CPU, float16 on CUDA).", choices=DTYPES)
-    backend: str = option("eager", "Runtime measured on.", choices=BACKENDS)
-    grid_token_start: int | None = option(None, "First kept-token count (default N).", min=1)
-    grid_token_stop: int | None = option(None, "Last kept-token count (default P+1).", min=1)
-    grid_token_stride: int = option(1, "Grid step in tokens.", min=1)
-    output_dir: Path = option(Path("bin"), "Where outputs are written.")
-    resume: bool = option(False, "Continue a killed run from its journal; measure only what is missing.")
-    require_locked_clocks: bool = option(False, "Refuse to measure unless clocks are locked.")
-    seed: int = option(0, "Seed for pass orders, the input, samples and random pruning.", min=0, max=SEED_MAX)
-    progress: bool = option(True, "Show progress bars.", negatable=True)
+                                                      max=MAX_INPUT_SIZE, panel=WORKLOAD)
+    device: str = option("auto", "auto (cuda if present, else cpu), cpu, cuda[:N], mps.", panel=WORKLOAD)
+    threads: int | None = option(None, "CPU threads, fixed and recorded (default: torch's).", min=1, panel=WORKLOAD)
+    allocator: str = option("steady", ALLOCATOR_HELP, choices=ALLOCATORS, panel=ADVANCED)
+    dtype: str = option("float32", "Model and input dtype (bfloat16 on CPU, float16 on CUDA).", choices=DTYPES,
+                        panel=WORKLOAD)
+    backend: str = option("eager", "Runtime measured on.", choices=BACKENDS, panel=WORKLOAD)
+    grid_token_start: int | None = option(None, "First kept-token count (default N).", min=1, panel=MEASUREMENT)
+    grid_token_stop: int | None = option(None, "Last kept-token count (default P+1).", min=1, panel=MEASUREMENT)
+    grid_token_stride: int = option(1, "Grid step in tokens.", min=1, panel=MEASUREMENT)
+    output_dir: Path = option(Path("bin"), "Where outputs are written.", panel=OUTPUTS)
+    resume: bool = option(False, "Continue a killed run from its journal; measure only what is missing.", panel=OUTPUTS)
+    require_locked_clocks: bool = option(False, "Refuse to measure unless clocks are locked.", panel=MEASUREMENT)
+    seed: int = option(0, "Seed for pass orders, the input, samples and random pruning.", min=0, max=SEED_MAX,
+                       panel=ADVANCED)
+    progress: bool = option(True, "Show progress bars.", negatable=True, panel=OUTPUTS)
 
     def check(self) -> Workload:
         """Raise for settings outside their ranges (`pomt.checks.check_options`) or an output folder no file
@@ -106,7 +177,7 @@ def prepare(
     setup = run if run is not None else prepare_run(
         MODEL if workload.model is None else workload.model, workload.device, workload.threads,
         BATCH_SIZE if workload.batch_size is None else workload.batch_size, workload.input_size,
-        workload.require_locked_clocks, workload.allocator)
+        Host(workload.allocator, workload.require_locked_clocks))
     check_input_memory(setup.batch_size, setup.input_size)
     backend = check_backend(workload.backend, setup.device)
     dtype = resolve_dtype(workload.dtype, setup.device)
@@ -156,14 +227,14 @@ def journalled(prepared: Prepared) -> Iterator[Prepared]:
         raise Interrupted.after_visits(sum(len(journal.visits) for journal in prepared.journals)) from None
 
 
-def live_session(workload: Workload, prepared: Prepared, journal: TraceWriter | None = None) -> Session:
+def live_run(workload: Workload, prepared: Prepared, journal: TraceWriter | None = None) -> MeasurementRun:
     """Measure the model at a token count on this machine, through the workload's runtime, into the journal
     (none: nothing written, as in a fresh process's check)."""
-    forward_at = forward_at_tokens(prepared.model, prepared.x, backend=workload.backend, device=prepared.setup.device,
-                                   threads=workload.threads, cache_dir=Path(workload.output_dir) / prepared.cache_dir)
+    forward_at = live_forwards(prepared.model, prepared.x, backend=workload.backend, threads=workload.threads,
+                               cache_dir=Path(workload.output_dir) / prepared.cache_dir)
     source = LiveSource(forward_at, prepared.setup.device, workload.threads, start_s=journal_end_s(journal),
                         backend=workload.backend)
-    return Session(source, journal)
+    return MeasurementRun(source, journal)
 
 
 def settings_keys(settings: object) -> dict:

@@ -1,16 +1,12 @@
 """`pomt record`: a dense latency trace of one workload on this machine, for the curve bank.
 
-Every grid count is visited in `passes` shuffled passes, the reference N `reference_visits` times in each
-(a search visits it in every one of its many short passes, and a replay serves each recorded visit once),
-each multiple of `align` right beside the count below it (alternating order), as a search's coarse scan
-visits them, so a replay can serve those pairs back to back; or, with `chain`, every count beside a
-neighbour, the pairs shifted every other pass, so that a replay can serve any adjacent pair back to back
-(`pomt.measurement.design.chained_units`): the pairs a search confirms off the aligned edges, and the a + 1
-side of each.
-Every timed forward is kept with its count, pass and time in `<stem>.record.csv`, the device fingerprint
-in its JSON sidecar; a killed recording continues with `--resume`. The trace is then analysed as the
-bank's ground truth is (`pomt.measurement.steps.steps_in_trace`) and drawn; `offline_computation.py --replay` runs
-the whole offline computation on it.
+Every grid count is visited in `passes` shuffled passes, the reference N `reference_visits` times in each; each
+multiple of `align` right beside the count below it, as a search's coarse scan visits them, or with `chain`
+every count beside a neighbour (`pomt.measurement.design.chained_units`), so that a replay can serve those
+pairs back to back. Every timed forward is kept with its count, pass and time in `<stem>.record.csv`, the
+device fingerprint in its sidecar; a killed recording continues with `--resume`. The trace is analysed as the
+bank's ground truth is (`pomt.measurement.steps.steps_in_trace`) and drawn; `offline_computation.py --replay`
+runs the whole offline computation on it.
 """
 
 from __future__ import annotations
@@ -25,30 +21,34 @@ from pomt.io import clear_stale
 from pomt.measurement.design import Measurer, aligned_units, chained_units, checked_grid
 from pomt.measurement.drift import Drift, corrected_values, drift, pool_visits, relative_noise
 from pomt.measurement.search import SearchSettings
-from pomt.measurement.sources import Session
+from pomt.measurement.sources import MeasurementRun
 from pomt.measurement.steps import Step, steps_in_trace
-from pomt.options import option
-from pomt.plots import plot_offline
-from pomt.workload.prepare import Prepared, Workload, journalled, live_session, open_journal, prepare
+from pomt.options import ADVANCED, MEASUREMENT, option
+from pomt.plots import OfflinePlot, plot_offline
+from pomt.workload.prepare import Prepared, Workload, journalled, live_run, open_journal, prepare
 
 
 @dataclass(frozen=True)
 class RecordSettings:
     """How deep a recording goes; each field is also the CLI option of its name."""
 
-    passes: int = option(12, "Shuffled passes over every count (a replay serves each recorded visit once).", min=2)
-    reps: int | None = option(None, "Timed forwards per visit (default: about --visit-s of timing).", min=1)
-    visit_s: float = option(0.1, "Seconds of timing a visit aims at, when --reps is not given.")
+    passes: int = option(12, "Shuffled passes over every count (a replay serves each recorded visit once).", min=2,
+                         panel=MEASUREMENT)
+    reps: int | None = option(None, "Timed forwards per visit (default: about --visit-s of timing).", min=1,
+                              panel=MEASUREMENT)
+    visit_s: float = option(0.1, "Seconds of timing a visit aims at, when --reps is not given.", panel=ADVANCED)
     reference_visits: int = option(3, "Visits of the reference (N) in each pass: a search visits it in every one of "
-                                      "its many short passes, so a replayed search needs more of it.", min=1)
+                                      "its many short passes, so a replayed search needs more of it.", min=1,
+                                   panel=MEASUREMENT)
     align: int = option(8, "Each multiple of it is visited right beside the count below, in alternating order, as "
                            "an adaptive search's coarse scan does, so a replay serves those pairs as they were "
-                           "measured live (0: every count on its own).", min=0)
+                           "measured live (0: every count on its own).", min=0, panel=ADVANCED)
     chain: bool = option(False, "Visit every count right beside a neighbour, the pairs shifted by one count every "
                                 "other pass, so every two neighbouring counts are back to back in half the passes "
                                 "and a replay serves any adjacent pair as a search measures it live (in place of "
-                                "--align's pairs).")
-    min_step: float = option(0.05, "Smallest step the summary reports (fraction, beyond the trend).", min=0)
+                                "--align's pairs).", panel=MEASUREMENT)
+    min_step: float = option(0.05, "Smallest step the summary reports (fraction, beyond the trend).", min=0,
+                             panel=MEASUREMENT)
 
     def check(self) -> RecordSettings:
         """Raise for settings outside their ranges, and for those a search would refuse alike."""
@@ -71,11 +71,11 @@ class Recording:
     steps: list[Step]
 
 
-def dense_trace(session: Session, grid: list[int], reference: int, settings: RecordSettings, *, seed: int = 0,
+def dense_trace(measuring: MeasurementRun, grid: list[int], reference: int, settings: RecordSettings, *, seed: int = 0,
                 progress: bool = True) -> tuple[list[Visit], int]:
     """(every visit, timed forwards per visit) of the dense design (see the module docstring); nothing judged."""
     grid = checked_grid(grid, reference)
-    measurer = Measurer(session, reference, seed=seed, total=settings.passes * len(grid), progress=progress)
+    measurer = Measurer(measuring, reference, seed=seed, total=settings.passes * len(grid), progress=progress)
     measurer.calibrate(settings.reps, settings.visit_s)
     if settings.chain:
         for number in range(settings.passes):
@@ -106,10 +106,10 @@ def _record(workload: Workload, settings: RecordSettings, prepared: Prepared) ->
                            {"passes": settings.passes, "reps": settings.reps, "visit_s": settings.visit_s,
                             "reference_visits": settings.reference_visits, "align": settings.align,
                             "chain": settings.chain})
-    session = live_session(workload, prepared, journal)
+    measuring = live_run(workload, prepared, journal)
     started = time.perf_counter()
     n = prepared.geometry.num_tokens
-    visits, reps = dense_trace(session, prepared.grid, n, settings, seed=workload.seed, progress=workload.progress)
+    visits, reps = dense_trace(measuring, prepared.grid, n, settings, seed=workload.seed, progress=workload.progress)
     seconds = time.perf_counter() - started
     seen = drift(visits, n)
     journal.update_meta(passes=settings.passes, reps=reps, stride=workload.grid_token_stride,
@@ -118,10 +118,10 @@ def _record(workload: Workload, settings: RecordSettings, prepared: Prepared) ->
     steps = steps_in_trace(visits, min_step=settings.min_step)
     title = (f"{prepared.geometry.model} on {prepared.setup.fingerprint.name}, batch {prepared.setup.batch_size}"
              f": {settings.passes} shuffled passes")
-    plot = plot_offline(folder / f"{stem}.png", title, pool_visits(visits, n),
-                        corrected_values(visits), steps, [], None, drift=seen)
+    plot = plot_offline(folder / f"{stem}.png",
+                        OfflinePlot(title, pool_visits(visits, n), corrected_values(visits), steps, drift=seen))
     return Recording(
         paths={"trace": journal.path, "sidecar": journal.path.with_suffix(".json"), "plot": plot},
-        visits=session.visits, measured=session.measured, samples=sum(len(v.samples_ms) for v in visits),
+        visits=measuring.visits, measured=measuring.measured, samples=sum(len(v.samples_ms) for v in visits),
         seconds=seconds, noise=relative_noise(corrected_values(visits)), drift=seen, steps=steps,
     )

@@ -9,7 +9,7 @@ import typer
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from pomt.bench.run import BenchConfig
+from pomt.bench.config import BenchConfig
 from pomt.cli import app
 from pomt.cli.bench import Outputs
 from pomt.cli.options import config_command

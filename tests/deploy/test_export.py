@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from pomt.deploy.apply import UnverifiedScheduleWarning, apply_schedule
-from pomt.deploy.export import default_output, export_schedule
+from pomt.deploy.export import ExportOptions, default_output, export_schedule
 from pomt.device import Fingerprint
 from pomt.errors import ExportError
 from pomt.formats.schedule import BlockRemoval, Schedule, save_schedule
@@ -75,7 +75,7 @@ def _inputs(batch: int) -> list[torch.Tensor]:
 @pytest.mark.parametrize("method", ["pomt", "topk", "l2norm", "tome"])
 def test_exported_onnx_matches_pytorch_in_onnxruntime_and_openvino(tmp_path, checkpoint, method):
     schedule_path = _schedule(tmp_path, method, batch=2)
-    result = export_schedule(schedule_path, checkpoint=checkpoint)
+    result = export_schedule(schedule_path, ExportOptions(checkpoint=checkpoint))
     assert result.path == default_output(schedule_path, "onnx") == tmp_path / f"{MODEL}_{method}_bs2_cpu.onnx"
     assert result.passed and result.max_abs_diff <= GOAL
     session = onnxruntime_session(result.path, "cpu", 1)
@@ -133,8 +133,9 @@ def test_attention_is_chunked_for_the_device_the_schedule_was_measured_on(tmp_pa
     MLP activation's bytes) all of them. A schedule measured on cuda exports one chunk there, traced on this
     CPU; `--target-device cpu` two; both match PyTorch, and the card says which."""
     schedule_path = _schedule(tmp_path, "pomt", batch=40, kind="cuda")
-    for_gpu = export_schedule(schedule_path, checkpoint=checkpoint)
-    for_cpu = export_schedule(schedule_path, checkpoint=checkpoint, output=tmp_path / "cpu.onnx", target="cpu")
+    for_gpu = export_schedule(schedule_path, ExportOptions(checkpoint=checkpoint))
+    for_cpu = export_schedule(schedule_path, ExportOptions(checkpoint=checkpoint, output=tmp_path / "cpu.onnx",
+                                                           target="cpu"))
     assert for_gpu.card["attention_chunked_for"] == "cuda" and for_cpu.card["attention_chunked_for"] == "cpu"
     assert for_gpu.passed and for_cpu.passed
     assert _softmaxes(for_cpu.path) == _softmaxes(for_gpu.path) + 1
@@ -156,7 +157,7 @@ def test_bad_format_is_one_line_exit_2(tmp_path):
 def test_output_suffix_must_match_the_format(tmp_path):
     schedule_path = _schedule(tmp_path, "pomt")
     with pytest.raises(ExportError, match="must end in .onnx"):
-        export_schedule(schedule_path, output=tmp_path / "m.xml", pretrained=False)
+        export_schedule(schedule_path, ExportOptions(output=tmp_path / "m.xml", pretrained=False))
 
 
 def test_missing_package_is_one_line_exit_2(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from pomt.device import allocator
 from pomt.device.allocator import ALLOCATOR_ENV, STEADY, allocator_settings, steady_allocator, use_allocator
 from pomt.errors import SettingError
-from pomt.workload.setup import prepare_run
+from pomt.workload.prepare import Host, prepare_run
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_inherit_changes_nothing_and_other_choices_are_refused(defaults):
 
 @pytest.mark.skipif(allocator._glibc_mallopt() is None, reason="glibc only")
 def test_a_cpu_run_records_the_allocator_it_measures_under(defaults):
-    assert prepare_run("deit_tiny", "cpu", allocator="inherit").fingerprint.allocator == {}
+    assert prepare_run("deit_tiny", "cpu", host=Host("inherit")).fingerprint.allocator == {}
     assert prepare_run("deit_tiny", "cpu").fingerprint.allocator == STEADY
     with pytest.raises(SettingError):
-        prepare_run("deit_tiny", "cpu", allocator="tcmalloc")
+        prepare_run("deit_tiny", "cpu", host=Host("tcmalloc"))

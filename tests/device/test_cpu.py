@@ -4,7 +4,7 @@ import pytest
 
 from pomt.device import cpu
 
-from device_fakes import make_tree
+from support.device_fakes import make_tree
 
 
 @pytest.mark.parametrize(("values", "expected"), [

@@ -1,19 +1,23 @@
 """Device resolution, the fingerprint's shape and its dict form (older and partial ones included), its hash,
-and the refusal to measure on unlocked clocks."""
+the refusal to measure on unlocked clocks, clock-state verdicts, the lock state file, and the snapshot taken
+around a measurement."""
 
 import json
+import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 
 import pomt.device as dev
 from pomt.device import fingerprint
+from pomt.device.allocator import ALLOCATOR_ENV
 from pomt.device.fingerprint import Fingerprint, device_fingerprint, fingerprint_hash, require_locked_clocks
 from pomt.errors import DeviceError
 
 from conftest import DATA
-from device_fakes import make_tree
+from support.device_fakes import make_tree
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_MPS = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
@@ -104,8 +108,8 @@ def test_the_allocator_settings_are_recorded_and_leave_the_device_identity_alone
     """glibc's dynamic mmap threshold moved a 10% cliff near N between processes (benchmarks/placement.py):
     a fingerprint says which allocator settings a curve was measured under, without making the machine
     another device for `apply_schedule`'s check."""
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    for name in ALLOCATOR_ENV:  # whatever an earlier test in this process left set
+        monkeypatch.delenv(name, raising=False)
     before = device_fingerprint("cpu")
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "1073741824")
     monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
@@ -170,3 +174,64 @@ def test_require_locked_clocks():
            "locked_gpu_clocks": None}
     with pytest.raises(DeviceError, match="SM clock 1980"):
         require_locked_clocks(Fingerprint.from_dict({"kind": "cuda", "clocks_locked": False, "gpu": gpu}))
+
+
+
+@pytest.mark.parametrize(("governors", "turbo", "expected"), [
+    ("performance", "off", True),
+    ("performance", "on", False),
+    ("performance", "unknown", None),
+    ("performance,powersave", "off", False),
+    ("powersave", "unknown", False),
+    ("unknown", "on", False),
+    ("unknown", "off", None),
+    ("unknown", "unknown", None),
+])
+def test_clocks_locked_cpu(governors, turbo, expected):
+    assert fingerprint.clocks_locked_cpu(governors, turbo) is expected
+
+
+GPU_FREE = {"sm_clock_mhz": 1980, "applications_clock_sm_mhz": 1755, "persistence_mode": False,
+            "locked_gpu_clocks": None}
+
+
+@pytest.mark.parametrize(("gpu", "targets", "expected"), [
+    (None, (), None),
+    (None, ("jetson",), True),
+    ({}, ("cpu",), None),
+    ({**GPU_FREE, "sm_clock_mhz": None}, (), None),
+    (GPU_FREE, (), False),
+    ({**GPU_FREE, "sm_clock_mhz": 210}, (), False),
+    ({**GPU_FREE, "locked_gpu_clocks": {"min_mhz": 1500, "max_mhz": 1500}}, (), True),
+    ({**GPU_FREE, "persistence_mode": True}, ("cpu", "nvidia"), True),
+    ({**GPU_FREE, "persistence_mode": False}, ("nvidia",), False),
+    ({**GPU_FREE, "persistence_mode": True, "sm_clock_mhz": 1755}, (), True),
+    ({**GPU_FREE, "persistence_mode": False, "sm_clock_mhz": 1755}, (), False),
+    ({**GPU_FREE, "persistence_mode": True, "applications_clock_sm_mhz": None}, (), False),
+    # an H100 lent unlocked, read under load: boosting to its maximum, which is also its applications clock
+    ({**GPU_FREE, "persistence_mode": True, "applications_clock_sm_mhz": 1980, "sm_clock_max_mhz": 1980}, (), False),
+    ({**GPU_FREE, "persistence_mode": True, "sm_clock_mhz": 1755, "sm_clock_max_mhz": 1980}, (), True),
+])
+def test_clocks_locked_gpu(gpu, targets, expected):
+    assert fingerprint.clocks_locked_gpu(gpu, targets) is expected
+
+
+def test_lock_state(fake_root, tmp_path: Path):
+    path = fingerprint.lock_state_path()
+    assert path == tmp_path / "state" / "clock_state"
+    assert fingerprint.read_lock_state() == {"active": False, "state_file": str(path), "targets": []}
+    path.parent.mkdir()
+    path.write_text("# header\nsysfs\t/sys/x\tpowersave\nnvidia\tpersistence\tDisabled\n"
+                    "nvidia\tgpu_clocks\tlocked\n")
+    state = fingerprint.read_lock_state()
+    assert state["active"] is True and state["targets"] == ["cpu", "nvidia"]
+    os.utime(path, (0, 0))  # written before the last boot: clocks were reset since
+    assert fingerprint.read_lock_state()["active"] is False
+
+
+def test_clock_snapshot_is_json(fake_root):
+    make_tree(fake_root, ["performance"], cur_khz=[2400000])
+    snap = fingerprint.clock_snapshot("cpu")
+    assert json.loads(json.dumps(snap)) == snap
+    assert snap["kind"] == "cpu"
+    assert snap["cpu_freq_mhz"] == 2400.0

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pomt.device import clocks, gpu
+from pomt.device import fingerprint, gpu
 
 
 def test_decode_throttle_reasons():
@@ -31,5 +31,5 @@ def test_gpu_fields_from_nvml_survive_missing_and_failing_calls(fake_nvml):
     assert info["persistence_mode"] is True and info["power_w"] == pytest.approx(123.456)
     assert info["throttle_reasons"] == ["gpu_idle", "hw_thermal_slowdown"]
     assert gpu.gpu_power_w(0) == pytest.approx(123.456)
-    snap = clocks.clock_snapshot("cuda:0")
+    snap = fingerprint.clock_snapshot("cuda:0")
     assert snap["sm_clock_mhz"] == 1980 and snap["temperature_c"] == 41

@@ -17,7 +17,7 @@ from pomt.formats.trace import (
 )
 
 from conftest import DATA
-from trace_data import linear_levels, synthetic_trace
+from support.trace_data import linear_levels, synthetic_trace
 
 META = {"model": "deit_tiny_patch16_224", "batch_size": 1, "input_size": [224, 224], "num_tokens": 197,
         "prefix_tokens": 1}

@@ -1,4 +1,5 @@
-"""Measured accuracies of candidates: splits, the journal that caches them, resuming, refusing another model."""
+"""Accuracy of candidate schedules on calibration images: the splits, the journal, candidates evaluated together
+(the blocks before their first cut run once for all), and the calibration hosted in a worker process."""
 
 import json
 
@@ -7,22 +8,29 @@ import torch
 from torch.utils.data import TensorDataset
 
 from pomt.accuracy import AGREEMENT, TOP1, eval_transform, open_image_folder
-from pomt.errors import AccuracyCacheError, DatasetError
+from pomt.errors import AccuracyCacheError, DatasetError, PatchError
 from pomt.frontier.calibration import (
     HELD_OUT,
     SEARCH,
+    AccuracyJournal,
     Calibration,
+    Classifier,
+    candidate_logits,
     count_correct,
     dataset_digest,
+    hosted,
+    image_outcomes,
+    model_identity,
+    shares_prefix,
     split_indices,
     surely_dropped_more,
 )
-from pomt.frontier.candidates import Candidate
-from pomt.frontier.journal import AccuracyJournal, model_identity
+from pomt.frontier.candidates import NONE, Candidate
 from pomt.models.registry import create_model
+from pomt.patching import patch, patch_state, unpatch
 from pomt.stats import Proportion
 
-from tiny_data import make_image_folder
+from support.tiny_data import make_image_folder
 
 CANDIDATES = [Candidate.of("tome", {0: 2, 1: 2}), Candidate.of("pomt", {2: 6}), Candidate.of("topk", {})]
 
@@ -40,7 +48,7 @@ def images():
 
 
 def calibration(model, dataset, path, kind=TOP1):
-    return Calibration(model, dataset, kind, AccuracyJournal(path, model_identity(model)), batch_size=4)
+    return Calibration(Classifier(model, kind, batch_size=4), dataset, AccuracyJournal(path, model_identity(model)))
 
 
 def test_the_split_is_seeded_disjoint_and_complete():
@@ -56,7 +64,7 @@ def test_measured_accuracies_are_the_counts_on_the_splits_images(model, images, 
     found = cal.measure(CANDIDATES, SEARCH)
     search = [images[i] for i in cal.indices[SEARCH]]
     batch = (torch.stack([x for x, _ in search]), torch.stack([y for _, y in search]))
-    assert found == count_correct(model, CANDIDATES, [batch], agreement=False)
+    assert found == count_correct(Classifier(model), CANDIDATES, [batch])
     assert all(p.paired for p in found.values())
     assert cal.evaluated == 3 and found[CANDIDATES[0]].trials == cal.size(SEARCH) == 15
 
@@ -141,3 +149,129 @@ def test_surely_dropped_more_reads_the_lower_bound_of_the_drop():
     assert not surely_dropped_more(Proportion(66, 100), 0.06)  # not paired: never stopped
     assert surely_dropped_more(Proportion(60, 100, lost=10, gained=0), 0.03, confidence=0.9)
     assert not surely_dropped_more(Proportion(60, 100, lost=10, gained=0), 0.03, confidence=0.9999)
+
+
+SHARED_CANDIDATES = [Candidate.of(method, removal) for method in ("pomt", "topk", "tome", "l2norm")
+              for removal in ({0: 3}, {2: 4, 4: 2}, {5: 3}, {1: 2, 2: 2, 3: 2, 4: 2})] + [Candidate.of("pomt", {})]
+
+
+@pytest.fixture(scope="module")
+def vit():
+    return create_model("test_vit", 64, num_classes=10)  # 17 tokens, 6 blocks, seeded random weights
+
+
+def own_logits(vit, candidate, images):
+    if not candidate.unpruned:
+        patch(vit, candidate.method, candidate.as_dict())
+    try:
+        return vit(images)
+    finally:
+        unpatch(vit)
+
+
+@pytest.mark.parametrize("avg_pool", [False, True])
+def test_shared_prefix_logits_equal_each_patched_models_own_exactly(vit, avg_pool):
+    if avg_pool:  # ToMe then also weights the pooling by token size
+        vit = create_model("test_vit", 64, num_classes=10)
+        vit.global_pool = "avg"
+    images = torch.randn(5, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    assert shares_prefix(vit)
+    with torch.inference_mode():
+        shared = candidate_logits(vit, SHARED_CANDIDATES, images)
+        for candidate in SHARED_CANDIDATES:
+            assert torch.equal(shared[candidate], own_logits(vit, candidate, images)), candidate.key
+    assert patch_state(vit) is None  # left unpatched
+
+
+def test_without_sharing_every_candidate_runs_its_own_forward(vit):
+    images = torch.randn(3, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        shared = candidate_logits(vit, SHARED_CANDIDATES, images, share=True)
+        alone = candidate_logits(vit, SHARED_CANDIDATES, images, share=False)
+    assert all(torch.equal(shared[c], alone[c]) for c in SHARED_CANDIDATES)
+
+
+def test_counts_against_labels_or_against_the_unpruned_model(vit):
+    images = torch.randn(8, 3, 64, 64, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        unpruned = vit(images).argmax(-1)
+    batches = [(images[:5], unpruned[:5]), (images[5:], unpruned[5:])]
+    labelled = count_correct(Classifier(vit), SHARED_CANDIDATES, batches)
+    agreeing = count_correct(Classifier(vit, AGREEMENT), SHARED_CANDIDATES, batches)
+    assert labelled == agreeing  # labels that are the unpruned top-1: the same counts
+    assert agreeing[NONE] == Proportion(8, 8, lost=0, gained=0)
+    for candidate in SHARED_CANDIDATES:  # against the unpruned model: only lost, and what it lost is what it missed
+        assert agreeing[candidate].trials == 8 and agreeing[candidate].gained == 0
+        assert agreeing[candidate].lost == 8 - agreeing[candidate].successes
+
+
+def test_a_candidate_that_stop_accepts_is_measured_no_further(vit):
+    images = torch.randn(8, 3, 64, 64, generator=torch.Generator().manual_seed(2))
+    labels = torch.arange(8) % 10
+    batches = [(images[:5], labels[:5]), (images[5:], labels[5:])]
+    stopping = SHARED_CANDIDATES[0]
+    counted = count_correct(Classifier(vit), SHARED_CANDIDATES, batches,
+                            stop=lambda p, seen=[]: seen.append(p) or len(seen) == 1)  # the first asked stops
+    first = count_correct(Classifier(vit), SHARED_CANDIDATES, batches[:1])
+    full = count_correct(Classifier(vit), SHARED_CANDIDATES, batches)
+    assert counted[stopping] == first[stopping] and counted[stopping].trials == 5  # its counts on the first batch
+    assert all(counted[c] == full[c] for c in SHARED_CANDIDATES[1:])  # the others: every image
+    assert counted[NONE] == full[NONE]  # the unpruned model is never stopped
+    outcomes = image_outcomes(Classifier(vit), [stopping], batches, stop=lambda p: True)
+    assert len(outcomes[stopping]) == len(outcomes[NONE]) == 5  # all asked for stopped: so did the pass
+
+
+def test_what_a_candidate_lost_and_gained_is_counted_image_by_image(vit):
+    images = torch.randn(12, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+    labels = torch.arange(12) % 10
+    counted = count_correct(Classifier(vit), SHARED_CANDIDATES, [(images, labels)])
+    with torch.inference_mode():
+        logits = candidate_logits(vit, [NONE, *SHARED_CANDIDATES], images)
+    reference = logits[NONE].argmax(-1) == labels
+    for candidate in SHARED_CANDIDATES:
+        right = logits[candidate].argmax(-1) == labels
+        assert counted[candidate] == Proportion(int(right.sum()), 12, int((reference & ~right).sum()),
+                                                int((right & ~reference).sum()))
+
+
+def test_labels_beyond_the_models_classes_are_a_dataset_error(vit):
+    with pytest.raises(DatasetError, match="more classes than the model's 10 outputs"):
+        count_correct(Classifier(vit), SHARED_CANDIDATES[:1], [(torch.randn(2, 3, 64, 64), torch.tensor([3, 12]))])
+
+
+HOSTED_CANDIDATES = [NONE, Candidate.of("tome", {0: 2, 1: 2}), Candidate.of("topk", {2: 6})]
+
+
+def tiny_calibration(path):
+    model = create_model("test_vit", 64, num_classes=4)
+    generator = torch.Generator().manual_seed(0)
+    images = TensorDataset(torch.randn(30, 3, 64, 64, generator=generator),
+                           torch.randint(0, 4, (30,), generator=generator))
+    return Calibration(Classifier(model, TOP1, batch_size=4), images, AccuracyJournal(path, model_identity(model)))
+
+
+def refuse_forward(*_, **__):
+    raise AssertionError("the accuracy forwards ran in the timing process")
+
+
+def test_a_hosted_calibration_answers_as_here_journals_the_same_and_runs_no_forward_here(tmp_path):
+    here = tiny_calibration(tmp_path / "here.jsonl")
+    expected = {split: here.measure(HOSTED_CANDIDATES, split) for split in (SEARCH, HELD_OUT)}
+    away = tiny_calibration(tmp_path / "away.jsonl")
+    with hosted(away) as hosted_away:
+        away.classifier.model.forward = refuse_forward  # the worker holds its own model object, given before this
+        # its own copy: weights a worker maps in shared memory slowed the parent's forwards by 40%
+        assert not any(p.is_shared() for p in away.classifier.model.parameters())
+        assert hosted_away.kind == TOP1 and hosted_away.size(SEARCH) == here.size(SEARCH)
+        assert {split: hosted_away.measure(HOSTED_CANDIDATES, split) for split in (SEARCH, HELD_OUT)} == expected
+        assert hosted_away.evaluated == 2 * len(HOSTED_CANDIDATES) and hosted_away.seconds > 0
+        later = HOSTED_CANDIDATES[1:]
+        assert hosted_away.measure(later, SEARCH) == {c: expected[SEARCH][c] for c in later}
+        assert hosted_away.evaluated == 2 * len(HOSTED_CANDIDATES)  # read back from its journal, not measured again
+    journalled = AccuracyJournal(tmp_path / "away.jsonl", model_identity(here.classifier.model))
+    assert journalled.entries == AccuracyJournal(tmp_path / "here.jsonl", model_identity(here.classifier.model)).entries
+
+
+def test_an_error_in_the_worker_arrives_here_as_itself(tmp_path):
+    with hosted(tiny_calibration(tmp_path / "j.jsonl")) as away, pytest.raises(PatchError, match="remove at most 15"):
+        away.measure([Candidate.of("pomt", {0: 40})], SEARCH)  # test_vit at 64 px has 16 patch tokens

@@ -10,10 +10,10 @@ import pytest
 
 from pomt.checks import check_drop_resolution
 from pomt.errors import CalibrationError
-from pomt.frontier.journal import FORMAT, VERSION
+from pomt.frontier.calibration import FORMAT, VERSION
 
 from conftest import assert_one_line_error, run_in_process, schedule_dict
-from tiny_data import make_image_folder
+from support.tiny_data import make_image_folder
 
 TINY = ("--model", "deit_tiny", "--input-size", "64", "--batch-size", "1", "--no-progress", "--no-pretrained")
 STEM = "deit_tiny_patch16_224_cpu_bs1_is64"

@@ -24,8 +24,9 @@ from pomt.frontier.reducer_costs import (
 )
 from pomt.models.registry import create_model
 from pomt.models.tokens import truncate_tokens
-from pomt.offline.frontier_search import mixed_note
+from pomt.offline.choose import mixed_note
 from pomt.policies import predict_latency
+from pomt.verification.verify import Rounds, TimedModel
 
 from conftest import entering_counts
 
@@ -179,7 +180,7 @@ def test_the_mixed_counts_calibration_times_its_layout_beside_its_blocks():
     x = torch.randn(1, 3, 64, 64)
     visited = []
     model.blocks[1].register_forward_pre_hook(lambda _m, args: visited.append(args[0].shape[1]))
-    mixed = measure_mixed_counts(model, x, rounds=2, reps=1)
+    mixed = measure_mixed_counts(TimedModel(model, x), Rounds(2, 1))
     assert mixed.layout == mixed_layout(17, 1, 6) and count_changes(mixed.layout, 6) == 5
     assert mixed.ci[0] <= mixed.over_blocks <= mixed.ci[1] and mixed.of_unpruned > 0
     variants = len(set(mixed.layout)) + 1  # the whole model at each count (the unpruned one among them), the layout
@@ -214,14 +215,15 @@ def test_cost_points_stay_within_what_each_reducer_can_remove():
 
 def test_measured_reducer_costs_have_the_structure_the_prediction_reads():
     model = create_model("test_vit", 64)  # 17 tokens, 6 blocks
-    costs = measure_reducer_costs(model, torch.randn(2, 3, 64, 64), ["pomt", "tome"], rounds=2)
+    costs = measure_reducer_costs(TimedModel(model, torch.randn(2, 3, 64, 64)), ["pomt", "tome"], Rounds(2))
     assert set(costs) == {"pomt", "tome"}
     assert sorted(costs["pomt"].pruning) == cost_points(17, 1, "pomt", [17, 9])
     assert costs["pomt"].carrying == {}
     assert sorted(costs["tome"].carrying) == sorted({n - r for n, r in cost_points(17, 1, "tome", [17, 9])})
     assert costs["tome"].later != 0.0 and costs["pomt"].later == 0.0  # calibrated on the whole model: ToMe only
     assert costs["pomt"].unit_ms == costs["tome"].unit_ms > 0  # the unpruned model's time in the same rounds
-    single = measure_reducer_costs(model, torch.randn(2, 3, 64, 64), ["tome"], rounds=2, later=False)["tome"]
+    timed = TimedModel(model, torch.randn(2, 3, 64, 64))
+    single = measure_reducer_costs(timed, ["tome"], Rounds(2), later=False)["tome"]
     assert single.later == 0.0 and single.carrying  # one pruning block (the step policy): no calibration asked
     assert all(isinstance(ms, float) for ms in costs["tome"].pruning.values())
     latency = LatencyModel({n: float(n) for n in range(2, 18)}, 17, 1, 6, costs)
@@ -234,9 +236,9 @@ def test_reducer_costs_are_measured_only_where_the_live_model_runs(backend):
     (the offline computation notes it and leaves costs out there); eager and cudagraph are measured."""
     model = create_model("test_vit", 64)
     with pytest.raises(ValueError, match=f"live model runs \\(eager, cudagraph\\), not on {backend}"):
-        measure_reducer_costs(model, torch.randn(1, 3, 64, 64), ["pomt"], rounds=2, backend=backend)
+        measure_reducer_costs(TimedModel(model, torch.randn(1, 3, 64, 64), backend=backend), ["pomt"], Rounds(2))
     with pytest.raises(ValueError, match="live model runs"):
-        measure_mixed_counts(model, torch.randn(1, 3, 64, 64), rounds=2, backend=backend)
+        measure_mixed_counts(TimedModel(model, torch.randn(1, 3, 64, 64), backend=backend), Rounds(2))
 
 
 def test_on_the_cpu_eager_each_variant_is_set_up_once_then_timed_at_once():
@@ -246,7 +248,7 @@ def test_on_the_cpu_eager_each_variant_is_set_up_once_then_timed_at_once():
     forwards = []
     model.blocks[0].register_forward_pre_hook(lambda _m, args: forwards.append(args[0].shape[1]))
     contexts = {17: contextlib.nullcontext, 9: lambda: truncate_tokens(model, 9)}
-    times = _paired_rounds(model, x, contexts, "cpu", 1, rounds=3, reps=2, seed=0)
+    times = _paired_rounds(TimedModel(model, x, threads=1), contexts, rounds=3, reps=2, seed=0)
     assert {k: len(v) for k, v in times.items()} == {17: 3, 9: 3}
     assert sorted(forwards) == [9] * 7 + [17] * 7  # one untimed, then two timed a round, for each variant
 

@@ -17,9 +17,9 @@ from pomt.measurement.design import (
     design_rounds,
     token_grid,
 )
-from pomt.measurement.sources import ReplaySource, Session, TraceExhausted
+from pomt.measurement.sources import MeasurementRun, ReplaySource, TraceExhausted
 
-from trace_data import N, linear_levels, synthetic_trace
+from support.trace_data import N, linear_levels, synthetic_trace
 
 SMALL = list(range(2, 41))  # 39 counts, reference 40
 
@@ -89,7 +89,7 @@ def test_design_rounds_are_the_pairs_visited_back_to_back_in_one_pass():
 
 
 def replay(passes=32):
-    return Session(ReplaySource(synthetic_trace(linear_levels(), passes=passes, noise=0.01)))
+    return MeasurementRun(ReplaySource(synthetic_trace(linear_levels(), passes=passes, noise=0.01)))
 
 
 def test_a_unit_of_two_counts_is_a_round_in_every_pass_in_alternating_order():
@@ -124,7 +124,7 @@ def test_a_replay_serves_its_own_reps_and_a_setting_wins():
 
 def test_a_pass_goes_on_without_the_counts_a_replay_has_used_up_and_stops_when_none_are_left():
     source = ReplaySource(synthetic_trace(linear_levels(), passes=2))
-    measurer = Measurer(Session(source), N, seed=0, progress=False)
+    measurer = Measurer(MeasurementRun(source), N, seed=0, progress=False)
     measurer.measure_passes([30, 31], 2)  # both recorded visits of 30 and 31 served
     measurer.measure_passes([30, 31, 32], 1)
     assert [v.tokens for v in measurer.design].count(32) == 1  # 32 visited, 30 and 31 left out, no error

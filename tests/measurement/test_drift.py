@@ -19,7 +19,7 @@ from pomt.measurement.drift import (
     visit_noise,
 )
 
-from trace_data import N, linear_levels, slow_drift, synthetic_trace
+from support.trace_data import N, linear_levels, slow_drift, synthetic_trace
 
 
 def test_the_drift_profile_recovers_a_known_drift():

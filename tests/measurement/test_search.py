@@ -11,16 +11,16 @@ import pytest
 
 from pomt.errors import GridError
 from pomt.formats.trace import TraceWriter, inject_steps, read_trace
-from pomt.measurement.candidates import expected_levels
+from pomt.measurement.confirmation import expected_levels
 from pomt.measurement.design import design_rounds
-from pomt.measurement.search import LatencySearch, SearchSettings
-from pomt.measurement.sources import ReplaySource, Session
+from pomt.measurement.search import LatencySearch, SearchScope, SearchSettings
+from pomt.measurement.sources import MeasurementRun, ReplaySource
 from pomt.measurement.steps import steps_in_trace
 from pomt.measurement.windows import WINDOW_COUNTS
 from pomt.policies import Setting, rank_step
 
 from conftest import DATA
-from trace_data import N, linear_levels, slow_drift, synthetic_trace
+from support.trace_data import N, linear_levels, slow_drift, synthetic_trace
 
 GRID = list(range(2, N + 1))
 PLANTED = {40: 1.08, 97: 0.9, 104: 1.12, 160: 1.08}  # a drop, a non-monotone band 98..104, a drop
@@ -28,8 +28,9 @@ PLANTED = {40: 1.08, 97: 0.9, 104: 1.12, 160: 1.08}  # a drop, a non-monotone ba
 
 def search(trace, adaptive=True, seed=0, focus_from=None, **settings):
     source = ReplaySource(trace)
-    found = LatencySearch(Session(source), trace.counts, N, SearchSettings(**settings), adaptive=adaptive, seed=seed,
-                          focus_from=focus_from, progress=False).run()
+    found = LatencySearch(MeasurementRun(source),
+                          SearchScope(trace.counts, N, adaptive=adaptive, focus_from=focus_from),
+                          SearchSettings(**settings), seed=seed, progress=False).run()
     return found, source
 
 
@@ -42,9 +43,7 @@ def test_adaptive_confirms_every_planted_step_and_invents_none(seed):
     """Four features at unaligned counts: the strided scan and bisection (align 0). With the default
     aligned anchors the coarse scan takes about 2/3 of the budget, and on this drifting replay one of
     the four is at times left unexamined (see test_dips_at_aligned_counts... for what anchors are for).
-    The machine's speed swings by 30% over a 240 s period; a search reads a drift of 9-12% on the replay's clock.
-    Seed 1 spent its budget on five false candidates and never examined the band 98..104 while every visit began
-    with an untimed forward (on the CPU, eager, only a count's first visit has one since 2026-11-30)."""
+    The machine's speed swings by 30% over a 240 s period; a search reads a drift of 9-12% on the replay's clock."""
     trace = synthetic_trace(linear_levels(PLANTED), passes=32, drift=slow_drift(0.3, 240.0), noise=0.015, seed=seed)
     found, _ = search(trace, seed=seed, align=0)
     assert found.visits <= found.budget_visits == int(0.2 * 6 * len(GRID))
@@ -88,7 +87,8 @@ def test_drift_alone_makes_no_step_at_the_low_end_either(seed):
     and 4.8%; on the replay's clock it predicts -1.7% to -2.0% and every seed rejects the pair."""
     trace = synthetic_trace(linear_levels(), passes=32, drift=slow_drift(0.5, 20.0), noise=0.01, order="ascending",
                             seed=seed)
-    run = LatencySearch(Session(ReplaySource(trace)), trace.counts, N, SearchSettings(), progress=False)
+    run = LatencySearch(MeasurementRun(ReplaySource(trace)), SearchScope(trace.counts, N), SearchSettings(),
+                        progress=False)
     run.measurer.reps = 1
     run.measurer.measure_units(run.coarse, run.settings.coarse_passes)
     run.judge_anchors()
@@ -108,9 +108,10 @@ def test_a_policy_reach_puts_the_coarse_scan_within_it():
     the 18 aligned edges below would have taken go to the counts a schedule can land on; an unaligned step
     there (171 -> 170, drift and noise as in the first test) is confirmed."""
     trace = synthetic_trace(linear_levels({170: 1.08}), passes=32, drift=slow_drift(0.3, 240.0), noise=0.015)
-    whole = LatencySearch(Session(ReplaySource(trace)), trace.counts, N, SearchSettings(), progress=False)
-    focused = LatencySearch(Session(ReplaySource(trace)), trace.counts, N, SearchSettings(), focus_from=148,
-                            progress=False)
+    whole = LatencySearch(MeasurementRun(ReplaySource(trace)), SearchScope(trace.counts, N), SearchSettings(),
+                          progress=False)
+    focused = LatencySearch(MeasurementRun(ReplaySource(trace)), SearchScope(trace.counts, N, focus_from=148),
+                            SearchSettings(), progress=False)
     assert focused.anchors == [(a - 1, a) for a in range(152, N, 8)] and len(whole.anchors) == 24
     below = [n for unit in focused.coarse for n in unit if n < 148]
     assert below[0] == GRID[0] and 8 <= len(below) <= 12 and max(below) == 150 - 14
@@ -135,15 +136,16 @@ def positions(search_state):
 
 def test_anchor_pairs_are_visited_back_to_back_in_every_coarse_pass_in_alternating_order():
     trace = synthetic_trace(linear_levels(), passes=32, noise=0.01)
-    state = LatencySearch(Session(ReplaySource(trace)), GRID, N, SearchSettings(), progress=False)
+    state = LatencySearch(MeasurementRun(ReplaySource(trace)), SearchScope(GRID, N), SearchSettings(), progress=False)
     assert state.anchors == [(n - 1, n) for n in range(8, N, 8)]
     state.measurer.measure_units(state.coarse, 3)
     where = positions(state)
     for low, high in state.anchors:
         rounds = design_rounds(state.measurer.design, low, high)
         assert [where[id(b)] - where[id(a)] for a, b in rounds] == [1, -1, 1]  # A B, B A, A B
-    assert LatencySearch(Session(ReplaySource(trace)), GRID, N, SearchSettings(align=0)).anchors == []
-    assert LatencySearch(Session(ReplaySource(trace)), GRID[::2] + [N], N, SearchSettings()).anchors == []
+    replay = MeasurementRun(ReplaySource(trace))
+    assert LatencySearch(replay, SearchScope(GRID, N), SearchSettings(align=0)).anchors == []
+    assert LatencySearch(replay, SearchScope(GRID[::2] + [N], N), SearchSettings()).anchors == []
 
 
 def test_dips_at_aligned_counts_are_confirmed_from_the_coarse_rounds_alone():
@@ -199,11 +201,12 @@ def test_a_killed_search_resumes_into_the_same_answer(tmp_path):
     settings = SearchSettings()
     killed = DiesAfter(trace, 120)
     with pytest.raises(Killed):
-        LatencySearch(Session(killed, TraceWriter(path, meta, {"seed": 0})), GRID, N, settings, progress=False).run()
+        LatencySearch(MeasurementRun(killed, TraceWriter(path, meta, {"seed": 0})), SearchScope(GRID, N), settings,
+                      progress=False).run()
     source = DiesAfter(trace, 10**6)
     source.inner = killed.inner  # the process died, the machine (here: the replayed device) did not
-    resumed = LatencySearch(Session(source, TraceWriter(path, meta, {"seed": 0}, resume=True)), GRID, N, settings,
-                            progress=False).run()
+    resumed = LatencySearch(MeasurementRun(source, TraceWriter(path, meta, {"seed": 0}, resume=True)),
+                            SearchScope(GRID, N), settings, progress=False).run()
     straight, _ = search(trace)
     assert [s.to_dict() for s in resumed.steps] == [s.to_dict() for s in straight.steps]
     assert source.calls == straight.visits - 120  # nothing measured twice
@@ -228,7 +231,8 @@ def test_settings_that_cannot_work_are_refused():
     with pytest.raises(GridError, match="budget"):
         SearchSettings(budget=0).check()
     with pytest.raises(GridError, match="reference"):
-        LatencySearch(Session(ReplaySource(synthetic_trace(linear_levels(), passes=2))), [2, 3], N, SearchSettings())
+        LatencySearch(MeasurementRun(ReplaySource(synthetic_trace(linear_levels(), passes=2))), SearchScope([2, 3], N),
+                      SearchSettings())
 
 
 def test_injected_steps_into_a_synthetic_trace_read_as_steps():
@@ -302,8 +306,7 @@ def test_a_replayed_round_far_from_its_pair_cannot_carry_a_step_alone():
 
 CLIFF_UNFOCUSED = ("a search of the whole grid (no policy reach) on the replay's clock spends its budget at the low "
                    "end, where the dense trace confirms steps at 2-10 tokens, and the cliff's candidates (191..197) "
-                   "are never examined; seeds 0 and 1 find the cliff since a count's later visits take no untimed "
-                   "forward on the CPU (2026-11-30), seed 2 still does not")
+                   "are never examined; seeds 0 and 1 find the cliff, seed 2 does not")
 
 
 @pytest.mark.parametrize(("seed", "focus_from"), [(0, 148), (1, 148), (3, 148), (0, None), (1, None),
@@ -357,7 +360,7 @@ def test_aligned_edges_left_open_are_judged_before_the_budget_goes_to_bisection(
     deit_small_bs1_amd_shuffled and deit_tiny_bs1_amd_aligned_shuffled judge every edge there."""
     trace = read_trace(DATA / f"{name}.csv")
     source = ReplaySource(trace)
-    run = LatencySearch(Session(source), trace.counts, N, SearchSettings(), progress=False)
+    run = LatencySearch(MeasurementRun(source), SearchScope(trace.counts, N), SearchSettings(), progress=False)
     found = run.run()
     verdict = {(c.low, c.high): c.reason for c in found.candidates}
     waiting = [pair for pair in run.pending if verdict[pair].startswith("not examined")]
@@ -398,7 +401,7 @@ TREND_ABOVE_THE_TEETH = ("on the replay's clock the search confirms 19 of deit_t
 
 
 TREND_BELOW_THE_TEETH = ("on deit_small_bs1_amd_aligned_shuffled the whole-grid search confirms 18 rises at the teeth "
-                         "and no drop since a step must clear the minimum by a standard error (2026-11-30): 7 -> 8 "
+                         "and no drop since a step must clear the minimum by a standard error: 7 -> 8 "
                          "took its extra look, and the budget left 14 -> 15's drop unexamined; the trend takes each "
                          "rise out as an offset and ends at 0.46 of the curve. The trend was as fragile before, by "
                          "seed: at seeds 0 to 3 its lowest was 0.88, 0.86, 0.26 and 0.86 of the curve before, 0.46, "
@@ -424,7 +427,7 @@ def test_a_replay_whose_reference_visits_are_used_up_goes_on_without_it():
     without the reference the trace no longer holds, so the search continues."""
     trace = read_trace(DATA / "deit_tiny_bs1_shuffled.csv")
     source = ReplaySource(trace)
-    run = LatencySearch(Session(source), trace.counts, N, SearchSettings(), progress=False)
+    run = LatencySearch(MeasurementRun(source), SearchScope(trace.counts, N), SearchSettings(), progress=False)
     found = run.run()
     assert source.left(N) == 0
     assert not any(f"visits of {N} tokens" in c.reason for c in found.candidates)

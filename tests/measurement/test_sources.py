@@ -6,16 +6,16 @@ import torch
 from pomt.formats.trace import Trace, TraceWriter, Visit, read_trace
 from pomt.measurement.sources import (
     LiveSource,
+    MeasurementRun,
     ReplaySource,
-    Session,
     TraceExhausted,
     calibrate_reps,
-    forward_at_tokens,
+    live_forwards,
 )
 from pomt.models.registry import create_model
 from pomt.runtimes import settles_every_visit
 
-from trace_data import N, linear_levels, synthetic_trace
+from support.trace_data import N, linear_levels, synthetic_trace
 
 META = {"model": "deit_tiny", "batch_size": 1, "input_size": [224, 224], "num_tokens": N, "prefix_tokens": 1}
 
@@ -24,7 +24,7 @@ def test_a_live_visit_times_the_model_at_its_token_count():
     model = create_model("test_vit", input_size=96)
     seen = []
     model.blocks[0].register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[1]))
-    source = LiveSource(forward_at_tokens(model, torch.randn(1, 3, 96, 96)), threads=1)
+    source = LiveSource(live_forwards(model, torch.randn(1, 3, 96, 96)), threads=1)
     first = source.visit(10, reps=3, pass_index=4)
     second = source.visit(37, reps=2, pass_index=4)
     assert (first.tokens, first.pass_index, len(first.samples_ms)) == (10, 4, 3)
@@ -40,7 +40,7 @@ def test_a_count_visited_again_on_the_cpu_eager_skips_its_untimed_forward(backen
     model = create_model("test_vit", input_size=96)
     seen = []
     model.blocks[0].register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[1]))
-    source = LiveSource(forward_at_tokens(model, torch.randn(1, 3, 96, 96)), threads=1, backend=backend)
+    source = LiveSource(live_forwards(model, torch.randn(1, 3, 96, 96)), threads=1, backend=backend)
     for tokens in (10, 37, 10, 37):
         source.visit(tokens, reps=2, pass_index=0)
     assert seen == [10] * 3 + [37] * 3 + [10] * (2 + untimed) + [37] * (2 + untimed)
@@ -161,15 +161,15 @@ class Counting:
         return self.inner.visit(tokens, reps, pass_index)
 
 
-def test_a_resumed_session_replays_its_journal_before_measuring(tmp_path):
+def test_a_resumed_run_replays_its_journal_before_measuring(tmp_path):
     trace = synthetic_trace(linear_levels(), counts=[10, 20, N], passes=4)
     asks = [(v.tokens, v.pass_index) for v in trace.visits][:8]
     journal = TraceWriter(tmp_path / "j.csv", META, {"seed": 0})
-    first = Session(Counting(trace), journal)
+    first = MeasurementRun(Counting(trace), journal)
     for tokens, p in asks[:5]:
         first.visit(tokens, 3, p)  # then the run is killed
     resumed_source = Counting(trace)
-    resumed = Session(resumed_source, TraceWriter(tmp_path / "j.csv", META, {"seed": 0}, resume=True))
+    resumed = MeasurementRun(resumed_source, TraceWriter(tmp_path / "j.csv", META, {"seed": 0}, resume=True))
     out = [resumed.visit(tokens, 3, p) for tokens, p in asks]
     assert resumed_source.calls == [t for t, _ in asks[5:]]  # only the visits the journal lacks
     assert resumed.measured == 3 and resumed.visits == 8
@@ -180,10 +180,10 @@ def test_a_resumed_session_replays_its_journal_before_measuring(tmp_path):
 def test_a_diverging_resume_drops_the_rest_of_the_journal(tmp_path):
     trace = synthetic_trace(linear_levels(), counts=[10, 20, N], passes=4)
     journal = TraceWriter(tmp_path / "j.csv", META, {"seed": 0})
-    session = Session(ReplaySource(trace), journal)
+    measuring = MeasurementRun(ReplaySource(trace), journal)
     for tokens in (10, 20, N):
-        session.visit(tokens, 3, 1)
-    again = Session(ReplaySource(trace), TraceWriter(tmp_path / "j.csv", META, {"seed": 0}, resume=True))
+        measuring.visit(tokens, 3, 1)
+    again = MeasurementRun(ReplaySource(trace), TraceWriter(tmp_path / "j.csv", META, {"seed": 0}, resume=True))
     again.visit(10, 3, 1)
     again.visit(N, 3, 1)  # the journal's second visit is 20: from here on it is measured anew
     assert again.measured == 1

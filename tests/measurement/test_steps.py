@@ -7,7 +7,6 @@ import pytest
 from pomt.errors import CurveError
 from pomt.formats.trace import inject_steps, read_trace
 from pomt.measurement.steps import Step, detect_steps, steps_in_trace
-from pomt.measurement.trend import trend
 
 from conftest import DATA
 
@@ -160,34 +159,3 @@ def test_a_dense_trace_confirms_its_own_steps_by_paired_visits():
 
 def test_two_sequential_sweeps_are_too_few_to_pair():
     assert steps_in_trace(read_trace(DATA / "deit_small_bs4_sequential.csv").visits) == []
-
-
-# An adaptive search's whole-grid curve of deit_small at batch 1 on the AMD VM (deit_small_bs1_amd_aligned_shuffled,
-# replayed, 2026-11-30): a sawtooth of aligned pairs, each aligned count about 1.5 ms faster than the one below it.
-SAWTOOTH_TOKENS = [2, 7, 8, 10, 12, 14, 15, 16, 23, 24, 28, 30, 31, 32, 36, 39, 40, 47, 48, 50, 52, 54, 55, 56, 63, 64,
-                   71, 72, 75, 76, 79, 80, 87, 88, 95, 96, 103, 104, 107, 108, 111, 112, 119, 120, 127, 128, 135, 136,
-                   143, 144, 151, 152, 159, 160, 167, 168, 175, 176, 183, 184, 191, 192, 194, 195, 197]
-SAWTOOTH_MS = [8.36, 10.51, 9.88, 9.85, 9.88, 11.19, 12.4, 11.57, 14.96, 13.62, 13.36, 13.94, 17.02, 15.55, 15.35,
-               18.78, 18.01, 20.7, 19.62, 19.27, 19.08, 20.16, 23.32, 22.46, 24.88, 24.07, 27.31, 26.14, 25.61, 24.97,
-               28.91, 27.84, 31.18, 30.07, 33.13, 31.82, 35.83, 35.15, 32.52, 32.42, 37.74, 36.48, 40.16, 38.87, 42.39,
-               41.01, 44.69, 44.06, 46.86, 45.08, 48.44, 47.34, 51.15, 49.81, 53.61, 51.78, 55.57, 53.63, 57.82, 56.18,
-               61.23, 57.44, 53.39, 55.5, 55.42]
-
-
-def test_the_trend_of_a_positive_curve_stays_positive_where_its_offsets_would_carry_it_below_zero():
-    """Its steps taken out as offsets, the trend of this sawtooth fell from 8.8 ms at 2 tokens to -2.6 ms at 80 (the
-    rises between the pairs were set aside, the pairs' drops fitted as the smooth part); no latency is at or below
-    zero, so the trend there is the quadratic through the points: rising, and within 15% of every point."""
-    t, y = np.array(SAWTOOTH_TOKENS, float), np.array(SAWTOOTH_MS)
-    smooth = trend(t, y, 0.26)
-    assert np.all(np.diff(smooth) > 0) and smooth.min() > 0
-    assert np.all(np.abs(smooth / y - 1) < 0.15), (smooth / y).round(2)
-
-
-def test_a_curve_of_any_sign_keeps_its_offsets():
-    """The guard is for latencies: a curve with values at or below zero (a detrended one) is fitted as before, its
-    staircase's steps taken out (so a single step does not bend it)."""
-    t = np.arange(2.0, 198.0)
-    y = 0.01 * (t - 100) + np.where(t >= 120, 2.0, 0.0)
-    smooth = trend(t, y, 0.05)
-    assert np.allclose(np.diff(smooth), 0.01, atol=1e-3)

@@ -12,6 +12,7 @@ import pytest
 import timm
 import torch
 
+from pomt.checks import check_method
 from pomt.deploy.apply import UnverifiedScheduleWarning, apply_schedule
 from pomt.device import Fingerprint
 from pomt.device.allocator import ALLOCATOR_ENV, STEADY
@@ -20,6 +21,7 @@ from pomt.formats.schedule import BlockRemoval, Schedule
 from pomt.formats.schedule_parts import Verified
 from pomt.models.geometry import model_geometry, transformer_blocks
 from pomt.patching import METHODS, attention, patch, patch_state, patched, token_counts, unpatch
+from pomt.patching.api import resolve_removal
 from pomt.patching.attention import call_layer
 
 from conftest import verified_record
@@ -480,3 +482,14 @@ def test_a_patched_model_deep_copies_and_runs_other_input_sizes(image):
     assert patch_state(twin) is None and patch_state(model) is not None
     with pytest.raises(PatchError, match="at least one must stay"):
         _counts_and_outputs(model, torch.randn(1, 3, 112, 112))
+
+
+def test_resolve_removal_validates_blocks_and_counts():
+    assert resolve_removal(2, 3) == {0: 2, 1: 2, 2: 2}
+    assert resolve_removal({1: 0, 2: 5}, 3) == {2: 5}
+    with pytest.raises(PatchError, match="blocks 0..2"):
+        resolve_removal({3: 1}, 3)
+    with pytest.raises(PatchError, match=">= 0"):
+        resolve_removal({1: -1}, 3)
+    with pytest.raises(PatchError, match="pomt, topk, tome, l2norm, random"):
+        check_method("prune-everything")

@@ -1,4 +1,4 @@
-"""Scoring and selection on plain tensors (ToMe matching: tests/test_tome.py)."""
+"""Scoring and selection on plain tensors (ToMe matching: test_tome.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,6 @@ import io
 import pytest
 import torch
 
-from pomt.errors import PatchError
-from pomt.patching import token_counts
-from pomt.patching.plan import check_method, resolve_removal
 from pomt.patching.scores import (
     attention_received,
     best_indices,
@@ -100,21 +97,3 @@ def test_class_attention_scores_mean_over_heads_of_row_zero():
     probs = torch.rand(1, 2, 5, 5)
     got = class_attention_scores(probs[:, :, :1], 1)
     assert torch.allclose(got, probs[:, :, 0, 1:].mean(1))
-
-
-def test_token_counts_clamp_tome_to_half_and_refuse_empty_patch_sets():
-    assert token_counts(11, 1, 3, "tome", {0: 8, 1: 8, 2: 8}) == [11, 6, 4, 3]
-    assert token_counts(11, 1, 3, "pomt", {1: 9}) == [11, 11, 2, 2]
-    with pytest.raises(PatchError, match="at least one must stay"):
-        token_counts(11, 1, 3, "topk", {1: 10})
-
-
-def test_resolve_removal_validates_blocks_and_counts():
-    assert resolve_removal(2, 3) == {0: 2, 1: 2, 2: 2}
-    assert resolve_removal({1: 0, 2: 5}, 3) == {2: 5}
-    with pytest.raises(PatchError, match="blocks 0..2"):
-        resolve_removal({3: 1}, 3)
-    with pytest.raises(PatchError, match=">= 0"):
-        resolve_removal({1: -1}, 3)
-    with pytest.raises(PatchError, match="pomt, topk, tome, l2norm, random"):
-        check_method("prune-everything")

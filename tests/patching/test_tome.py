@@ -18,12 +18,12 @@ import pytest
 import timm
 import torch
 
-from pomt.bench.flops import count_flops
+from pomt.bench.costs import count_flops
 from pomt.models.geometry import model_geometry, transformer_blocks
 from pomt.patching import patch, patch_state, token_counts, unpatch
 from pomt.patching.tome import bipartite_matching, merge_weighted
 
-from flops_oracle import vit_flops
+from support.flops_oracle import vit_flops
 
 ATOL = 1e-5
 

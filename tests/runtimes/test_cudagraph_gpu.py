@@ -27,6 +27,7 @@ from pomt.models.tokens import truncate_tokens
 from pomt.patching import METHODS, patch, unpatch
 from pomt.runtimes import build_forward
 from pomt.runtimes.cudagraph import cudagraph_run
+from pomt.verification.verify import Rounds, TimedModel
 
 from conftest import verified_record
 
@@ -89,7 +90,7 @@ def test_a_graph_refuses_a_batch_of_another_shape(model):
 
 
 def test_the_backend_forward_is_one_replay(model):
-    with build_forward(model, _batch(0), backend="cudagraph", device="cuda", tokens=12) as forward:
+    with build_forward(model, _batch(0), backend="cudagraph", tokens=12) as forward:
         out = forward()
         torch.cuda.synchronize()
     assert out.shape == (4, model.num_classes)
@@ -117,12 +118,12 @@ def test_reducer_costs_are_measured_as_graphs(model):
     """Every visit of the paired rounds captures its variant (patched, cut, truncated) and replays it: the costs
     have the structure the latency model reads, and the model is left as it was."""
     x = _batch(0)
-    costs = measure_reducer_costs(model, x, ["pomt", "tome"], device="cuda", rounds=3, backend="cudagraph")
+    costs = measure_reducer_costs(TimedModel(model, x, "cuda", backend="cudagraph"), ["pomt", "tome"], Rounds(3))
     assert sorted(costs["pomt"].pruning) == cost_points(37, 1, "pomt", default_counts(37, 1))
     assert costs["tome"].carrying and costs["tome"].later != 0.0
     assert all(abs(ms) < 1e3 for c in costs.values() for ms in c.pruning.values())
-    mixed = measure_mixed_counts(model, x, device="cuda", rounds=3, backend="cudagraph")
+    mixed = measure_mixed_counts(TimedModel(model, x, "cuda", backend="cudagraph"), Rounds(3))
     assert mixed.ci[0] <= mixed.over_blocks <= mixed.ci[1]
-    cost = method_cost(model, x, 3, "pomt", [4, 8], device="cuda", rounds=3, backend="cudagraph")
+    cost = method_cost(TimedModel(model, x, "cuda", backend="cudagraph"), 3, "pomt", [4, 8], Rounds(3))
     assert sorted(cost) == [4, 8]
     assert model(x).shape == (4, model.num_classes)  # no patch, hook or cut left behind

@@ -16,10 +16,10 @@ import torch
 from pomt.measurement.timing import time_callable
 from pomt.models.tokens import truncate_tokens
 from pomt.runtimes.backend import Backend, resolve_dtype
-from pomt.runtimes.forward import Forward, ProgramCache, build_forward
+from pomt.runtimes.forward import Forward, ProgramCache, ProgramFiles, build_forward
 
 from conftest import ROOT
-from runtime_data import COUNTS, DEPTH, SIZE, example, first_output, tiny_vit
+from support.runtime_data import COUNTS, DEPTH, SIZE, example, first_output, tiny_vit
 
 
 def test_bfloat16_curve_through_eager():
@@ -27,7 +27,7 @@ def test_bfloat16_curve_through_eager():
     model, x = tiny_vit().to(dtype), example().to(dtype)
     block = model.blocks[0]
     for n in (101, 31):
-        with build_forward(model, x, backend="eager", device="cpu", tokens=n) as forward:
+        with build_forward(model, x, backend="eager", tokens=n) as forward:
             stats, _ = time_callable(forward, min_run_s=0.01, warmup=1)
             out = forward()
             assert len(block._forward_pre_hooks) == (0 if n == 101 else 1)
@@ -37,7 +37,7 @@ def test_bfloat16_curve_through_eager():
 
 def test_model_and_example_must_share_a_dtype():
     with pytest.raises(ValueError, match="cast both"):
-        build_forward(tiny_vit(), example().to(torch.bfloat16), backend="eager", device="cpu")
+        build_forward(tiny_vit(), example().to(torch.bfloat16), backend="eager")
 
 
 def test_a_closed_forward_refuses_to_run():
@@ -76,7 +76,7 @@ def test_program_cache_without_keep_closes_each_forward():
 
 SECOND_RUN = """
 import json, sys, timm, torch
-from pomt.runtimes import build_forward
+from pomt.runtimes import ProgramFiles, build_forward
 torch.set_num_threads(1)
 torch.manual_seed(0)
 model = timm.create_model("test_vit", depth={depth}).eval()
@@ -84,7 +84,7 @@ x = torch.randn(1, 3, {size}, {size}, generator=torch.Generator().manual_seed(0)
 hits = {{}}
 for backend in {backends}:
     for n in {counts}:
-        with build_forward(model, x, backend=backend, device="cpu", tokens=n, cache_dir=sys.argv[1]) as forward:
+        with build_forward(model, x, backend=backend, tokens=n, files=ProgramFiles(sys.argv[1])) as forward:
             forward()
             hits[f"{{backend}}/{{n}}"] = forward.cache_hit
 print(json.dumps(hits))
@@ -98,7 +98,7 @@ def test_curve_through_each_backend_exports_once_per_count_and_reuses_the_cache(
     hits, latency = {}, {}
     for backend in ["eager", *backends]:
         for n in COUNTS:
-            with build_forward(model, x, backend=backend, device="cpu", tokens=n, cache_dir=tmp_path) as forward:
+            with build_forward(model, x, backend=backend, tokens=n, files=ProgramFiles(tmp_path)) as forward:
                 stats, _ = time_callable(forward, min_run_s=0.01, warmup=1)
                 with truncate_tokens(model, n), torch.no_grad():
                     expected = model(x)

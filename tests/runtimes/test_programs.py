@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from pomt.patching import patch
-from pomt.runtimes.forward import build_forward
+from pomt.runtimes.forward import ProgramFiles, build_forward
 from pomt.runtimes.programs import key_name, program_key
 
-from runtime_data import example, first_output, tiny_vit
+from support.runtime_data import example, first_output, tiny_vit
 
 
 def test_patched_model_runs_untruncated_and_its_patch_keys_the_program(tmp_path):
@@ -18,7 +18,7 @@ def test_patched_model_runs_untruncated_and_its_patch_keys_the_program(tmp_path)
     assert key_name(program_key(model, x, None)) != plain and "_pomt-1r40_" in key_name(program_key(model, x, None))
     with torch.no_grad():
         expected = model(x)
-    with build_forward(model, x, backend="onnxruntime", device="cpu", cache_dir=tmp_path) as forward:
+    with build_forward(model, x, backend="onnxruntime", files=ProgramFiles(tmp_path)) as forward:
         got = first_output(forward())
     assert (got - expected).abs().max() <= 1e-4
     assert [p.name for p in (tmp_path / "onnx").glob("*.onnx")] == [forward.artifact.name]

@@ -13,23 +13,23 @@ import numpy as np
 from pomt.device import Fingerprint
 from pomt.formats.schedule import BlockRemoval, Schedule
 from pomt.formats.trace import Visit
-from pomt.measurement.paired import paired_effect
-from pomt.measurement.sources import ReplaySource, Session
+from pomt.measurement.robust import paired_effect
+from pomt.measurement.sources import MeasurementRun, ReplaySource
 from pomt.models.geometry import model_geometry
 from pomt.models.registry import create_model
 from pomt.verification.fresh import FreshJob, held_in_both, placement_hint, step_holds, verify_in_fresh_process
-from pomt.verification.verify import verify
+from pomt.verification.verify import Criterion, Rounds, verify
 from pomt.workload.prepare import Workload
 
-from tiny_data import MODEL, SIZE
-from trace_data import N, synthetic_trace
+from support.tiny_data import MODEL, SIZE
+from support.trace_data import N, synthetic_trace
 
 
 def measured(latency: dict[int, float]):
     """A verification of removals 3 and 5 on a replayed device at the given latencies."""
     trace = synthetic_trace(lambda k: latency[k], counts=list(latency), passes=14, noise=0.005,
                             drift=lambda t: 1.0 + 0.2 * math.sin(t / 5))
-    return verify(Session(ReplaySource(trace)), N, [3, 5], reps=3, progress=False)
+    return verify(MeasurementRun(ReplaySource(trace)), N, dict.fromkeys([3, 5]), Rounds(10, 3), progress=False)
 
 
 def test_a_removal_ships_only_where_it_qualified_in_both_processes():
@@ -39,7 +39,7 @@ def test_a_removal_ships_only_where_it_qualified_in_both_processes():
     here = measured({N: 20.0, N - 3: 18.4, N - 5: 18.3})
     fresh = measured({N: 20.0, N - 3: 19.9, N - 5: 18.2})
     assert here.chosen is not None and here.chosen.remove == 3
-    chosen, reason = held_in_both(here, fresh, min_gain=0.03, min_step=0.03)
+    chosen, reason = held_in_both(here, fresh, Criterion(min_gain=0.03, min_step=0.03))
     assert chosen is not None and chosen.remove == 5
     assert reason.startswith("in a fresh process: measured")
 
@@ -47,7 +47,7 @@ def test_a_removal_ships_only_where_it_qualified_in_both_processes():
 def test_nothing_ships_when_the_fresh_process_has_no_gain():
     here = measured({N: 20.0, N - 3: 18.4, N - 5: 19.9})
     fresh = measured({N: 20.0, N - 3: 19.95, N - 5: 19.9})
-    chosen, reason = held_in_both(here, fresh, min_gain=0.03, min_step=0.03)
+    chosen, reason = held_in_both(here, fresh, Criterion(min_gain=0.03, min_step=0.03))
     assert chosen is None and "no candidate is measurably faster" in reason
 
 
@@ -57,8 +57,8 @@ def test_the_fresh_process_rebuilds_the_workload_and_measures_the_patched_model(
                         num_tokens=geometry.num_tokens, prefix_tokens=geometry.prefix_tokens, depth=geometry.depth,
                         method="pomt", prune=(BlockRemoval(1, 20),))
     workload = Workload(model=MODEL, batch_size=2, input_size=SIZE, threads=1, output_dir=tmp_path, progress=False)
-    job = FreshJob(workload, {geometry.num_tokens - 20: schedule}, reps=2, rounds=3, min_gain=0.03, min_step=0.03,
-                   alpha=0.01)
+    job = FreshJob(workload, {geometry.num_tokens - 20: schedule}, Rounds(3, 2, workload.seed),
+                   Criterion(min_gain=0.03, min_step=0.03, alpha=0.01))
     found = verify_in_fresh_process(job)
     assert [c.remove for c in found.candidates] == [20] and found.rounds == 3
     (candidate,) = found.candidates
