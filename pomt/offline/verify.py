@@ -98,7 +98,13 @@ def verify_ranked(request: Request, run: Run, ranking: Ranking) -> Verdict:
                   f"least {config.min_gain:.1%}")
         return Verdict(nothing(config, ranking, reason, "method_cost"), method_cost=cost, notes=notes)
     schedules = candidate_schedules(run, config, ranking)
-    here, journal, opened = verify_here(request, run, ranking, schedules)
+    n, setting = run.geometry.num_tokens, ranking.setting
+    removals = sorted(n - kept for kept in schedules)
+    what = (f"whole model patched through apply_schedule ({config.method} at block {config.prune_block}); "
+            "tokens = tokens kept")
+    predicted = {r: setting.predicted(n - r) / setting.baseline for r in removals}
+    job = ToVerify(schedules, predicted, setting.baseline, ranking.search.reps, what, {"removals": removals})
+    here, journal, opened = verify_here(request, run, job)
     fresh = None
     if here.chosen is not None and config.verify_fresh:
         fresh = verify_fresh(request, ranking, here, schedules)
@@ -151,44 +157,6 @@ def candidate_schedules(run: Run, config: OfflineConfig, ranking: Ranking) -> di
     evidence = Evidence(steps=ranking.search.steps)
     return {n - r: build_schedule(run, config, replace(first, remove=r, kept_tokens=n - r), evidence)
             for r in verification_removals(ranking.ranked, config.verify_candidates)}
-
-
-def verify_here(request: Request, run: Run, ranking: Ranking,
-                schedules: dict[int, Schedule]) -> tuple[Verification, Path, tuple[str, ...]]:
-    """The candidates verified in this process through its journal: the verification, the journal's path
-    and a note where a resumed run's journal could not be continued."""
-    workload, config, settings = request.workload, request.config, request.settings
-    n, search = run.geometry.num_tokens, ranking.search
-    removals = sorted(n - kept for kept in schedules)
-    what = (f"whole model patched through apply_schedule ({config.method} at block {config.prune_block}); "
-            "tokens = tokens kept")
-    setting = ranking.setting
-    rounds = config.rounds_for(setting.baseline, search.reps, len(removals) + 1)
-    keys = {"removals": removals, "rounds": rounds, "reps": search.reps}
-    measuring, journal, notes = verification_run(request, run, schedules, what, keys)
-    verification = verify_candidates(
-        measuring, n, {r: setting.predicted(n - r) / setting.baseline for r in removals},
-        Rounds(rounds, search.reps, workload.seed), Criterion(config.min_gain, settings.min_step, settings.step_alpha),
-        progress=workload.progress,
-    )
-    return verification, journal.path, notes
-
-
-def verification_run(request: Request, run: Run, schedules: Mapping[int, Schedule], what: str,
-                         keys: dict) -> tuple[MeasurementRun, object, tuple[str, ...]]:
-    """A live measurement run over the patched `schedules` (candidate number -> schedule) journalled as `verify`, its
-    journal, and a note when a resumed run's candidates changed (the verification then starts afresh)."""
-    workload, notes = request.workload, ()
-    try:
-        journal = open_journal(workload, run.prepared, "verify", what, keys)
-    except TraceError:  # resumed, but the candidates (priced anew) changed: verify afresh
-        journal = open_journal(replace(workload, resume=False), run.prepared, "verify", what, keys)
-        notes = ("the verification started afresh: its candidates changed since the killed run",)
-    timed = TimedModel(run.prepared.model, run.prepared.x, run.setup.device, workload.threads, workload.backend)
-    forward_at = schedule_forward_at(timed, schedules, Path(workload.output_dir) / run.prepared.cache_dir)
-    source = LiveSource(forward_at, run.setup.device, workload.threads, start_s=journal_end_s(journal),
-                        backend=workload.backend)
-    return MeasurementRun(source, journal), journal, notes
 
 
 def verify_fresh(request: Request, ranking: Ranking, here: Verification,
@@ -298,7 +266,11 @@ def verify_shippable(request: Request, run: Run, found: FrontierFound) -> Fronti
     n, latency = run.geometry.num_tokens, found.latency
     points = list(found.to_verify)
     schedules = {n - i: candidate_schedule(run, config, latency, p) for i, p in enumerate(points, start=1)}
-    here, journal, notes = verify_frontier_here(request, run, found, points, schedules)
+    what = "whole model patched through apply_schedule (frontier schedules); tokens = N - candidate number"
+    predicted = {i: p.predicted_ms / latency.baseline for i, p in enumerate(points, start=1)}
+    job = ToVerify(schedules, predicted, latency.baseline, found.reps, what,
+                   {"frontier": [p.candidate.key for p in points]})
+    here, journal, notes = verify_here(request, run, job)
     notes += tuple(filter(None, [prediction_note(here.candidates, run.setup.fingerprint)]))
     by_index = {c.remove: c for c in here.candidates}
     measured = {p.candidate: by_index[i] for i, p in enumerate(points, start=1)}
@@ -367,20 +339,38 @@ def relabel(verification: Verification, points: list[Evaluated], found: Frontier
     return replace(verification, candidates=candidates, chosen=None)
 
 
-def verify_frontier_here(request: Request, run: Run, found: FrontierFound, points: list[Evaluated],
-                schedules: dict[int, Schedule]) -> tuple[Verification, Path, tuple[str, ...]]:
-    """The candidates verified in this process through the `verify` journal (started afresh where a resumed
-    run's candidates changed)."""
+@dataclass(frozen=True)
+class ToVerify:
+    """What a verification measures: the patched schedules by candidate number (tokens = N - number for the
+    frontier, tokens kept for a policy), each number's predicted latency over the unpruned one, the unpruned
+    latency and forwards per visit that size its rounds, and what its journal records."""
+
+    schedules: Mapping[int, Schedule]
+    predicted: Mapping[int, float]
+    baseline_ms: float
+    reps: int
+    what: str
+    keys: dict
+
+
+def verify_here(request: Request, run: Run, job: ToVerify) -> tuple[Verification, Path, tuple[str, ...]]:
+    """The candidates verified in this process through the `verify` journal: the verification, the journal's
+    path, and a note where a resumed run's candidates changed (the verification then starts afresh)."""
     workload, config, settings = request.workload, request.config, request.settings
-    n = run.geometry.num_tokens
-    what = "whole model patched through apply_schedule (frontier schedules); tokens = N - candidate number"
-    baseline = found.latency.baseline
-    rounds = config.rounds_for(baseline, found.reps, len(points) + 1)
-    keys = {"frontier": [p.candidate.key for p in points], "rounds": rounds, "reps": found.reps}
-    measuring, journal, notes = verification_run(request, run, schedules, what, keys)
+    rounds = config.rounds_for(job.baseline_ms, job.reps, len(job.predicted) + 1)
+    keys, notes = {**job.keys, "rounds": rounds, "reps": job.reps}, ()
+    try:
+        journal = open_journal(workload, run.prepared, "verify", job.what, keys)
+    except TraceError:  # resumed, but the candidates (priced anew) changed: verify afresh
+        journal = open_journal(replace(workload, resume=False), run.prepared, "verify", job.what, keys)
+        notes = ("the verification started afresh: its candidates changed since the killed run",)
+    timed = TimedModel(run.prepared.model, run.prepared.x, run.setup.device, workload.threads, workload.backend)
+    forward_at = schedule_forward_at(timed, job.schedules, Path(workload.output_dir) / run.prepared.cache_dir)
+    source = LiveSource(forward_at, run.setup.device, workload.threads, start_s=journal_end_s(journal),
+                        backend=workload.backend)
     verification = verify_candidates(
-        measuring, n, {i: p.predicted_ms / baseline for i, p in enumerate(points, start=1)},
-        Rounds(rounds, found.reps, workload.seed), Criterion(config.min_gain, settings.min_step, settings.step_alpha),
+        MeasurementRun(source, journal), run.geometry.num_tokens, job.predicted,
+        Rounds(rounds, job.reps, workload.seed), Criterion(config.min_gain, settings.min_step, settings.step_alpha),
         progress=workload.progress,
     )
     return verification, journal.path, notes
