@@ -1,10 +1,8 @@
 """Accuracy on an image folder, and the degradation curve A(n) under random pruning right after embedding.
 
-Labelled (ImageFolder with class sub-folders): top-1 against the folder labels, where the i-th folder in
-sorted order is the model's class i (as with ImageNet's synset folders). Unlabelled (images directly in
-the folder, or seeded random images): agreement of a variant's top-1 with the unpruned model's on the
-same images. `outcomes` is the one evaluator: the offline curve and the benchmark's variants both use it.
-"""
+Labelled (class sub-folders): top-1, where the i-th folder in sorted order is the model's class i. Unlabelled (a
+flat folder, or seeded random images): agreement of a variant's top-1 with the unpruned model's on the same images.
+`outcomes` is the one evaluator."""
 
 from __future__ import annotations
 
@@ -81,8 +79,7 @@ def eval_transform(model: nn.Module, input_size: tuple[int, int]):
 
 
 def open_image_folder(root: str | Path, transform, agreement: bool = False) -> tuple[Dataset, str]:
-    """An ImageFolder (top-1) when `root` has class sub-folders, else a flat folder (agreement); with
-    `agreement`, the class sub-folders' images with their labels ignored (agreement needs none)."""
+    """An ImageFolder (top-1) when `root` has class sub-folders and not `agreement`, else a flat folder (agreement)."""
     root = Path(root)
     if not root.is_dir():
         raise DatasetError(f"dataset folder not found: {root}")
@@ -98,9 +95,8 @@ def open_image_folder(root: str | Path, transform, agreement: bool = False) -> t
 
 
 def check_labels(dataset: Dataset, kind: str, model: nn.Module, root: str | Path) -> None:
-    """Raise DatasetError when top-1 labels cannot be the model's classes: the i-th class folder (in sorted
-    order) is compared with the model's class i, so the folder needs as many classes as the classifier has
-    outputs and, where the model's label set is known (ImageNet synsets), the same names."""
+    """Raise DatasetError when top-1 labels cannot be the model's classes: the folder needs as many classes as the
+    classifier has outputs and, where the model's label set is known (ImageNet synsets), the same names."""
     if kind != TOP1:
         return
     classes, outputs = list(dataset.classes), classifier_outputs(model)
@@ -133,8 +129,7 @@ def seeded_subset(dataset: Dataset, samples: int, seed: int) -> Dataset:
 
 
 def random_images(samples: int, input_size: tuple[int, int], seed: int = 0) -> Dataset:
-    """Seeded standard-normal images without labels: agreement with the unpruned model when no folder is
-    given (meaningful for trained weights)."""
+    """Seeded standard-normal images without labels, for agreement when no folder is given."""
     images = torch.randn(samples, 3, *input_size, generator=torch.Generator().manual_seed(seed))
     return TensorDataset(images, torch.full((samples,), -1))
 
@@ -155,8 +150,7 @@ def accuracy_token_counts(min_tokens: int, num_tokens: int, points: int, extra: 
 
 @dataclass(frozen=True)
 class Images:
-    """The images an accuracy is measured on: a loader of (images, labels) batches, what its labels are (TOP1,
-    or AGREEMENT with a reference forward), the device the images go to and whether a progress bar shows."""
+    """The images an accuracy is measured on: their loader, label kind, device and whether a progress bar shows."""
 
     loader: Iterable
     kind: str
@@ -164,12 +158,10 @@ class Images:
     progress: bool = True
 
 
-def outcomes(
-    forwards: Mapping[Hashable, Forward], images: Images, reference: Forward, dtype: torch.dtype | None = None
-) -> dict[Hashable, torch.Tensor]:
-    """{key: one bool per image, in the loader's order: its top-1 under forwards[key] equals the label (TOP1) or
-    the reference forward's top-1 (AGREEMENT)}; every image is loaded once for all forwards, and cast to `dtype`
-    (the models' own, e.g. float16) when one is given. Kept per image so that two forwards compare paired."""
+def outcomes(forwards: Mapping[Hashable, Forward], images: Images, reference: Forward,
+             dtype: torch.dtype | None = None) -> dict[Hashable, torch.Tensor]:
+    """{key: one bool per image, in the loader's order: its top-1 under forwards[key] equals the label (TOP1) or the
+    reference forward's top-1 (AGREEMENT)}; every image is loaded once for all forwards, cast to `dtype` if given."""
     kind = images.kind
     right: dict[Hashable, list[torch.Tensor]] = {key: [] for key in forwards}
     seen = 0

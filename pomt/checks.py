@@ -1,8 +1,5 @@
-"""Checks of settings that several entry points share: one function per decision, one exception type each.
-
-Each returns the value it accepted, so a caller can check and use it in one expression. `label` names the
-setting in the message the way the caller's user knows it (a CLI flag, or a field of a schedule file).
-"""
+"""Checks of settings that several entry points share: one function per decision, one exception type each; each
+returns the value it accepted, and `label` names the setting the way the caller's user knows it."""
 
 from __future__ import annotations
 
@@ -44,8 +41,7 @@ def check_batch_size(batch: int) -> int:
 
 
 def check_threads(threads: int | None, label: str = "--threads") -> int | None:
-    """Raise SettingError for more threads than this machine has logical CPUs: they would time-slice, and
-    the latency measured would be the scheduler's (None: torch's default)."""
+    """Raise SettingError for more threads than this machine has logical CPUs (None: torch's default)."""
     cores = os.cpu_count() or 1
     if threads is not None and threads > cores:
         raise SettingError(f"{label} {threads} exceeds the {cores} logical CPUs of this machine")
@@ -53,8 +49,7 @@ def check_threads(threads: int | None, label: str = "--threads") -> int | None:
 
 
 def check_input_memory(batch: int, size: tuple[int, int]) -> int:
-    """Raise BatchSizeError when one batch of float32 input images alone outgrows the memory this machine has
-    available (a batch size mistyped by a few digits), which torch would report deep inside as a traceback."""
+    """Raise BatchSizeError when one batch of float32 input images alone outgrows the memory available."""
     needed, available = batch * 3 * size[0] * size[1] * 4, psutil.virtual_memory().available
     if needed > available:
         raise BatchSizeError(f"batch size {batch} at {size[0]}x{size[1]} px needs {needed / 2**30:.3g} GiB for its "
@@ -70,9 +65,8 @@ def check_seed(seed: int, label: str = "seed") -> int:
 
 
 def check_removal(method: str, block: int, remove: int, patch_tokens: int) -> int:
-    """Raise PatchError unless `method` can remove `remove` of the `patch_tokens` patch tokens entering
-    `block`: at least one patch token stays; ToMe merges at most half of them (its published cap,
-    `pomt.patching.tome.max_merge`), which a schedule must respect rather than have clamped."""
+    """Raise PatchError unless `method` can remove `remove` of the `patch_tokens` patch tokens entering `block`: at
+    least one patch token stays; ToMe merges at most half of them (a schedule must respect it, not be clamped)."""
     if isinstance(remove, bool) or not isinstance(remove, int) or remove < 0:
         raise PatchError(f"tokens to remove at block {block} must be an integer >= 0, got {remove!r}")
     if method == "tome" and remove > patch_tokens // 2:
@@ -86,8 +80,7 @@ def check_removal(method: str, block: int, remove: int, patch_tokens: int) -> in
 
 def check_removals(method: str, removal: Mapping[int, int], num_tokens: int, prefix_tokens: int,
                    depth: int) -> dict[int, int]:
-    """Check a whole {block: remove} schedule block by block (`check_prune_block`, `check_removal` with
-    the tokens left at each block); returns it sorted, zero removals dropped."""
+    """Check a whole {block: remove} schedule block by block; returns it sorted, zero removals dropped."""
     for block in removal:
         check_prune_block(block, depth)
     patch_tokens, checked = num_tokens - prefix_tokens, {}
@@ -101,8 +94,7 @@ def check_removals(method: str, removal: Mapping[int, int], num_tokens: int, pre
 
 def check_calibration_size(images: int, accuracy: float, max_drop_points: float,
                            confidence: float = CONFIDENCE, label: str = "--max-accuracy-drop") -> int:
-    """Raise CalibrationError when the Wilson interval of `accuracy` on `images` calibration images is wider
-    on each side than the accuracy drop asked (in points): such a drop could not be told from noise."""
+    """Raise CalibrationError when the Wilson interval of `accuracy` on `images` is wider than the drop asked."""
     if max_drop_points <= 0:
         raise CalibrationError(f"{label} must be positive, got {max_drop_points:g}")
     width = half_width(accuracy, images, confidence) * 100
@@ -117,12 +109,8 @@ def check_calibration_size(images: int, accuracy: float, max_drop_points: float,
 
 def check_drop_resolution(images: int, max_drop_points: float, confidence: float = CONFIDENCE,
                           label: str = "--max-accuracy-drop") -> int:
-    """Raise CalibrationError when `images` search images cannot resolve a drop of `max_drop_points`.
-
-    A schedule's drop is measured paired, on the same images as the unpruned model, so what bounds it is the
-    share of images whose prediction the schedule changes. A schedule that changed none of n images could
-    still change up to the upper end of the Wilson interval of 0 of n; when that interval is wider than the
-    drop asked, no measurement on these images could tell such a drop from noise."""
+    """Raise CalibrationError when `images` search images cannot resolve a drop of `max_drop_points`: the Wilson
+    interval of 0 of n, which a schedule that changed none of them still allows, is wider than the drop asked."""
     if max_drop_points <= 0:
         raise CalibrationError(f"{label} must be positive, got {max_drop_points:g}")
     width = wilson_interval(0, images, confidence)[1] * 100
@@ -139,8 +127,7 @@ def check_drop_resolution(images: int, max_drop_points: float, confidence: float
 
 
 def check_options(config: object) -> object:
-    """Raise SettingError for a field of the dataclass `config` outside the range its `option()` declares (the
-    same range the CLI holds its flag to, so a configuration built in Python is held to it too)."""
+    """Raise SettingError for a field of the dataclass `config` outside the range its `option()` declares."""
     for f in dataclasses.fields(config):
         low, high = f.metadata.get("min"), f.metadata.get("max")
         value = getattr(config, f.name)
@@ -159,9 +146,7 @@ def check_options(config: object) -> object:
 
 
 def check_output_dir(path: str | Path, label: str = "--output-dir") -> Path:
-    """Raise OutputError unless files can be written in the folder `path` (made later where it does not exist
-    yet): no file in its way, and its nearest existing folder writable. Run before anything is measured, so a
-    run never measures for minutes and then fails to write its results."""
+    """Raise OutputError unless files can be written in the folder `path` (made later where it does not exist yet)."""
     if not str(path).strip():  # an unset shell variable: "" would mean the current folder
         raise OutputError(f"{label} is empty; name a folder (. for the current one)")
     path = Path(path)
@@ -183,9 +168,7 @@ def check_output_file(path: str | Path, label: str = "--output") -> Path:
 
 
 def _folder_problem(path: Path) -> str | None:
-    """Why no file can be written in the folder `path` (None: it can): a file in its way, or its nearest
-    existing folder not writable (a file made and removed there says what permissions, mounts and quotas
-    allow, for root as for anyone)."""
+    """Why no file can be written in the folder `path` (None: it can)."""
     existing = path
     while not os.path.lexists(existing) and existing != existing.parent:
         existing = existing.parent

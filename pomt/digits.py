@@ -1,11 +1,7 @@
 """A real-data case built without a download: sklearn's bundled 8 x 8 digits as two ImageFolders (train /
-calibration, upscaled to a ViT's input) and a ViT trained on them a few epochs, cached by its recipe.
-
-The folders are deterministic (a seeded, per-class split) and written under a temporary name, then renamed into
-place with their manifest. The checkpoint (`{"state_dict": ...}`) loads with
-`pomt.models.registry.create_model(..., checkpoint=...)`; a JSON sidecar records the recipe, the training time
-and the top-1 on the calibration images; the recipe's digest names both files. Needs scikit-learn (dev extra).
-"""
+calibration, upscaled to a ViT's input) and a ViT trained on them a few epochs, cached by its recipe's digest.
+The checkpoint (`{"state_dict": ...}`) loads with `create_model(..., checkpoint=...)`; a JSON sidecar records the
+recipe, the training time and the calibration top-1. Needs scikit-learn (dev extra)."""
 
 from __future__ import annotations
 
@@ -61,8 +57,7 @@ def render(pixels: np.ndarray, size: int) -> Image.Image:
 
 
 def split_per_class(targets: np.ndarray, spec: DigitsSpec) -> dict[str, list[int]]:
-    """Indices of the train and calibration images: per class, a seeded shuffle, `per_class` kept, the
-    calibration share taken from its end (at least one image each side)."""
+    """Indices of the train and calibration images: a seeded per-class shuffle, `per_class` kept, split at its end."""
     if not 0.0 < spec.calibration < 1.0:
         raise DatasetError(f"the calibration share must lie in (0, 1), got {spec.calibration}")
     rng = np.random.default_rng(spec.seed)
@@ -78,8 +73,7 @@ def split_per_class(targets: np.ndarray, spec: DigitsSpec) -> dict[str, list[int
 
 
 def write_digits(cache_dir: str | Path, spec: DigitsSpec = DigitsSpec()) -> Path:
-    """The folder `<cache_dir>/digits_<size>px_<key>` with `train/<class>/*.png` and
-    `calibration/<class>/*.png`; written once, reused while its manifest is there."""
+    """The folder `<cache_dir>/digits_<size>px_<key>` with `train/` and `calibration/`, written once."""
     root = Path(cache_dir) / f"digits_{spec.size}px_{spec.key()}"
     if (root / MANIFEST).is_file():
         return root
@@ -155,8 +149,7 @@ class DigitsCase:
 
 def digits_case(recipe: Recipe = Recipe(), cache_dir: str | Path = CACHE_DIR, progress: bool = False,
                 device: str = "cpu") -> DigitsCase:
-    """The digits model of `recipe`: read from the cache when its files are there, else trained (on `device`)
-    and saved. The checkpoint holds CPU tensors whichever device trained it; the sidecar names the device."""
+    """The digits model of `recipe`: read from the cache, else trained (on `device`) and saved."""
     cache_dir = Path(cache_dir)
     root = write_digits(cache_dir, recipe.data)
     stem = cache_dir / f"digits_{timm_name(recipe.model)}_{recipe.key()}"
@@ -197,9 +190,8 @@ def learning_rate(step: int, steps: int, recipe: Recipe) -> float:
 
 
 def train(recipe: Recipe, train_root: Path, progress: bool = False, device: str = "cpu") -> tuple[nn.Module, float]:
-    """Train the recipe's model from its seeded random init on the train folder, on `device` (float32);
-    returns it (eval mode, on `device`) and the seconds training took (images loaded beforehand, not counted).
-    The caller's CPU RNG is untouched."""
+    """Train the recipe's model from its seeded random init on the train folder, on `device` (float32); returns it
+    (eval mode) and the seconds training took (image loading not counted). The caller's CPU RNG is untouched."""
     size = recipe.data.size
     model = create_model(recipe.model, size, num_classes=10)
     images, labels = _images(model, train_root, size)

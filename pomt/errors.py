@@ -84,10 +84,7 @@ class OutputError(PomtError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C, with what became of the run in one line (`after_visits`: what its journals keep for `--resume`).
-
-    A KeyboardInterrupt, so that whatever handles Ctrl-C on the way up (a pool of worker processes, a context
-    manager) handles it alike; the CLI prints it as one line with exit code 130."""
+    """Ctrl-C, with what became of the run in one line (`after_visits`); a KeyboardInterrupt, exit code 130."""
 
     @classmethod
     def after_visits(cls, visits: int) -> Interrupted:

@@ -1,5 +1,4 @@
-"""Atomic file writes: a result is either fully written or not there at all; so is a set of files
-(`staged_set`), and what a killed writer left behind is cleared by the next (`clear_stale`)."""
+"""Atomic file writes: a file, or a set of files (`staged_set`), is fully written or not there at all."""
 
 from __future__ import annotations
 
@@ -75,12 +74,9 @@ def staging_folder(folder: str | Path, name: str) -> Path:
 
 @contextmanager
 def staged_set(folder: str | Path, name: str, last: Sequence[str] = ()) -> Iterator[Path]:
-    """Write a set of files as a whole: the caller writes them into the yielded staging folder (inside
-    `folder`, so moving is a rename); on leaving, a COMMIT marker lists them and they are moved into `folder`,
-    the names in `last` last (the file that names the others, so a reader who finds it finds them). A run
-    killed before the marker leaves the previous set (its staging folder is removed by the next
-    `clear_stale`); one killed while moving has its set completed by the next `clear_stale`; Ctrl-C waits
-    until the move is done. An error while staging removes the staging folder."""
+    """Write a set of files as a whole into the yielded staging folder; on leaving, a COMMIT marker lists them and
+    they are moved into `folder`, the names in `last` last (Ctrl-C waits). A run killed before the marker leaves the
+    previous set, one killed while moving is completed by the next `clear_stale`; a staging error removes the folder."""
     staging = staging_folder(folder, name)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -97,8 +93,7 @@ def staged_set(folder: str | Path, name: str, last: Sequence[str] = ()) -> Itera
 
 
 def clear_stale(folder: str | Path, name: str) -> None:
-    """Clear what a killed writer of the set `name` (and of single files named `name...`) left in `folder`: a
-    committed staging folder is moved into place, an uncommitted one removed, with hidden temporaries."""
+    """Clear what a killed writer of the set `name` left in `folder`: finish a committed set, remove the rest."""
     folder = Path(folder)
     staging = staging_folder(folder, name)
     if (staging / COMMIT).is_file():
@@ -120,9 +115,7 @@ def _move_committed(staging: Path) -> None:
 
 @contextmanager
 def sigint_held() -> Iterator[None]:
-    """Ctrl-C is held back (raised on leaving) in the main thread: for a few writes that must happen together or
-    not at all (a set moved into place, a journal's line and its count). The Python handler is swapped, not the
-    signal blocked: the signal may reach any of the process's threads, the handler runs in the main one."""
+    """Ctrl-C held back (raised on leaving) in the main thread, for writes that must happen together or not at all."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

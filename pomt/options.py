@@ -1,10 +1,6 @@
-"""Command-line options declared on the fields of a configuration dataclass.
-
-A field made with `option()` is the one source of its flag (`--` + the field name with "-" for "_"), its
-default, its help text and its range; `pomt.cli.options.config_command` turns such a dataclass into the
-parameters of a typer command, and `pomt.checks.check_options` holds a dataclass built in Python to the same
-ranges. Adding a field is all it takes to add a flag.
-"""
+"""Command-line options declared on the fields of a configuration dataclass: a field made with `option()` is the
+one source of its flag (`--` + the field name with "-" for "_"), its default, its help text and its range, so
+adding a field is all it takes to add a flag."""
 
 from __future__ import annotations
 
@@ -20,22 +16,9 @@ WORKLOAD, MEASUREMENT, CHOICE, VERIFICATION, OUTPUTS, ADVANCED = (
 PANELS = (WORKLOAD, MEASUREMENT, CHOICE, VERIFICATION, OUTPUTS, ADVANCED)
 
 
-def option(
-    default: Any,
-    help: str,
-    *,
-    choices: Sequence[str] | None = None,
-    negatable: bool = False,
-    min: float | None = None,
-    max: float | None = None,
-    panel: str | None = None,
-) -> Any:
-    """A dataclass field that is also a CLI option.
-
-    `choices`: the values allowed (the CLI lists them and refuses others); `negatable`: a boolean flag with
-    a `--no-` form; `min`, `max`: the smallest and largest values allowed (inclusive; None: unbounded);
-    `panel`: the help panel that lists it (None: the command's first panel).
-    """
+def option(default: Any, help: str, *, choices: Sequence[str] | None = None, negatable: bool = False,
+           min: float | None = None, max: float | None = None, panel: str | None = None) -> Any:
+    """A dataclass field that is also a CLI option; `min`, `max` inclusive (None: unbounded)."""
     metadata = {"help": help, "choices": tuple(choices) if choices else None, "negatable": negatable, "min": min,
                 "max": max, "panel": panel}
     return field(default=default, metadata=metadata)

@@ -1,6 +1,4 @@
-"""Every PNG pomt writes: the offline latency curve (steps, accuracy, utility, the chosen count), the
-benchmark's latency and speedup bars, and the sweep's speedup heat-map. Matplotlib draws off-screen (Agg),
-imported at the first plot (`_pyplot`)."""
+"""Every PNG pomt writes; matplotlib draws off-screen (Agg), imported at the first plot."""
 
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ from pomt.io import atomic_save_figure
 
 
 def _pyplot():
-    """matplotlib's pyplot on the off-screen Agg backend, imported at the first plot: most of a second that a
-    command drawing nothing (bad input, --help) should not pay."""
+    """matplotlib's pyplot on Agg, imported at the first plot: a command drawing nothing should not pay for it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,12 +31,9 @@ DOUBTFUL_BANDS = 4.0  # a count's band this many times the curve's median band i
 
 @dataclass(frozen=True)
 class OfflinePlot:
-    """What the offline plot draws: every visit (drift-corrected, `visit_values`) as a dot, the pooled curve
-    (`points`) with its 95% band, the curve the choice priced from (`priced`: `pomt.measurement.robust`),
-    confirmed `steps` with their paired effect and interval, candidates the paired test `rejected`, steps
-    confirmed here that a fresh process did not show (`here_only`, (low, high) each), the counts within the
-    policy's `reach` shaded (what `detection` states a limit over), the chosen count and what verification
-    measured; accuracy and utility below when known."""
+    """What the offline plot draws: every visit as a dot, the pooled curve with its 95% band, the priced curve, the
+    confirmed `steps`, `rejected` candidates, steps a fresh process did not show (`here_only`, (low, high) each), the
+    policy's `reach` shaded, the chosen count and what verification measured; accuracy and utility below when known."""
 
     title: str
     points: Sequence
@@ -141,8 +135,7 @@ def plot_offline(path: str | Path, plot: OfflinePlot) -> Path:
 
 def offline_notes(steps: Sequence, rejected: int, elsewhere: int, *, drift=None, detection: str | None = None,
                   verified=None) -> list[str]:
-    """The lines of the offline plot's box: drift, the steps judged, what the run could have seen (`detection`,
-    wrapped to NOTE_WIDTH), each confirmed step with its interval, and what verification measured."""
+    """The lines of the offline plot's box: drift, the steps judged, what the run could have seen, verification."""
     notes = []
     if drift is not None:
         notes.append(f"drift during measurement: {drift.pct:.0f}% (reference {drift.reference_tokens}"
@@ -173,8 +166,7 @@ def _saved(path: str | Path, figure) -> Path:
 
 
 def plot_benchmark(path: str | Path, title: str, rows: Sequence[Mapping]) -> Path:
-    """Latency bars with IQR error bars, speedup vs unpruned, and (where measured) accuracy with its interval
-    against measured speedup, one bar or point per variant."""
+    """Latency bars with IQR error bars, speedup vs unpruned, and accuracy against speedup where measured."""
     names = [row["method"] for row in rows]
     measured = [r for r in rows if r.get("accuracy") is not None]
     panels = 3 if measured else 2
@@ -209,13 +201,8 @@ def _accuracy_panel(axis, rows: Sequence[Mapping]) -> None:
     axis.set(xlabel="measured speedup vs unpruned", ylabel="accuracy (95% interval)")
 
 
-def plot_sweep(
-    path: str | Path,
-    title: str,
-    speedups: Mapping[str, Mapping[tuple[int, int], float]],
-    batch_sizes: Sequence[int],
-    input_sizes: Sequence[int],
-) -> Path:
+def plot_sweep(path: str | Path, title: str, speedups: Mapping[str, Mapping[tuple[int, int], float]],
+               batch_sizes: Sequence[int], input_sizes: Sequence[int]) -> Path:
     """Heat-map of speedup per (batch, input size), one panel per variant, centred on break-even (1.0)."""
     names = list(speedups) or ["(no reduced variant)"]
     from matplotlib import colors
@@ -245,11 +232,9 @@ def plot_sweep(
 
 
 def plot_frontier(path: str | Path, title: str, rows: Sequence[Mapping], floor: float | None = None) -> Path:
-    """Accuracy (search split, Wilson interval) against speedup over the unpruned model, one series per
-    family (a reducer's per-block search is one): hollow at the predicted speedup, filled with its interval
-    where verified; the frontier as a line, the chosen schedule as a star, the unpruned accuracy less the drop asked
-    (`floor`) as a dashed line, and a ring round each schedule the search images were too few to tell (within the
-    drop measured, not on its bound). Rows as `pomt.frontier.report.rows` gives them."""
+    """Accuracy (search split, Wilson interval) against speedup, one series per family: hollow where predicted, filled
+    where verified; the frontier as a line, the chosen schedule as a star, `floor` dashed, and a ring round each
+    schedule the search images were too few to tell. Rows as `pomt.frontier.report.rows` gives them."""
     plt = _pyplot()
     figure, ax = plt.subplots(figsize=(9, 5.4))
     def series(r: Mapping) -> str:  # probes and proposals of one reducer's per-block search are one series

@@ -1,12 +1,9 @@
 """How many tokens to remove at which block: the step, utility and budget policies (pure maths).
 
-The curve L(n) is the whole model with every block at n tokens. Pruning R tokens at block l of D runs
-blocks 0..l at N tokens and the rest at N - R, so predicted(R) = [(l + 1) L(N) + (D - l - 1) L(N - R)] / D
-+ cost(R): the embedding and head cancel out. cost(R) is what the method's pruning block costs over the
-plain block (`pomt.verification.verify.method_cost`; 0 without it). Unmeasured counts are interpolated
-linearly, never extrapolated. Each policy ranks its candidates (`rank_*`, best first, only those that meet
-its conditions) for the offline computation to verify; `choose_*` takes the first or removes nothing.
-"""
+The curve L(n) is the whole model with every block at n tokens. Pruning R tokens at block l of D gives
+predicted(R) = [(l + 1) L(N) + (D - l - 1) L(N - R)] / D + cost(R), cost(R) being what the method's pruning block
+costs over the plain block (0 without it). Unmeasured counts are interpolated linearly, never extrapolated. Each
+policy ranks its candidates (`rank_*`, best first) for verification; `choose_*` takes the first or removes nothing."""
 
 from __future__ import annotations
 
@@ -62,15 +59,9 @@ def _accuracy(accuracy: Mapping[int, float] | None, n: int) -> float | None:
     return interpolate(accuracy, [n])[n] if accuracy else None
 
 
-def predict_latency(
-    curve: Mapping[int, float],
-    num_tokens: int,
-    depth: int,
-    prune: Sequence[tuple[int, int]],
-    method_cost: MethodCost = no_cost,
-) -> float:
-    """Predicted latency (ms) of the model with the (block, remove) pairs applied (see the module doc): they
-    remove cumulatively, each charged the method's cost; their blocks are checked where the setting enters."""
+def predict_latency(curve: Mapping[int, float], num_tokens: int, depth: int, prune: Sequence[tuple[int, int]],
+                    method_cost: MethodCost = no_cost) -> float:
+    """Predicted latency (ms) with the (block, remove) pairs applied cumulatively, each charged the method's cost."""
     if depth < 1:
         raise GridError(f"depth must be at least 1, got {depth}")
     counts = [num_tokens] * depth
@@ -87,8 +78,7 @@ def predict_latency(
 
 
 def predict_from_counts(curve: Mapping[int, float], kept: Sequence[int]) -> float:
-    """Predicted latency (ms) of a model whose block b runs on kept[b] tokens (any reducer, ToMe included):
-    each block costs its share of the curve at its count, sum(L(n_b)) / D (the method's own cost aside)."""
+    """Predicted latency (ms) of a model whose block b runs on kept[b] tokens: sum(L(n_b)) / D."""
     return sum(_latency(curve, n) for n in kept) / len(kept)
 
 
@@ -135,17 +125,9 @@ class Setting:
     def decision(self, kept: int, policy: str, reason: str, code: str, target: Step | None = None) -> Decision:
         baseline, predicted = self.baseline, self.predicted(kept)
         return Decision(
-            remove=self.num_tokens - kept,
-            block=self.block,
-            kept_tokens=kept,
-            baseline_ms=baseline,
-            predicted_ms=predicted,
-            gain=(baseline - predicted) / baseline if baseline else 0.0,
-            accuracy=_accuracy(self.accuracy, kept),
-            policy=policy,
-            reason=reason,
-            code=code,
-            target=target,
+            remove=self.num_tokens - kept, block=self.block, kept_tokens=kept, baseline_ms=baseline,
+            predicted_ms=predicted, gain=(baseline - predicted) / baseline if baseline else 0.0,
+            accuracy=_accuracy(self.accuracy, kept), policy=policy, reason=reason, code=code, target=target,
         )
 
     def nothing(self, policy: str, reason: str, code: str) -> Decision:
@@ -155,12 +137,9 @@ class Setting:
 def rank_step(setting: Setting, steps: Sequence[Step], min_gain: float) -> list[Decision]:
     """Removals that land just below a confirmed drop and pay at least `min_gain`, nearest to N first.
 
-    A drop's low side is skipped when a measured count between it and N is not slower by at least
-    `min_gain` (it would sit in a non-monotone region or on a level with a count that keeps more tokens:
-    they would cost no more, and which of two counts that close reads faster changes with the visits a
-    run gets), when its predicted gain (method cost included) is below `min_gain`, or when its accuracy
-    is below the minimum.
-    """
+    A drop's low side is skipped when a measured count between it and N is not slower by at least `min_gain` (a
+    count that keeps more tokens would cost no more), when its predicted gain is below `min_gain`, or when its accuracy
+    is below the minimum."""
     limit, n, curve = setting.limit, setting.num_tokens, setting.curve
     ranked = []
     for step in sorted((s for s in steps if s.kind == "drop" and n - limit <= s.tokens < n), key=lambda s: -s.tokens):
@@ -190,8 +169,7 @@ def choose_step(setting: Setting, steps: Sequence[Step], min_gain: float) -> Dec
 
 
 def utility_values(setting: Setting, alpha: float, counts: Sequence[int] | None = None) -> dict[int, float]:
-    """U(n) = alpha (1 - P(n) / max P) + (1 - alpha) A(n) / max A over `counts` (default: the curve's),
-    P(n) the predicted latency pruning to n at the setting's block, A interpolated onto the counts."""
+    """U(n) = alpha (1 - P(n) / max P) + (1 - alpha) A(n) / max A over `counts` (default: the curve's)."""
     if not 0.0 <= alpha <= 1.0:
         raise PolicyError(f"alpha must lie in [0, 1], got {alpha}")
     if not setting.accuracy:
@@ -207,8 +185,7 @@ def utility_values(setting: Setting, alpha: float, counts: Sequence[int] | None 
 
 
 def rank_utility(setting: Setting, alpha: float) -> list[Decision]:
-    """POMT's choice first: counts within the limit by utility U(n) (see `utility_values`), highest first;
-    ties go to the count that keeps more tokens."""
+    """POMT's choice first: counts within the limit by U(n), highest first; ties go to the one keeping more tokens."""
     counts = setting.counts()
     if setting.min_accuracy is not None:
         reachable = [n for n in counts if setting.accurate_enough(n)]

@@ -1,12 +1,9 @@
 """A measured accuracy as a count of successes out of trials, with its Wilson score interval (pure maths).
 
-Wilson's interval stays inside [0, 1] and keeps its coverage near 0 and 1, where accuracies of good models
-and agreements with an unpruned model live; the normal (Wald) interval collapses there. A schedule's drop
-is measured paired, on the same images as the unpruned model, so the bound on the drop combines the two
-Wilson intervals with the correlation of the paired outcomes: Newcombe's method 10 ("Improved confidence
-intervals for the difference between binomial proportions based on paired data", Statistics in Medicine
-17, 1998). With agreement there is nothing to correlate: the bound is one minus the agreement's lower bound.
-"""
+Wilson's interval stays inside [0, 1] and keeps its coverage near 0 and 1, where accuracies of good models live.
+A schedule's drop is measured paired, on the same images as the unpruned model, so the bound on the drop combines
+the two Wilson intervals with the correlation of the paired outcomes: Newcombe's method 10 (Statistics in Medicine
+17, 1998). With agreement there is nothing to correlate: the bound is one minus the agreement's lower bound."""
 
 from __future__ import annotations
 
@@ -43,8 +40,7 @@ def wilson_interval(successes: int, trials: int, confidence: float = CONFIDENCE)
 
 
 def one_sided_interval(successes: int, trials: int, confidence: float) -> tuple[float, float]:
-    """The lower and the upper one-sided Wilson bounds at `confidence` (each alone holds with it); at 0.5 both
-    are the measured share."""
+    """The lower and the upper one-sided Wilson bounds at `confidence`; at 0.5 both are the measured share."""
     if not 0.5 <= confidence < 1.0:
         raise ValueError(f"a one-sided confidence must lie in [0.5, 1), got {confidence}")
     if confidence == 0.5 and trials:
@@ -53,9 +49,8 @@ def one_sided_interval(successes: int, trials: int, confidence: float) -> tuple[
 
 
 def paired_drop_bound(correct: int, lost: int, gained: int, images: int, confidence: float) -> float:
-    """Upper one-sided bound at `confidence` of the drop (lost - gained) / images of a schedule measured on the
-    same images as the unpruned model: it got `correct` of them right, `lost` that the unpruned model got
-    right and it did not, `gained` the other way (Newcombe's method 10, module docstring)."""
+    """Upper one-sided bound at `confidence` of the drop (lost - gained) / images of a schedule that got `correct`
+    right, `lost` that the unpruned model got right and it did not, `gained` the other way (Newcombe's method 10)."""
     base = correct + lost - gained  # what the unpruned model got right
     both_wrong = images - correct - lost
     if min(lost, gained, both_wrong, correct - gained) < 0:
@@ -74,9 +69,8 @@ def paired_drop_bound(correct: int, lost: int, gained: int, images: int, confide
 
 def paired_difference_interval(a_correct: int, b_correct: int, a_only: int, b_only: int, images: int,
                                confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Two-sided interval at `confidence` of a's accuracy minus b's, both measured on the same `images`: a got
-    `a_correct` right, b `b_correct`, `a_only` of them a alone and `b_only` b alone. Each end is the one-sided
-    paired bound (`paired_drop_bound`, Newcombe's method 10) at (1 + confidence) / 2."""
+    """Two-sided interval at `confidence` of a's accuracy minus b's on the same `images` (`a_only` right for a
+    alone, `b_only` for b alone); each end is the one-sided paired bound at (1 + confidence) / 2."""
     one_sided = (1.0 + confidence) / 2.0
     high = paired_drop_bound(b_correct, a_only, b_only, images, one_sided)  # a - b, b in the schedule's place
     low = -paired_drop_bound(a_correct, b_only, a_only, images, one_sided)
@@ -103,8 +97,7 @@ def trials_for_half_width(accuracy: float, width: float, confidence: float = CON
 
 @dataclass(frozen=True)
 class Proportion:
-    """`successes` of `trials` (top-1 hits or agreements), its value and Wilson interval; where measured, the
-    images it `lost` and `gained` against the unpruned model on the same images (its drop, paired)."""
+    """`successes` of `trials`, its Wilson interval, and where measured the images `lost` and `gained` (paired)."""
 
     successes: int
     trials: int
@@ -116,29 +109,25 @@ class Proportion:
         return self.lost is not None and self.gained is not None
 
     def drop_bound(self, confidence: float) -> float | None:
-        """The upper one-sided bound of its drop against the unpruned model (`paired_drop_bound`), as a
-        fraction; None when it was not measured paired."""
+        """The upper one-sided bound of its paired drop (a fraction); None when it was not measured paired."""
         if not self.paired:
             return None
         return paired_drop_bound(self.successes, self.lost, self.gained, self.trials, confidence)
 
     def drop_floor(self, confidence: float) -> float | None:
-        """The lower one-sided bound of its drop against the unpruned model at `confidence` (a fraction; the
-        lower end of `drop_interval` at 2 x confidence - 1); None when it was not measured paired."""
+        """The lower one-sided bound of its paired drop at `confidence` (a fraction); None when not measured paired."""
         interval = self.drop_interval(2 * confidence - 1) if self.paired else None
         return None if interval is None else interval[0]
 
     @property
     def drop(self) -> float | None:
-        """Its measured drop against the unpruned model, (lost - gained) / trials (a fraction); None when it was
-        not measured paired."""
+        """Its measured drop, (lost - gained) / trials (a fraction); None when it was not measured paired."""
         return (self.lost - self.gained) / self.trials if self.paired and self.trials else None
 
     def images_to_bound(self, max_drop: float, confidence: float, most: int = 1_000_000) -> int | None:
-        """Fewest images on which a schedule that lost, gained and kept right images at this one's rates would
-        have its drop bound (`drop_bound`) within `max_drop` (a fraction): how many images tell whether a drop
-        measured within the goal is there. Its own trials where it already is; None where it was not measured
-        paired, where its measured drop exceeds `max_drop` (more images would only show that) or beyond `most`."""
+        """Fewest images on which a schedule with this one's rates would have its `drop_bound` within `max_drop` (a
+        fraction): its own trials where it already is; None where not measured paired, where its drop exceeds
+        `max_drop`, or beyond `most`."""
         if self.drop is None or self.drop > max_drop:
             return None
 
@@ -160,8 +149,7 @@ class Proportion:
         return high if high <= most else None
 
     def drop_interval(self, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
-        """Two-sided interval of its drop against the unpruned model (the unpruned accuracy minus its, a
-        fraction), paired (`paired_difference_interval`); None when it was not measured paired."""
+        """Two-sided paired interval of its drop (a fraction); None when it was not measured paired."""
         if not self.paired:
             return None
         unpruned = self.successes + self.lost - self.gained
@@ -187,8 +175,7 @@ class Proportion:
 
 
 def difference_interval(a: Proportion, b: Proportion, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Interval of a.value - b.value from the two Wilson intervals (Newcombe's hybrid score method); on the
-    same images (paired) it errs wide, so a difference it excludes 0 from is there."""
+    """Interval of a.value - b.value from the two Wilson intervals (Newcombe's hybrid score; wide when paired)."""
     (a_low, a_high), (b_low, b_high) = a.interval(confidence), b.interval(confidence)
     d = a.value - b.value
     return (d - math.sqrt((a.value - a_low) ** 2 + (b_high - b.value) ** 2),

@@ -11,15 +11,6 @@ from pomt.bench.report import COLUMNS, format_sweep, format_table, write_benchma
 from pomt.bench.run import BenchResult, SweepResult, run_benchmark, run_sweep
 
 __all__ = [
-    "COLUMNS",
-    "BenchConfig",
-    "BenchResult",
-    "SweepResult",
-    "count_flops",
-    "format_sweep",
-    "format_table",
-    "run_benchmark",
-    "run_sweep",
-    "write_benchmark",
-    "write_sweep",
+    "COLUMNS", "BenchConfig", "BenchResult", "SweepResult", "count_flops", "format_sweep", "format_table",
+    "run_benchmark", "run_sweep", "write_benchmark", "write_sweep",
 ]

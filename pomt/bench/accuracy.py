@@ -2,9 +2,8 @@
 variant compared with the schedule (or, without one, the unpruned model).
 
 Top-1 on an ImageFolder, or agreement with the unpruned model (a folder's images with `--agreement`, or seeded
-random images without a folder), on as many images as the offline computation takes by default. The variants ran
-on the same images, so a difference is judged paired, from the images one got right and the other did not
-(`pomt.stats.paired_difference_interval`); without per-image outcomes the interval is the unpaired one, which
+random images without a folder). The variants ran on the same images, so a difference is judged paired, from the
+images one got right and the other did not; without per-image outcomes the interval is the unpaired one, which
 errs wide. A difference whose interval holds 0 is reported as such, not ranked.
 """
 
@@ -29,7 +28,7 @@ from pomt.stats import Proportion, difference_interval, paired_difference_interv
 @dataclass(frozen=True)
 class AccuracyImages:
     """The images every variant's accuracy is measured on and their kind (`pomt.accuracy.TOP1` or AGREEMENT),
-    drawn as `samples` rounded up to whole batches of `batch`, in the order `seed` shuffles."""
+    `samples` rounded up to whole batches of `batch`, in the order `seed` shuffles."""
 
     dataset: Dataset
     kind: str
@@ -39,9 +38,8 @@ class AccuracyImages:
 
 
 def accuracy_data(config: BenchConfig, model: nn.Module, size: tuple[int, int], batch: int) -> AccuracyImages | None:
-    """The images `config` measures accuracy on, opened and their labels checked against `model` (before anything
-    is timed, so that bad data fails at once); random images (agreement) without a folder; None when no accuracy
-    is asked (`accuracy_samples` <= 0)."""
+    """The images `config` measures accuracy on, labels checked against `model` before anything is timed; random
+    images (agreement) without a folder; None when no accuracy is asked."""
     samples, root, seed = config.accuracy_samples, config.dataset_root, config.seed
     if samples == 0:
         return None
@@ -54,16 +52,10 @@ def accuracy_data(config: BenchConfig, model: nn.Module, size: tuple[int, int], 
     return AccuracyImages(dataset, kind, min(len(dataset), samples or SAMPLE_CAP), batch, seed)
 
 
-def add_accuracy(
-    rows: dict[str, dict],
-    variants: Sequence[Variant],
-    data: AccuracyImages | None,
-    device: str,
-    progress: bool | None = None,
-) -> tuple[str, int, dict[str, torch.Tensor]]:
-    """Fill each row's `accuracy` and its interval (`accuracy_low`, `accuracy_high`) on `data` (`accuracy_data`);
-    returns (kind, images, {variant: one bool per image, right or not}). `progress`: a bar over the batches
-    (None: when stderr is a terminal)."""
+def add_accuracy(rows: dict[str, dict], variants: Sequence[Variant], data: AccuracyImages | None, device: str,
+                 progress: bool | None = None) -> tuple[str, int, dict[str, torch.Tensor]]:
+    """Fill each row's `accuracy`, `accuracy_low` and `accuracy_high` on `data`; returns (kind, images, {variant:
+    one bool per image, right or not}). `progress`: a bar over the batches (None: when stderr is a terminal)."""
     if data is None:
         for row in rows.values():
             row.update(accuracy=None, accuracy_low=None, accuracy_high=None, accuracy_correct=None)
@@ -127,8 +119,7 @@ class Comparison:
                 f"[{low:+.1f}, {high:+.1f}]: {verdict}{latency}")
 
 
-def compare(rows: Sequence[dict], images: int, outcomes: Mapping[str, torch.Tensor] | None = None
-            ) -> list[Comparison]:
+def compare(rows: Sequence[dict], images: int, outcomes: Mapping[str, torch.Tensor] | None = None) -> list[Comparison]:
     """Each variant against the schedule row where there is one, else against the unpruned row; empty when
     accuracy was not measured. `outcomes`: {variant: one bool per image, right or not}, for paired intervals."""
     by_name = {row["method"]: row for row in rows}

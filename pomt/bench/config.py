@@ -1,8 +1,5 @@
-"""What `pomt bench` compares and how, checked once here before any model is built, and the run it resolves to.
-
-Each field of `BenchConfig` is also the CLI option of its name (`pomt.options`); `resolve` fills the defaults a
-schedule gives (model, batch and input size, dtype, runtime) and says how the reducers' amounts are set.
-"""
+"""What `pomt bench` compares and how, checked once before any model is built, and the run it resolves to: `resolve`
+fills the defaults a schedule gives (model, batch and input size, dtype, runtime) and how the amounts are set."""
 
 from __future__ import annotations
 
@@ -29,8 +26,7 @@ MATCHES = ("auto", "latency", "flops", "none")
 
 
 def variant_methods(methods: str | Sequence[str]) -> list[str]:
-    """The methods to compare (a sequence, or comma-separated), each checked, deduplicated, with the
-    unpruned baseline first."""
+    """The methods to compare (a sequence, or comma-separated), checked, deduplicated, the unpruned baseline first."""
     if isinstance(methods, str):
         methods = [method.strip() for method in methods.split(",") if method.strip()]
     checked = [check_method(method, VALID_METHODS) for method in dict.fromkeys(methods)]
@@ -45,8 +41,7 @@ class BenchConfig:
     schedule: Path | str | Schedule | None = option(None, "Schedule JSON to compare with the unpruned model.",
                                                     panel=WORKLOAD)
     methods: str | tuple[str, ...] = option(
-        BASELINE, f"Comma-separated variants: {', '.join(VALID_METHODS)} (none is always run).",
-        panel=CHOICE)
+        BASELINE, f"Comma-separated variants: {', '.join(VALID_METHODS)} (none is always run).", panel=CHOICE)
     remove: int | None = option(None, "Tokens removed at --prune-block (pomt/topk/l2norm/random).", min=0, panel=CHOICE)
     r: int | None = option(None, "ToMe: tokens merged per block.", min=0, panel=CHOICE)
     prune_block: int = option(3, "Block that prunes (0-based).", min=0, panel=CHOICE)
@@ -84,7 +79,7 @@ class BenchConfig:
     seed: int = option(0, "Seed for inputs and random pruning.", min=0, max=SEED_MAX, panel=ADVANCED)
 
     def check(self) -> BenchConfig:
-        """Raise for settings outside their ranges (`pomt.checks.check_options`) before anything is built."""
+        """Raise for settings outside their ranges before anything is built."""
         check_options(self)
         check_threads(self.threads)
         if self.keep_rate is not None and not self.keep_rate > 0:
@@ -114,7 +109,7 @@ class Setup:
     match: str = "none"
 
     def workload(self) -> Workload:
-        """The run as a workload: what `pomt.workload.prepare.prepare` builds the model and input from."""
+        """The run as the workload `pomt.workload.prepare.prepare` builds the model and input from."""
         config, run = self.config, self.run
         return Workload(model=run.model, batch_size=run.batch_size, input_size=run.input_size, device=run.device,
                         threads=config.threads, allocator=config.allocator, dtype=config.dtype,

@@ -31,10 +31,7 @@ MB = 1024**2
 def _extra_formulas() -> dict:
     """FLOP formulas for attention ops that torch's registry lacks (CPU flash attention)."""
     extra = {}
-    for name in (
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_fused_attention_overrideable",
-    ):
+    for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_fused_attention_overrideable"):
         op = getattr(_ATEN, name, None)
         if op is not None and op not in flop_counter.flop_registry:
             extra[op] = _sdpa_flops
@@ -48,17 +45,14 @@ def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kw
 
 def count_flops(model: nn.Module, x: torch.Tensor) -> int:
     """FLOPs of `model(x)` as counted by `FlopCounterMode` (with CPU attention included)."""
-    with (
-        torch.inference_mode(),
-        flop_counter.FlopCounterMode(display=False, custom_mapping=_extra_formulas()) as mode,
-    ):
+    with torch.inference_mode(), flop_counter.FlopCounterMode(display=False, custom_mapping=_extra_formulas()) as mode:
         model(x)
     return int(mode.get_total_flops())
 
 
 def meta_copy(model: nn.Module) -> nn.Module:
-    """A deep copy whose parameters and buffers are on the meta device: shapes without data, so counting
-    its FLOPs does no arithmetic (the same cost at any model or input size) and copies no weights."""
+    """A deep copy whose parameters and buffers are on the meta device: shapes without data, so counting its FLOPs
+    does no arithmetic and copies no weights."""
     tensors = [*model.parameters(), *model.buffers()]
     memo = {
         id(t): nn.Parameter(t.detach().to("meta"), t.requires_grad) if isinstance(t, nn.Parameter) else t.to("meta")
@@ -68,10 +62,7 @@ def meta_copy(model: nn.Module) -> nn.Module:
 
 
 def match_amount(flops_at: Callable[[int], float], target: float, low: int, high: int) -> int:
-    """The amount in [low, high] whose FLOPs are closest to `target`, for FLOPs non-increasing in amount.
-
-    Bisection: about log2(high - low) calls of `flops_at`.
-    """
+    """The amount in [low, high] whose FLOPs are closest to `target`, for FLOPs non-increasing in amount."""
     if low > high:
         raise ValueError(f"empty amount range [{low}, {high}]")
     lo, hi = low, high
@@ -88,14 +79,13 @@ FlopsFn = Callable[[str | None, Mapping[int, int]], float]
 
 
 def flops_function(base: nn.Module, example: torch.Tensor) -> FlopsFn:
-    """FLOPs of the base model on `example` under (method, removal), counted on a weightless copy
-    (`meta_copy`); a method whose forward needs real data (`random`'s seeded generator) on a real copy."""
+    """FLOPs of the base model on `example` under (method, removal), counted on a weightless copy; a method whose
+    forward needs real data (`random`'s seeded generator) on a real copy."""
     copies: dict[str, tuple[nn.Module, torch.Tensor]] = {}
 
     def count_on(kind: str, method: str | None, removal: Mapping[int, int]) -> float:
         if kind not in copies:
-            meta = kind == "meta"
-            copies[kind] = (meta_copy(base), example.to("meta")) if meta else (copy.deepcopy(base), example)
+            copies[kind] = (meta_copy(base), example.to("meta")) if kind == "meta" else (copy.deepcopy(base), example)
         model, x = copies[kind]
         unpatch(model)
         if method and removal:
@@ -125,8 +115,7 @@ class LiveTensorPeak(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.live: dict[int, tuple[StorageWeakRef, int]] = {}
-        self.bytes = 0
-        self.peak = 0
+        self.bytes = self.peak = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -155,8 +144,7 @@ class Power:
 
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of the model's parameters and buffers."""
-    tensors = [*model.parameters(), *model.buffers()]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
 
 class Sampler:
@@ -170,8 +158,7 @@ class Sampler:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            value = self.read()
-            if value is not None:
+            if (value := self.read()) is not None:
                 self.values.append(float(value))
             self._stop.wait(self.interval_s)
 
@@ -198,21 +185,15 @@ def peak_memory(fn: Callable[[], object], model: nn.Module, device: str, repeats
             peak = torch.cuda.max_memory_allocated(device) - before + weight_bytes(model)
             return Memory(peak / MB, "cuda_max_allocated")
         if device == "cpu":
-            tracker = LiveTensorPeak()
-            with tracker:
+            with LiveTensorPeak() as tracker:
                 fn()
-            peak = (tracker.peak + weight_bytes(model)) / MB
-            return Memory(peak, "cpu_max_allocated")
+            return Memory((tracker.peak + weight_bytes(model)) / MB, "cpu_max_allocated")
     return Memory(None, "")
 
 
 def power_and_energy(fn: Callable[[], object], device: str, batch: int, min_s: float = 2.0) -> Power:
-    """Mean NVML power while `fn` is timed for at least `min_s` seconds (`pomt.measurement.timing.time_callable`:
-    warm-up, back-to-back calls); energy per image = power x time per call / batch.
-
-    NVML updates its power reading every ~20-100 ms and some boards average over a second, hence a couple
-    of seconds per variant.
-    """
+    """Mean NVML power while `fn` is timed for at least `min_s` seconds; energy per image = power x time per call /
+    batch. NVML updates its reading every ~20-100 ms and some boards average over a second, hence a few seconds."""
     if not device.startswith("cuda"):
         return Power(None, None, 0, f"power is measured on NVIDIA GPUs only (not on {device})")
     index = torch.device(device).index or 0

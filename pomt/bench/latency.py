@@ -1,10 +1,9 @@
 """The reducers' latency against the schedule's: predicted from its curve, and tuned to its measured latency.
 
 `predictor` prices a variant on the schedule's curve as the offline computation priced it. `match_latency` turns
-each reducer's one setting (`Knob`) until its latency matches the schedule's on this device, in this run: the
-FLOP-matched setting is the first probe, each probe is timed against the schedule in paired rounds (a seeded
-random order per round, through the runtime the benchmark times on), and a `Bracket` picks the next setting.
-The reducers are probed together, one setting each per iteration, so one iteration's rounds serve them all.
+each reducer's one setting (`Knob`) until its latency matches the schedule's in this run: the FLOP-matched setting
+is the first probe, each probe is timed against the schedule in paired rounds (a seeded random order per round),
+and a `Bracket` picks the next setting. The reducers are probed together, so one iteration's rounds serve them all.
 """
 
 from __future__ import annotations
@@ -43,25 +42,20 @@ TOLERANCE = 0.01  # a probe this close to the target (relative) ends the search
 
 
 def predictor(schedule: Schedule, source: object, geometry) -> Predictor | None:
-    """Latency of a variant over the unpruned model's, predicted from the schedule's curve file (beside the
-    schedule), priced between the schedule's steps as the offline computation priced it
-    (`pomt.measurement.robust`): every block at the tokens it receives (`pomt.policies.predict_from_counts`),
-    plus the method's own cost where the schedule measured it. Without the curve, the schedule's own prediction
-    only."""
+    """Latency of a variant over the unpruned model's, predicted from the schedule's curve file (beside it) as the
+    offline computation priced it: every block at the tokens it receives, plus the method's own cost where the
+    schedule measured it. Without the curve, the schedule's own prediction only."""
     baseline, pruned = schedule.predicted.baseline_ms, schedule.predicted.pruned_ms
     curve = None
     if schedule.curve and isinstance(source, (str, Path)):
         path = Path(source).parent / schedule.curve
-        try:
+        with contextlib.suppress(CurveError):
             curve = priced_levels(read_points(path), step_spans(schedule.steps))
-        except CurveError:
-            curve = None
     if curve is None:
         if not (isinstance(baseline, (int, float)) and isinstance(pruned, (int, float)) and baseline > 0):
             return None
-        own = (schedule.method, schedule.removal)
         return lambda method, removal: 1.0 if not removal else (
-            pruned / baseline if (method, dict(removal)) == own else None)
+            pruned / baseline if (method, dict(removal)) == (schedule.method, schedule.removal) else None)
     costs = (schedule.verified.method_cost_ms if schedule.verified is not None else None) or {}
     cost = cost_function({int(r): float(c) for r, c in costs.items()})
     n, prefix, depth = geometry.num_tokens, geometry.prefix_tokens, geometry.depth
@@ -97,8 +91,7 @@ class Knob:
         if self.method == "tome":
             return dict.fromkeys(range(g.depth), value)
         if self.method == "topk":
-            rate = 1 - value / g.patch_tokens
-            return topk_rate(g.num_tokens, g.prefix_tokens, g.depth, [rate])[0].as_dict()
+            return topk_rate(g.num_tokens, g.prefix_tokens, g.depth, [1 - value / g.patch_tokens])[0].as_dict()
         return {self.prune_block: value}
 
     def describe(self, value: int) -> str:
@@ -123,13 +116,11 @@ def largest_constant_r(geometry: Geometry) -> int:
 
 
 def knob(method: str, geometry: Geometry, prune_block: int = 3) -> Knob:
-    """The one setting of `method` on a model of `geometry`, from 0 (nothing removed) to its `high`: for `tome`
-    r merged at every block, up to the largest r no block has to clamp; for `topk` the patch tokens not kept at the
-    rate blocks of `pomt.frontier.candidates.topk_rate`; for the others R removed at `prune_block`. The tokens
-    every block receives never grow with the value, so latency falls with it up to noise and steps."""
-    if method == "tome":
-        return Knob(method, geometry, largest_constant_r(geometry), prune_block)
-    return Knob(method, geometry, geometry.patch_tokens - 1, prune_block)
+    """The one setting of `method` on a model of `geometry`, from 0 (nothing removed) to its `high`: for `tome` r
+    merged at every block (up to the largest r no block clamps); for `topk` the patch tokens not kept at its rate
+    blocks; for the others R removed at `prune_block`. Latency falls with the value up to noise and steps."""
+    high = largest_constant_r(geometry) if method == "tome" else geometry.patch_tokens - 1
+    return Knob(method, geometry, high, prune_block)
 
 
 @dataclass(frozen=True)
@@ -151,14 +142,9 @@ class Probe:
 
 @dataclass
 class Bracket:
-    """The probes of one reducer's setting so far, and where to probe next (pure logic, no timing).
-
-    It keeps the largest setting measured slower than the target and the smallest measured faster, probes
-    between them where the line through their log-ratios crosses 0 (regula falsi), and without both steps
-    outwards, doubling the step. It stops at a probe within TOLERANCE of the target, at neighbouring slower and
-    faster settings, at the end of the range, or when the probes run out; `chosen` is the probe closest to the
-    target.
-    """
+    """The probes of one reducer's setting so far, and where to probe next (pure logic, no timing): regula falsi
+    between the largest setting slower than the target and the smallest faster, else outwards with a doubling
+    step; done within TOLERANCE, at neighbouring settings, at the end of the range, or out of probes."""
 
     high: int
     start: int
@@ -168,19 +154,14 @@ class Bracket:
     def add(self, probe: Probe) -> None:
         self.probes[probe.value] = probe
 
-    def _slower(self) -> list[Probe]:
-        return sorted((p for p in self.probes.values() if p.ratio > 1.0), key=lambda p: p.value)
-
-    def _faster(self) -> list[Probe]:
-        return sorted((p for p in self.probes.values() if p.ratio <= 1.0), key=lambda p: p.value)
-
     def next_value(self) -> int | None:
         """The setting to probe next, or None when the search is over."""
         if not self.probes:
             return min(max(self.start, 0), self.high)
         if len(self.probes) >= self.max_probes or abs(math.log(self.chosen().ratio)) <= math.log1p(TOLERANCE):
             return None
-        slower, faster = self._slower(), self._faster()
+        ordered = sorted(self.probes.values(), key=lambda p: p.value)
+        slower, faster = [p for p in ordered if p.ratio > 1.0], [p for p in ordered if p.ratio <= 1.0]
         if slower and faster:
             low, high = slower[-1], faster[0]
             if high.value - low.value <= 1:
@@ -200,10 +181,7 @@ class Bracket:
         return self._unprobed(min(guess, limit) if sign > 0 else max(guess, limit), None)
 
     def _unprobed(self, guess: int, fallback: int | None) -> int | None:
-        for value in (guess, fallback):
-            if value is not None and value not in self.probes:
-                return value
-        return None
+        return next((v for v in (guess, fallback) if v is not None and v not in self.probes), None)
 
     def chosen(self) -> Probe:
         """The probe closest to the target (smallest |log ratio|)."""
@@ -248,14 +226,8 @@ class Timing:
     seed: int = 0
 
 
-def match_latency(
-    base: nn.Module,
-    x: torch.Tensor,
-    target: Variant,
-    knobs: Mapping[str, Knob],
-    timing: Timing,
-    progress: bool | None = None,
-) -> list[Match]:
+def match_latency(base: nn.Module, x: torch.Tensor, target: Variant, knobs: Mapping[str, Knob], timing: Timing,
+                  progress: bool | None = None) -> list[Match]:
     """Each reducer's knob (by variant name) tuned to the latency of `target`, the schedule's variant."""
     flops_at = flops_function(base, x[:1])
     target_flops = flops_at(target.reduction.method, target.reduction.removal)
@@ -272,12 +244,11 @@ def match_latency(
             values = {name: v for name, v in values.items() if v is not None}
             if not values:
                 break
-            measured = _probe_round(target.model, x, {name: (searches[name][2], searches[name][0].method,
-                                                            searches[name][0].removal(v))
-                                                     for name, v in values.items()}, timing, rng)
+            probes = {name: (searches[name][2], searches[name][0].method, searches[name][0].removal(v))
+                      for name, v in values.items()}
+            measured = _probe_round(target.model, x, probes, timing, rng)
             for name, value in values.items():
-                effect = measured[name]
-                searches[name][1].add(Probe(value, effect.ratio, effect.ci))
+                searches[name][1].add(Probe(value, measured[name].ratio, measured[name].ci))
             bar.update(len(values))
     return [Match(name, setting, tuple(sorted(b.probes.values(), key=lambda p: p.value)), b.chosen())
             for name, (setting, b, _) in searches.items()]

@@ -21,31 +21,19 @@ COLUMNS = (
 EXTRA_COLUMNS = (
     "reducer", "amount", "latency_min_ms", "latency_p10_ms", "samples", "speedup_min", "measured_over_predicted",
     "predicted_error_pct", "latency_vs_schedule", "setting", "match_ratio", "match_ci_low", "match_ci_high",
-    "accuracy_correct",
-    "peak_mem_kind", "profiled_wall_ms", "profile_kind",
+    "accuracy_correct", "peak_mem_kind", "profiled_wall_ms", "profile_kind",
 )
 ALL_COLUMNS = COLUMNS + EXTRA_COLUMNS
 
 _TABLE = (  # (header, column, format)
-    ("method", "method", "{}"),
-    ("amount", "amount", "{}"),
-    ("tokens", "tokens_kept", "{}"),
-    ("latency ms", "latency_ms", "{:.3f}"),
-    ("IQR ms", "latency_iqr_ms", "{:.3f}"),
-    ("min ms", "latency_min_ms", "{:.3f}"),
-    ("img/s", "throughput_ips", "{:.1f}"),
-    ("speedup", "speedup", "{:.3f}x"),
-    ("vs sched", "latency_vs_schedule", "{:.3f}x"),
-    ("pred ms", "predicted_ms", "{:.3f}"),
-    ("meas/pred", "measured_over_predicted", "{:.3f}"),
-    ("GFLOPs", "gflops", "{:.3f}"),
-    ("params M", "params_m", "{:.2f}"),
-    ("peak MB", "peak_mem_mb", "{:.2f}"),
-    ("W", "power_w", "{:.1f}"),
-    ("J/img", "energy_j_per_img", "{:.4f}"),
-    ("ops/fwd", "ops_per_forward", "{:.0f}"),
-    ("dev ms", "device_time_ms", "{:.3f}"),
-    ("accuracy", "accuracy", "{:.3f}"),
+    ("method", "method", "{}"), ("amount", "amount", "{}"), ("tokens", "tokens_kept", "{}"),
+    ("latency ms", "latency_ms", "{:.3f}"), ("IQR ms", "latency_iqr_ms", "{:.3f}"),
+    ("min ms", "latency_min_ms", "{:.3f}"), ("img/s", "throughput_ips", "{:.1f}"), ("speedup", "speedup", "{:.3f}x"),
+    ("vs sched", "latency_vs_schedule", "{:.3f}x"), ("pred ms", "predicted_ms", "{:.3f}"),
+    ("meas/pred", "measured_over_predicted", "{:.3f}"), ("GFLOPs", "gflops", "{:.3f}"),
+    ("params M", "params_m", "{:.2f}"), ("peak MB", "peak_mem_mb", "{:.2f}"), ("W", "power_w", "{:.1f}"),
+    ("J/img", "energy_j_per_img", "{:.4f}"), ("ops/fwd", "ops_per_forward", "{:.0f}"),
+    ("dev ms", "device_time_ms", "{:.3f}"), ("accuracy", "accuracy", "{:.3f}"),
     ("95% interval", ("accuracy_low", "accuracy_high"), "[{:.3f}, {:.3f}]"),
 )
 
@@ -63,17 +51,14 @@ def aligned(header: list[str], body: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        )
+        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
 
     return "\n".join([line(header), "  ".join("-" * w for w in widths), *map(line, body)])
 
 
 def slower_than_unpruned(rows: list[dict]) -> list[str]:
-    """The variants whose median speedup is below 1 although they remove tokens; one that keeps as many as
-    the unpruned model (a schedule removing 0, reducers matched to it) runs the same model, so its
-    speedup is noise around 1, not a break-even lost."""
+    """The variants whose median speedup is below 1 although they remove tokens (one keeping as many as the
+    unpruned model runs the same model: its speedup is noise around 1, not a break-even lost)."""
     kept = {r["method"]: r.get("tokens_kept") for r in rows}
     return [
         r["method"] for r in rows
@@ -82,8 +67,7 @@ def slower_than_unpruned(rows: list[dict]) -> list[str]:
 
 
 def launch_bound(rows: list[dict]) -> list[str]:
-    """The variants whose GPU kernels filled less than `BUSY_FLOOR` of their median latency, each with the share:
-    their speed follows the host's (`pomt.verification.verify.GpuWork`)."""
+    """The variants whose GPU kernels filled less than `BUSY_FLOOR` of their median latency, each with the share."""
     return [
         f"{r['method']} ({r['device_time_ms'] / r['latency_ms']:.0%})" for r in rows
         if r.get("profile_kind") == GPU_PROFILE and r.get("device_time_ms") and r.get("latency_ms")
@@ -95,14 +79,11 @@ def format_table(result: BenchResult) -> str:
     """The benchmark as an aligned text table with a title and notes."""
     header = [h for h, _, _ in _TABLE]
     body = [[_cell(row, col, fmt) for _, col, fmt in _TABLE] for row in result.rows]
-    meta = result.meta
+    meta, fp = result.meta, result.run.fingerprint
     kind = meta.get("accuracy_kind") or "none"
-    fp = result.run.fingerprint
-    title = (
-        f"{meta.get('model')} on {result.run.device} ({fp.name or '?'}), batch {result.run.batch_size}, "
-        f"input {result.run.input_size[0]}, {meta.get('threads')} threads, {meta.get('rounds')} rounds, "
-        f"clocks locked: {fp.clocks_locked}"
-    )
+    title = (f"{meta.get('model')} on {result.run.device} ({fp.name or '?'}), batch {result.run.batch_size}, "
+             f"input {result.run.input_size[0]}, {meta.get('threads')} threads, {meta.get('rounds')} rounds, "
+             f"clocks locked: {fp.clocks_locked}")
     notes = [
         f"accuracy: {kind}" + (f" on {meta.get('accuracy_samples')} samples" if kind != "none" else ""),
         "speedup = unpruned median / variant median; GFLOPs per image (2 FLOPs per multiply-add)",
@@ -110,8 +91,7 @@ def format_table(result: BenchResult) -> str:
         "this run's unpruned median, so the machine's drift cancels; meas/pred = measured / predicted",
         *meta.get("notes", []),
     ]
-    slower = slower_than_unpruned(result.rows)
-    if slower:
+    if slower := slower_than_unpruned(result.rows):
         notes.append(f"break-even not reached (slower than unpruned): {', '.join(slower)}")
     if waiting := launch_bound(result.rows):
         notes.append(f"launch-bound here, the GPU busy under {BUSY_FLOOR:.0%} of the forward: {', '.join(waiting)}; "
@@ -131,8 +111,7 @@ def comparison_lines(meta: dict) -> list[str]:
         close = "within the noise" if m["within_noise"] else "the closest setting found, outside the noise"
         lines.append(f"  {m['name']}: {m['setting']} (setting {m['value']} of 0..{m['range'][1]}, "
                      f"{len(m['probes'])} probes): {m['ratio']:.3f}x [{low:.3f}, {high:.3f}], {close}")
-    comparisons = meta.get("comparisons", [])
-    if comparisons:
+    if comparisons := meta.get("comparisons", []):
         how = ("paired on the same images, Newcombe's method 10" if all(c.get("paired") for c in comparisons)
                else "Newcombe's from the Wilson intervals")
         lines.append(f"accuracy differences (95% interval, {how}):")
@@ -141,10 +120,8 @@ def comparison_lines(meta: dict) -> list[str]:
 
 
 def write_benchmark(result: BenchResult, output_dir: str | Path) -> dict[str, Path]:
-    """`<stem>.benchmark.csv`, `.benchmark.json` and `.benchmark.png` in `output_dir`, written as one set
-    (`pomt.io.staged_set`)."""
-    out, stem = Path(output_dir), f"{result.stem}.benchmark"
-    run = result.run
+    """`<stem>.benchmark.csv`, `.benchmark.json` and `.benchmark.png` in `output_dir`, written as one set."""
+    out, stem, run = Path(output_dir), f"{result.stem}.benchmark", result.run
     title = f"{run.architecture}, {run.device}, batch {run.batch_size}, input {run.input_size[0]}"
     clear_stale(out, stem)
     with staged_set(out, stem) as staging:
@@ -180,26 +157,22 @@ def format_sweep(sweep: SweepResult) -> str:
                 row.append("-" if value is None else f"{value:.3f}x" + (" !" if value < 1 else "  "))
             body.append(row)
         blocks.append(aligned(header, body))
-    blocks.append(
-        "note: speedup = unpruned median / variant median; '!' marks cells where pruning loses (< 1)"
-    )
+    blocks.append("note: speedup = unpruned median / variant median; '!' marks cells where pruning loses (< 1)")
     return "\n\n".join(blocks)
 
 
 def write_sweep(sweep: SweepResult, output_dir: str | Path) -> dict[str, Path]:
-    """All cells' rows as `<stem>.sweep.csv`/`.json`, the speedup heat-map as `<stem>.sweep.png` (one set,
-    written after each cell's own benchmark files)."""
+    """All cells' rows as `<stem>.sweep.csv`/`.json`, the speedup heat-map as `<stem>.sweep.png` (one set, written
+    after each cell's own benchmark files)."""
     out, stem, table = Path(output_dir), f"{sweep.stem}.sweep", speedups(sweep)
     rows = [row for result in sweep.cells.values() for row in result.rows]
     data = {
-        "batch_sizes": sweep.batch_sizes,
-        "input_sizes": sweep.input_sizes,
+        "batch_sizes": sweep.batch_sizes, "input_sizes": sweep.input_sizes,
         "speedup": {
             name: [{"batch_size": b, "input_size": s, "speedup": v} for (b, s), v in cells.items()]
             for name, cells in table.items()
         },
-        "columns": list(COLUMNS),
-        "rows": rows,
+        "columns": list(COLUMNS), "rows": rows,
         "cells": [{"batch_size": b, "input_size": s, "meta": r.meta} for (b, s), r in sweep.cells.items()],
     }
     title = f"{sweep.run.architecture} on {sweep.run.device}: speedup (< 1: pruning loses)"

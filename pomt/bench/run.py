@@ -8,6 +8,7 @@ A sweep repeats this for every (batch size, input size) cell.
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -50,7 +51,7 @@ def _run_cell(setup: Setup, progress: bool | None, schedule_here: bool = True) -
     config, schedule = setup.config, setup.schedule if schedule_here else None
     prepared = prepare(setup.workload(), config.pretrained, config.checkpoint, run=setup.run)
     run, base, geometry, x = prepared.setup, prepared.model, prepared.geometry, prepared.x
-    del prepared  # no reference to the base model but `base`, deleted once its copies, the variants, are built
+    del prepared  # `base` alone holds the base model, deleted once its copies, the variants, are built
     device, batch, size, backend = run.device, run.batch_size, run.input_size, parse_backend(config.backend)
     if schedule is not None:  # another model's schedule: apply_schedule warns, once
         schedule.check_geometry(geometry)
@@ -65,8 +66,7 @@ def _run_cell(setup: Setup, progress: bool | None, schedule_here: bool = True) -
         target = build_variant(base, next(r for r in reductions if r.name == SCHEDULE), schedule, batch, config.seed)
         knobs = {r.name: knob(r.method, geometry, config.prune_block) for r in reductions
                  if r.method is not None and r.name != SCHEDULE}
-        timing = Timing(device, config.threads, config.backend, config.match_rounds, max(1, config.warmup),
-                        config.seed)
+        timing = Timing(device, config.threads, config.backend, config.match_rounds, max(1, config.warmup), config.seed)
         matches = match_latency(base, x, target, knobs, timing, progress)
         tuned = {m.name: m.reduction for m in matches}
         reductions = [tuned.get(r.name, r) for r in reductions]
@@ -106,33 +106,17 @@ def _run_cell(setup: Setup, progress: bool | None, schedule_here: bool = True) -
         rows[m.name].update(setting=m.setting, match_ratio=m.chosen.ratio, match_ci_low=m.chosen.ci[0],
                             match_ci_high=m.chosen.ci[1])
     meta = {
-        "model": run.model,
-        "device": device,
-        "fingerprint": run.fingerprint.to_dict(),
-        "threads": threads,
-        "rounds": config.rounds,
-        "calls_per_round": config.calls_per_round,
-        "warmup": config.warmup,
-        "batch_size": batch,
-        "input_size": list(size),
-        "geometry": geometry.to_dict(),
+        "model": run.model, "device": device, "fingerprint": run.fingerprint.to_dict(), "threads": threads,
+        "rounds": config.rounds, "calls_per_round": config.calls_per_round, "warmup": config.warmup,
+        "batch_size": batch, "input_size": list(size), "geometry": geometry.to_dict(),
         "schedule": str(config.schedule) if isinstance(config.schedule, (str, Path)) else None,
-        "accuracy_kind": accuracy_kind,
-        "accuracy_samples": samples,
-        "match": match,
+        "accuracy_kind": accuracy_kind, "accuracy_samples": samples, "match": match,
         "matches": [m.to_dict() for m in matches],
         "comparisons": [c.to_dict() for c in compare(list(rows.values()), samples, right)],
-        "dtype": config.dtype,
-        "backend": backend_info(backend),
-        "clocks": {"before": before, "after": after},
+        "dtype": config.dtype, "backend": backend_info(backend), "clocks": {"before": before, "after": after},
         "notes": sorted(set(notes)),
     }
     return BenchResult(run, list(rows.values()), meta)
-
-
-def _forward(variant: Variant, x: torch.Tensor):
-    model = variant.model
-    return lambda: model(x)
 
 
 def _static_row(variant: Variant, x: torch.Tensor, run: RunSetup, predicted: Predictor | None) -> dict:
@@ -140,18 +124,12 @@ def _static_row(variant: Variant, x: torch.Tensor, run: RunSetup, predicted: Pre
     reduction, batch, size = variant.reduction, run.batch_size, run.input_size
     params = sum(p.numel() for p in variant.model.parameters())
     return {
-        "model": run.architecture,
-        "method": variant.name,
-        "batch_size": batch,
-        "input_size": size[0],
+        "model": run.architecture, "method": variant.name, "batch_size": batch, "input_size": size[0],
         "tokens_kept": variant.tokens_kept,
         "predicted_ratio": None if predicted is None else predicted(reduction.method, reduction.removal),
-        "gflops": count_flops(variant.model, x) / batch / 1e9,
-        "params_m": params / 1e6,
-        "clocks_locked": run.fingerprint.clocks_locked,
-        "reducer": reduction.method or "",
-        "amount": reduction.amount,
-        "removal": {str(k): v for k, v in sorted(reduction.removal.items())},
+        "gflops": count_flops(variant.model, x) / batch / 1e9, "params_m": params / 1e6,
+        "clocks_locked": run.fingerprint.clocks_locked, "reducer": reduction.method or "",
+        "amount": reduction.amount, "removal": {str(k): v for k, v in sorted(reduction.removal.items())},
     }
 
 
@@ -160,28 +138,19 @@ def _add_timing(rows: dict[str, dict], stats: dict, batch: int) -> None:
     reference = stats[SCHEDULE].median_ms if SCHEDULE in stats else None
     for name, row in rows.items():
         s = stats[name]
-        row.update(
-            latency_ms=s.median_ms,
-            latency_iqr_ms=s.iqr_ms,
-            latency_min_ms=s.min_ms,
-            latency_p10_ms=s.p10_ms,
-            samples=s.samples,
-            throughput_ips=batch * 1e3 / s.median_ms,
-            speedup=baseline / s.median_ms,
-            speedup_min=stats[BASELINE].min_ms / s.min_ms,
-            latency_vs_schedule=s.median_ms / reference if reference else None,
-        )
+        row.update(latency_ms=s.median_ms, latency_iqr_ms=s.iqr_ms, latency_min_ms=s.min_ms, latency_p10_ms=s.p10_ms,
+                   samples=s.samples, throughput_ips=batch * 1e3 / s.median_ms, speedup=baseline / s.median_ms,
+                   speedup_min=stats[BASELINE].min_ms / s.min_ms,
+                   latency_vs_schedule=s.median_ms / reference if reference else None)
         ratio = row.pop("predicted_ratio", None)
         predicted = stats[BASELINE].median_ms * ratio if ratio else None  # this run's speed, drift cancels
-        row["predicted_ms"] = predicted
-        row["measured_over_predicted"] = s.median_ms / predicted if predicted else None
-        row["predicted_error_pct"] = 100 * (s.median_ms - predicted) / predicted if predicted else None
+        row.update(predicted_ms=predicted, measured_over_predicted=s.median_ms / predicted if predicted else None,
+                   predicted_error_pct=100 * (s.median_ms - predicted) / predicted if predicted else None)
 
 
-def _add_resources(
-    row: dict, variant: Variant, x: torch.Tensor, device: str, config: BenchConfig, notes: list[str]
-) -> None:
-    forward = _forward(variant, x)
+def _add_resources(row: dict, variant: Variant, x: torch.Tensor, device: str, config: BenchConfig, notes: list[str]
+                   ) -> None:
+    forward = functools.partial(variant.model, x)
     memory = peak_memory(forward, variant.model, device)
     row.update(peak_mem_mb=memory.peak_mb, peak_mem_kind=memory.kind)
     power = power_and_energy(forward, device, x.shape[0], config.power_seconds)
@@ -190,12 +159,8 @@ def _add_resources(
         notes.append(power.note)
     if config.profile:
         summary = profile_forward(forward, device)
-        row.update(
-            ops_per_forward=summary.ops_per_forward,
-            device_time_ms=summary.device_time_ms,
-            profiled_wall_ms=summary.profiled_wall_ms,
-            profile_kind=summary.kind,
-        )
+        row.update(ops_per_forward=summary.ops_per_forward, device_time_ms=summary.device_time_ms,
+                   profiled_wall_ms=summary.profiled_wall_ms, profile_kind=summary.kind)
     else:
         row.update(ops_per_forward=None, device_time_ms=None, profiled_wall_ms=None, profile_kind="")
 
@@ -214,9 +179,8 @@ class SweepResult:
         return output_stem(self.run.model, self.run.device, self.batch_sizes, [(s, s) for s in self.input_sizes])
 
 
-def run_sweep(
-    config: BenchConfig, batch_sizes: Sequence[int], input_sizes: Sequence[int], progress: bool | None = None
-) -> SweepResult:
+def run_sweep(config: BenchConfig, batch_sizes: Sequence[int], input_sizes: Sequence[int],
+              progress: bool | None = None) -> SweepResult:
     """Run the benchmark in every (batch size, input size) cell; a schedule joins only the cells at its
     own input size (elsewhere its token counts do not apply)."""
     setup = resolve(config)
@@ -227,10 +191,8 @@ def run_sweep(
         if setup.match != "none":
             raise ScheduleError(f"--match {setup.match} needs the schedule's input size {schedule.input_size[0]} "
                                 "in every cell")
-        warnings.warn(
-            f"the schedule applies at input size {schedule.input_size[0]} only; other cells leave it out",
-            stacklevel=2,
-        )
+        warnings.warn(f"the schedule applies at input size {schedule.input_size[0]} only; other cells leave it out",
+                      stacklevel=2)
     cells: dict[tuple[int, int], BenchResult] = {}
     bar = tqdm(runs.items(), desc="sweep", unit="cell", disable=None if progress is None else not progress)
     for (batch, size), run in bar:

@@ -1,13 +1,14 @@
 """The variants a benchmark compares: the unpruned model, a schedule, and reducers with their amounts.
 
-A `Reduction` says what to do (method and {block: remove}); `build_variant` does it to a deep copy of
-the base model, so every variant is its own module called as `model(x)`. With `--match flops`, each
-reducer's amount is chosen so its FLOPs come as close as they can to the schedule's.
+A `Reduction` says what to do (method and {block: remove}); `build_variant` does it to a deep copy of the base
+model, so every variant is its own module called as `model(x)`. With `--match flops`, each reducer's amount is
+chosen so its FLOPs come as close as they can to the schedule's.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,12 +39,11 @@ class Reduction:
 
     @property
     def amount(self) -> str:
-        """Human-readable amount: "-56@3" for pruning at block 3, "r=8" for ToMe with the same r in
-        every block it merges in ("r=1@9-11" when that starts later than block 0), else its merge count."""
+        """Human-readable amount: "-56@3" for pruning at block 3, "r=8" for ToMe with the same r in every block it
+        merges in ("r=1@9-11" when that starts later than block 0), else its merge count."""
         if not self.removal:
             return ""
-        values = set(self.removal.values())
-        blocks = sorted(self.removal)
+        values, blocks = set(self.removal.values()), sorted(self.removal)
         contiguous = blocks == list(range(blocks[0], blocks[-1] + 1))
         if self.method == "tome" and len(values) == 1 and contiguous:
             return f"r={values.pop()}" + (f"@{blocks[0]}-{blocks[-1]}" if blocks[0] else "")
@@ -66,28 +66,18 @@ class Variant:
 
 
 def tome_removal(merges: int, depth: int) -> dict[int, int]:
-    """ToMe merges for a fine-grained amount: r = merges // depth per block, one more in the last
-    merges % depth blocks. FLOPs fall with every merge, and a late merge saves little, so FLOP matching
-    can land much closer than uniform r alone."""
+    """ToMe merges for a fine-grained amount: r = merges // depth per block, one more in the last merges % depth
+    blocks, so FLOP matching can land much closer than uniform r alone."""
     r, extra = divmod(merges, depth)
     per_block = {block: r + (1 if block >= depth - extra else 0) for block in range(depth)}
     return {block: count for block, count in per_block.items() if count}
 
 
-def plan_reductions(
-    methods: Sequence[str],
-    geometry: Geometry,
-    config: BenchConfig,
-    schedule: Schedule | None = None,
-    amounts_later: bool = False,
-) -> list[Reduction]:
-    """Reductions for `methods` (checked, the baseline first) with the amounts `config` gives (or the schedule's
-    removal), the schedule variant second.
-
-    Pruning methods remove `config.remove` tokens (or all but `config.keep_rate` of the patch tokens) at
-    `config.prune_block`; without either they copy the schedule's removal. ToMe merges `config.r` tokens per
-    block. With `amounts_later` (matching fills them in), reducers get no amount here.
-    """
+def plan_reductions(methods: Sequence[str], geometry: Geometry, config: BenchConfig, schedule: Schedule | None = None,
+                    amounts_later: bool = False) -> list[Reduction]:
+    """Reductions for `methods` (the baseline first, the schedule variant second) with the amounts `config` gives:
+    pruning at `config.prune_block` (else the schedule's removal), ToMe `config.r` per block; with `amounts_later`
+    (matching fills them in), none."""
     if any(method in AT_ONE_BLOCK for method in methods):
         check_prune_block(config.prune_block, geometry.depth, "--prune-block")
     reductions = []
@@ -99,8 +89,8 @@ def plan_reductions(
         elif method == "tome":
             if config.r is None:
                 raise PatchError("method tome needs --r (tokens merged per block), or a --schedule to match")
-            reductions.append(Reduction(method, method, dict.fromkeys(range(geometry.depth), config.r)
-                                        if config.r else {}))
+            removal = dict.fromkeys(range(geometry.depth), config.r) if config.r else {}
+            reductions.append(Reduction(method, method, removal))
         else:
             reductions.append(Reduction(method, method, _token_removal(method, geometry, config, schedule)))
     if schedule is not None:
@@ -110,8 +100,7 @@ def plan_reductions(
     return reductions
 
 
-def _token_removal(method: str, geometry: Geometry, config: BenchConfig, schedule: Schedule | None
-                   ) -> dict[int, int]:
+def _token_removal(method: str, geometry: Geometry, config: BenchConfig, schedule: Schedule | None) -> dict[int, int]:
     remove = config.remove
     if config.keep_rate is not None:
         remove = geometry.patch_tokens - max(1, round(config.keep_rate * geometry.patch_tokens))
@@ -122,9 +111,8 @@ def _token_removal(method: str, geometry: Geometry, config: BenchConfig, schedul
     return {config.prune_block: remove} if remove else {}
 
 
-def match_flops(
-    reductions: Sequence[Reduction], geometry: Geometry, flops_at: FlopsFn, prune_block: int = 3
-) -> list[Reduction]:
+def match_flops(reductions: Sequence[Reduction], geometry: Geometry, flops_at: FlopsFn, prune_block: int = 3
+                ) -> list[Reduction]:
     """Replace each reducer's amount so its FLOPs match the schedule variant's (closest reachable)."""
     target_reduction = next(red for red in reductions if red.name == SCHEDULE)
     target = flops_at(target_reduction.method, target_reduction.removal)
@@ -134,44 +122,29 @@ def match_flops(
             matched.append(reduction)
             continue
         method = reduction.method
-        if method == "tome":
+        g = geometry
+        high = g.depth * max_merge(g.num_tokens, g.prefix_tokens) if method == "tome" else g.patch_tokens - 1
 
-            def removal_of(amount: int) -> dict[int, int]:
+        def removal_of(amount: int, method=method) -> dict[int, int]:
+            if method == "tome":
                 return tome_removal(amount, geometry.depth)
+            return {prune_block: amount} if amount else {}
 
-            high = geometry.depth * max_merge(geometry.num_tokens, geometry.prefix_tokens)
-        else:
-
-            def removal_of(amount: int) -> dict[int, int]:
-                return {prune_block: amount} if amount else {}
-
-            high = geometry.patch_tokens - 1
-        memo: dict[int, float] = {}
-
-        def at(amount: int, removal_of=removal_of, method=method, memo=memo) -> float:
-            if amount not in memo:
-                memo[amount] = flops_at(method, removal_of(amount))
-            return memo[amount]
+        @functools.cache
+        def at(amount: int, removal_of=removal_of, method=method) -> float:
+            return flops_at(method, removal_of(amount))
 
         best = match_amount(at, target, 0, high)
         error = abs(at(best) - target) / target
         if error > MATCH_TOLERANCE:
-            warnings.warn(
-                f"{reduction.name} cannot match the schedule's FLOPs within "
-                f"{MATCH_TOLERANCE:.0%} (closest is {error:.1%} off)",
-                stacklevel=2,
-            )
+            warnings.warn(f"{reduction.name} cannot match the schedule's FLOPs within {MATCH_TOLERANCE:.0%} "
+                          f"(closest is {error:.1%} off)", stacklevel=2)
         matched.append(Reduction(reduction.name, method, removal_of(best)))
     return matched
 
 
-def build_variant(
-    base: nn.Module,
-    reduction: Reduction,
-    schedule: Schedule | None = None,
-    batch_size: int | None = None,
-    seed: int = 0,
-) -> Variant:
+def build_variant(base: nn.Module, reduction: Reduction, schedule: Schedule | None = None,
+                  batch_size: int | None = None, seed: int = 0) -> Variant:
     """Deep-copy the base model and patch the copy as the reduction says."""
     model = copy.deepcopy(base)
     if reduction.name == SCHEDULE and schedule is not None:
@@ -185,6 +158,5 @@ def _token_counts(geometry: Geometry, reduction: Reduction) -> list[int]:
     """Tokens entering each block under the reduction, then the count leaving the last one."""
     if not reduction.method or not reduction.removal:
         return [geometry.num_tokens] * (geometry.depth + 1)
-    return token_counts(
-        geometry.num_tokens, geometry.prefix_tokens, geometry.depth, reduction.method, reduction.removal
-    )
+    g = geometry
+    return token_counts(g.num_tokens, g.prefix_tokens, g.depth, reduction.method, reduction.removal)

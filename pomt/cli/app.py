@@ -14,13 +14,8 @@ from typer.exceptions import TyperException
 
 from pomt.errors import Interrupted, PomtError
 
-app = typer.Typer(
-    name="pomt",
-    help="Hardware-aware token pruning schedules for Vision Transformers.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
+app = typer.Typer(name="pomt", help="Hardware-aware token pruning schedules for Vision Transformers.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process Ctrl-C ended
@@ -48,11 +43,9 @@ def interrupted_means(message: str) -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: run the app, turning pomt and usage errors into one line on stderr (exit 2) and
-    Ctrl-C into one line (exit 130).
-
-    The command runs through click's context directly, not through typer's own main, which turns Ctrl-C
-    into a return value that an embedding caller (this function) would take for success."""
+    """Console entry point: pomt and usage errors become one line on stderr (exit 2), Ctrl-C one line (exit 130).
+    The command runs through click's context, not typer's main, which turns Ctrl-C into a return value an
+    embedding caller would take for success."""
     warnings.showwarning = _one_line_warning
     command = typer.main.get_command(app)
     args = sys.argv[1:] if argv is None else list(argv)

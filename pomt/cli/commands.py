@@ -86,8 +86,7 @@ def backend_command(
 @config_command(Workload, RecordSettings)
 def record_command(workload: Workload, settings: RecordSettings) -> None:
     """Record every timed forward of every kept-token count in shuffled passes, with the device fingerprint."""
-    done = record(workload, settings)
-    echo = typer.echo
+    done, echo = record(workload, settings), typer.echo
     echo(f"recorded   {done.visits} visits ({done.measured} measured now, {done.samples} timed forwards) in "
          f"{done.seconds:.0f} s; noise {100 * done.noise:.1f}% a visit")
     if done.drift is not None:
@@ -105,13 +104,12 @@ def record_command(workload: Workload, settings: RecordSettings) -> None:
 def export_command(
     schedule: Path = typer.Argument(..., help="Schedule JSON whose pruned model to export."),
     fmt: str = typer.Option("onnx", "--format", help=f"{' or '.join(FORMATS)} (OpenVINO IR: .xml + .bin)."),
-    output: Path = typer.Option(None, "--output", help="Model file (default: beside the schedule, named "
-                                "from its stem, .onnx or .xml)."),
+    output: Path = typer.Option(None, "--output",
+                                help="Model file (default: beside the schedule, named from its stem, .onnx or .xml)."),
     checkpoint: Path = typer.Option(None, "--checkpoint", help="Local weights (state dict or timm checkpoint)."),
     pretrained: bool = typer.Option(True, "--pretrained/--no-pretrained", help="timm's pretrained weights "
                                     "(random init with a warning when they cannot be had)."),
-    batch_size: int = typer.Option(None, "--batch-size", help="Static batch size (default: the schedule's).",
-                                   min=1),
+    batch_size: int = typer.Option(None, "--batch-size", help="Static batch size (default: the schedule's).", min=1),
     seed: int = typer.Option(0, "--seed", help="Seed of the random inputs used to trace and check.", min=0,
                              max=SEED_MAX),
     target: str = typer.Option(None, "--target-device", help=f"{', '.join(TARGET_DEVICES)}: the device the "

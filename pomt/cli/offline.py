@@ -37,10 +37,8 @@ def print_report(result: OfflineResult, verbose: bool = False) -> None:
 
 
 def report_lines(result: OfflineResult, verbose: bool = False) -> list[str]:
-    """What a run found, in at most `MAX_LINES` lines: the workload, the measurement, the steps (rejected
-    candidates counted by reason), the choice with its reason once, the verification of what ships, the files;
-    confirmed steps and notes as room allows. `verbose`: every step, candidate, verified variant, note and file,
-    and the method's cost."""
+    """What a run found, in at most `MAX_LINES` lines: workload, measurement, steps, the choice with its reason,
+    the verification of what ships, the files; confirmed steps and notes as room allows. `verbose`: everything."""
     if verbose:
         lines = _summary(result, True, len(result.search.steps) if result.search else 0)
         return lines + [f"note       {note}" for note in result.notes] + _file_lines(result.paths, True)
@@ -61,8 +59,8 @@ def _summary(result: OfflineResult, verbose: bool, steps_shown: int) -> list[str
     lines = [f"model      {g.model}  {g.input_size[0]}x{g.input_size[1]} px  batch {result.batch_size}  "
              f"N={g.num_tokens} (prefix {g.prefix_tokens})  depth {g.depth}"]
     where = f"replay of {device.replayed_from}, measured on " if device.replayed_from else ""
-    allocator = f"  allocator {allocator_words(device.allocator)}" if device.kind == "cpu" \
-        and device.allocator is not None else ""
+    cpu_allocator = device.kind == "cpu" and device.allocator is not None
+    allocator = f"  allocator {allocator_words(device.allocator)}" if cpu_allocator else ""
     lines.append(f"device     {where}{device.name}  threads {device.threads}  clocks_locked={device.clocks_locked}  "
                  f"backend {(device.backend or {}).get('name', 'eager')}{allocator}")
     reason = decision.reason if decision else ""
@@ -96,8 +94,7 @@ def _summary(result: OfflineResult, verbose: bool, steps_shown: int) -> list[str
 
 def _latency_lines(result: OfflineResult, verbose: bool, reason: str, steps_shown: int) -> list[str]:
     """The measurement, its drift, the steps judged and what detection could not see."""
-    search = result.search
-    drift = search.drift
+    search, drift = result.search, result.search.drift
     lines = [f"latency    {search.visits} visits of {search.reps} forwards ({search.measured} measured now, "
              f"{search.evaluation_ratio:.0%} of the full grid's {search.full_grid_visits}) over "
              f"{len(search.points)} counts in {result.measure_seconds:.0f} s; noise {100 * search.noise:.1f}% a visit"
@@ -137,8 +134,8 @@ def reason_head(reason: str) -> str:
 
 
 def _verification_lines(label: str, v: Verification, verbose: bool, rows: bool = True) -> list[str]:
-    """The unpruned latency and the variants measured; by default only the one that ships (else the fastest),
-    none without `rows`."""
+    """The unpruned latency and the variants measured; by default only the one that ships (else the fastest), none
+    without `rows`."""
     where = "" if label == "verified" else "the same in a new process: "
     lines = [f"{label:<10s} {where}unpruned {v.unpruned_ms:.3f} ms; {v.rounds} rounds of {v.reps} forwards per "
              f"variant, {len(v.candidates)} variants"]
@@ -161,9 +158,9 @@ def _decision_lines(result: OfflineResult) -> list[str]:
     accuracy = f", accuracy {d.accuracy:.3f}" if d.accuracy is not None else ""
     reducer = "" if result.frontier is None or not prune else (
         f" with {result.schedule.method} (" + ", ".join(f"{p.remove} at block {p.block}" for p in prune) + ")")
-    lines = [f"schedule   remove {d.remove} tokens {where}{reducer} -> keep {d.kept_tokens}, policy {d.policy}: "
-             f"predicted {d.baseline_ms:.3f} -> {d.predicted_ms:.3f} ms (gain {100 * d.gain:.1f}%{accuracy})"]
-    return [*lines, f"why        {d.reason}"]
+    return [f"schedule   remove {d.remove} tokens {where}{reducer} -> keep {d.kept_tokens}, policy {d.policy}: "
+            f"predicted {d.baseline_ms:.3f} -> {d.predicted_ms:.3f} ms (gain {100 * d.gain:.1f}%{accuracy})",
+            f"why        {d.reason}"]
 
 
 def _file_lines(paths: dict[str, Path], verbose: bool) -> list[str]:
@@ -194,8 +191,8 @@ def _proportion(data: dict | None, drop: bool = False) -> str:
 
 
 def frontier_lines(frontier: FrontierRun, verbose: bool = False) -> list[str]:
-    """The frontier search in a few lines: what it measured and where the time went, the chosen and best uniform
-    schedules with their accuracies on each split and their verified speedups (verbose: the unpruned one too)."""
+    """The frontier search: what it measured, where the time went, the chosen and best uniform schedules with
+    their accuracies on each split and their verified speedups (verbose: the unpruned one too)."""
     found = frontier.found
     result, seconds = found.result, found.seconds
     lines = [f"frontier   {result.evals} schedules measured on the search split, {len(result.frontier)} on the "

@@ -19,11 +19,12 @@ _CLI_TYPES = (bool, int, float, Path, str)  # first match wins for a union such 
 
 
 def config_command(*configs: type) -> Callable[[Callable], Callable]:
-    """Decorate a command taking one instance of each dataclass in `configs`: typer sees one option per
-    field, and the command receives the dataclasses built from the parsed options."""
+    """Decorate a command taking one instance of each dataclass in `configs`: typer sees one option per field, and
+    the command receives the dataclasses built from the parsed options."""
 
     def decorate(command: Callable) -> Callable:
-        fields = sorted(_fields(configs), key=lambda pair: _panel_rank(pair[1]))  # --help lists panels in order
+        fields = [(typing.get_type_hints(cls), f) for cls in configs for f in dataclasses.fields(cls)]
+        fields.sort(key=lambda pair: _panel_rank(pair[1]))  # --help lists panels in order
         parameters = [_parameter(f, hints[f.name]) for hints, f in fields]
 
         def run(**values: Any) -> Any:
@@ -36,10 +37,6 @@ def config_command(*configs: type) -> Callable[[Callable], Callable]:
         return run
 
     return decorate
-
-
-def _fields(configs: tuple[type, ...]) -> list[tuple[dict, dataclasses.Field]]:
-    return [(typing.get_type_hints(cls), f) for cls in configs for f in dataclasses.fields(cls)]
 
 
 def _panel_rank(f: dataclasses.Field) -> int:
@@ -56,15 +53,9 @@ def _parameter(f: dataclasses.Field, hint: Any) -> inspect.Parameter:
     annotation = _cli_type(f.name, hint)
     if meta["choices"]:
         annotation = enum.Enum(f.name.title().replace("_", ""), {c: c for c in meta["choices"]}, type=str)
-    info = typer.Option(
-        f.default,
-        f"{name}/--no-{name[2:]}" if meta["negatable"] else name,
-        help=meta["help"],
-        min=meta["min"],
-        max=meta["max"],
-        show_default=f.default is not None,
-        rich_help_panel=meta.get("panel"),
-    )
+    info = typer.Option(f.default, f"{name}/--no-{name[2:]}" if meta["negatable"] else name, help=meta["help"],
+                        min=meta["min"], max=meta["max"], show_default=f.default is not None,
+                        rich_help_panel=meta.get("panel"))
     return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation)
 
 

@@ -35,35 +35,28 @@ def _mismatch(message: str, strict: bool, category: type[Warning] = UserWarning,
 
 
 def eager_fingerprint(device: str = "cpu", backend: str = Backend.EAGER.value) -> Fingerprint:
-    """The fingerprint of this process running a model in PyTorch on `device` in `backend` (eager, or a CUDA
-    graph of it), as the offline computation records it for such a run (so a schedule verified here hashes
-    the same)."""
+    """The fingerprint of this process running a model in PyTorch on `device` in `backend` (eager, or a CUDA graph
+    of it), as the offline computation records it, so a schedule verified here hashes the same."""
     return replace(device_fingerprint(device), backend=backend_info(backend))
-
-
-def _timm_architecture(model: nn.Module) -> str | None:
-    """The timm architecture the model was created as (its `pretrained_cfg`), or None where it does not say."""
-    name = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")
-    return str(name) if name else None
 
 
 def _check_identity(schedule: Schedule, model: nn.Module, strict: bool) -> None:
     """Warn (raise under strict) when the model is another timm architecture than the schedule's: one of the
     same token geometry patches without error, but the schedule's latency and accuracy are another model's."""
-    theirs = _timm_architecture(model)
-    if theirs is None:
+    theirs = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")  # timm's name of what it built
+    if not theirs:
         return
     try:
         ours = architecture(schedule.model)
     except PomtError:  # a name this timm does not know: compared as written
         ours = schedule.model.partition(".")[0]
-    if ours != theirs:
+    if ours != str(theirs):
         _mismatch(f"schedule was made for {schedule.model}, the model is {theirs}", strict)
 
 
 def _check_verified(schedule: Schedule, model: nn.Module, strict: bool) -> None:
-    """Warn (raise under strict) when the schedule's speedup was never measured on the patched model, or
-    was measured on another device than the one the model runs on; once per application, not per forward."""
+    """Warn (raise under strict) when the schedule's speedup was never measured on the patched model, or was
+    measured on another device than the one the model runs on."""
     verified = schedule.verified
     if verified is None:
         message = ("schedule is unverified: its speedup was predicted, never measured on the patched model; "
@@ -82,8 +75,7 @@ def _check_verified(schedule: Schedule, model: nn.Module, strict: bool) -> None:
 
 def _check_allocator(schedule: Schedule, kind: str | None, strict: bool) -> None:
     """Warn (`UnverifiedScheduleWarning`; raise under strict) when a CPU schedule was measured under other host
-    allocator settings than this process runs (`pomt.device.allocator`): on the CPU the allocator moves latency,
-    so its promise was not measured as this process runs. A schedule that records none is not compared."""
+    allocator settings than this process runs (on the CPU the allocator moves latency); one recording none passes."""
     theirs = schedule.device.allocator
     if schedule.device.kind != "cpu" or kind != "cpu" or theirs is None:
         return
@@ -95,21 +87,15 @@ def _check_allocator(schedule: Schedule, kind: str | None, strict: bool) -> None
               "environment)", strict, UnverifiedScheduleWarning, depth=1)
 
 
-def apply_schedule(
-    model: nn.Module,
-    schedule: Schedule | str | Path | Mapping,
-    strict: bool = False,
-    *,
-    batch_size: int | None = None,
-) -> nn.Module:
+def apply_schedule(model: nn.Module, schedule: Schedule | str | Path | Mapping, strict: bool = False, *,
+                   batch_size: int | None = None) -> nn.Module:
     """Patch `model` in place as the schedule says (path, decoded dict or Schedule); returns it.
 
-    Raises UnsupportedModelError for a model pomt cannot patch, ScheduleError when the model's token count,
-    prefix or depth differ from the schedule's. Another timm architecture than the schedule's, a different
-    device kind, parameter dtype, or `batch_size` (given here or seen at the first forward) warns once; so
-    does a schedule that prunes but was never verified on the patched model, was verified on another device
-    fingerprint or runtime, or (CPU) was measured under other host allocator settings
-    (`UnverifiedScheduleWarning`); with `strict` each of these raises.
+    Raises UnsupportedModelError for a model pomt cannot patch, ScheduleError when the model's token count, prefix
+    or depth differ from the schedule's. Another timm architecture, device kind, parameter dtype or `batch_size`
+    (given here or seen at the first forward) warns once; so does a schedule that prunes but was never verified on
+    the patched model, was verified on another device fingerprint or runtime, or (CPU) was measured under other
+    allocator settings (`UnverifiedScheduleWarning`); with `strict` each of these raises.
     """
     check_family(model)
     if batch_size is not None:
@@ -130,8 +116,6 @@ def apply_schedule(
         _check_verified(schedule, model, strict)
         _check_allocator(schedule, kind, strict)
     try:
-        return patch(
-            model, schedule.method, schedule.removal, batch_size=schedule.batch_size, strict=strict
-        )
+        return patch(model, schedule.method, schedule.removal, batch_size=schedule.batch_size, strict=strict)
     except PatchError as exc:
         raise ScheduleError(f"schedule cannot be applied: {exc}") from None

@@ -1,10 +1,9 @@
 """`pomt export`: write a schedule's pruned model for a deployment runtime, checked against PyTorch.
 
-The schedule's model is created with the weights asked for, patched with `pomt.apply_schedule`, and exported at
-static shapes with torch's ONNX exporter (OpenVINO IR converted from that ONNX). It is traced on the CPU with
-pomt's explicit attention chunked for the device it will run on (`pomt.patching.attention.chunked_for`), since
-chunks sized for one device slow another. The written file is run through its runtime on seeded random inputs
-and compared with the patched model; a JSON card beside it records what was exported and how closely it matched.
+The schedule's model is created with the weights asked for, patched, and exported at static shapes with torch's
+ONNX exporter (OpenVINO IR converted from that ONNX), traced on the CPU with pomt's explicit attention chunked for
+the device it will run on. The written file is run through its runtime on seeded random inputs and compared with
+the patched model; a JSON card beside it records what was exported and how closely it matched.
 """
 
 from __future__ import annotations
@@ -37,10 +36,8 @@ from pomt.runtimes import (
     resolve_dtype,
 )
 
-FORMATS: dict[str, tuple[Backend, str]] = {
-    "onnx": (Backend.ONNXRUNTIME, ".onnx"),
-    "openvino": (Backend.OPENVINO, ".xml"),
-}
+FORMATS: dict[str, tuple[Backend, str]] = {"onnx": (Backend.ONNXRUNTIME, ".onnx"),
+                                           "openvino": (Backend.OPENVINO, ".xml")}
 # Largest max-abs difference from PyTorch an export may show: float32 round-off across a ViT is ~1e-6;
 # half precision keeps about 3 (float16) or 2 (bfloat16) significant digits.
 TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
@@ -73,8 +70,8 @@ def check_format(name: str) -> tuple[Backend, str]:
 
 
 def target_device(schedule: Schedule, asked: str | None) -> str:
-    """The device type the export's attention is chunked for: `asked`, else the one the schedule was measured
-    on (cpu for a schedule that does not say); ExportError for any other name."""
+    """The device type the export's attention is chunked for: `asked`, else the one the schedule was measured on
+    (cpu for a schedule that does not say)."""
     target = asked if asked is not None else (schedule.device.kind or "cpu")
     if target not in TARGET_DEVICES:
         raise ExportError(f"unknown target device {target!r}; choose one of {', '.join(TARGET_DEVICES)}")
@@ -96,7 +93,7 @@ def card_path(path: Path) -> Path:
 class ExportOptions:
     """How to export a schedule: the format, the model file (None: beside the schedule), the weights, the static
     batch size (None: the schedule's), the seed of the inputs that trace and check it, and the device type its
-    attention is chunked for (None: the one the schedule was measured on)."""
+    attention is chunked for (None: the schedule's)."""
 
     fmt: str = "onnx"
     output: str | Path | None = None
@@ -121,12 +118,9 @@ class _Export:
 
 
 def export_schedule(schedule_path: str | Path, options: ExportOptions | None = None) -> ExportResult:
-    """Export the schedule's pruned model as `options` say (default `ExportOptions()`), check it against PyTorch,
-    write its card.
-
-    Raises ExportError (after writing the file and its card) when the check fails, and before writing
-    anything when an operation of the patched model cannot be exported.
-    """
+    """Export the schedule's pruned model as `options` say, check it against PyTorch, write its card. Raises
+    ExportError when the check fails (after writing the file and its card), and before writing anything when an
+    operation of the patched model cannot be exported."""
     options = options or ExportOptions()
     backend, suffix = check_format(options.fmt)
     check_backend(backend, "cpu")
@@ -162,9 +156,8 @@ def export_schedule(schedule_path: str | Path, options: ExportOptions | None = N
         diff = _max_abs_diff(model, staged, backend, inputs)
         card = _card(job, staged, weights, program, diff)
         atomic_write_json(card_path(staged), card)
-    written = set(card["files"])
     for stale in _files_of(path):  # a weight file of an earlier export this one has no more
-        if stale.name not in written:
+        if stale.name not in card["files"]:
             stale.unlink(missing_ok=True)
     result = ExportResult(path, card_path(path), card)
     if not result.passed:
@@ -175,38 +168,23 @@ def export_schedule(schedule_path: str | Path, options: ExportOptions | None = N
 
 def _card(job: _Export, path: Path, weights: str, program, diff: float) -> dict:
     """What was exported (the model file `path` and its weights), with which packages, how closely it matched."""
-    schedule = job.schedule
-    tolerance = TOLERANCE[schedule.dtype]
+    schedule, tolerance = job.schedule, TOLERANCE[job.schedule.dtype]
     return {
-        "format": job.fmt,
-        "file": path.name,
-        "files": sorted(p.name for p in _files_of(path) if p.exists()),
+        "format": job.fmt, "file": path.name, "files": sorted(p.name for p in _files_of(path) if p.exists()),
         "schedule": job.schedule_path.name,
         "schedule_sha256": hashlib.sha256(job.schedule_path.read_bytes()).hexdigest(),
-        "model": schedule.model,
-        "method": schedule.method,
+        "model": schedule.model, "method": schedule.method,
         "prune": [{"block": step.block, "remove": step.remove} for step in schedule.prune],
         "kept_tokens": schedule.kept_tokens,
         "verified": None if schedule.verified is None else {
             "speedup": schedule.verified.speedup, "speedup_ci": list(schedule.verified.speedup_ci),
             "device_fingerprint_hash": schedule.verified.device_fingerprint_hash,
         },
-        "input_shape": [job.batch, 3, *schedule.input_size],
-        "dtype": schedule.dtype,
-        "attention_chunked_for": job.target,
-        "weights": weights,
-        "opset": _opset(program),
-        "backend": backend_info(job.backend),
-        "torch": torch.__version__,
-        "timm": package_version("timm"),
-        "check": {
-            "runtime": job.backend.value,
-            "inputs": CHECK_INPUTS,
-            "seed": job.seed + 1,
-            "max_abs_diff": diff,
-            "tolerance": tolerance,
-            "passed": diff <= tolerance,
-        },
+        "input_shape": [job.batch, 3, *schedule.input_size], "dtype": schedule.dtype,
+        "attention_chunked_for": job.target, "weights": weights, "opset": _opset(program),
+        "backend": backend_info(job.backend), "torch": torch.__version__, "timm": package_version("timm"),
+        "check": {"runtime": job.backend.value, "inputs": CHECK_INPUTS, "seed": job.seed + 1, "max_abs_diff": diff,
+                  "tolerance": tolerance, "passed": diff <= tolerance},
         "created": utc_now(),
     }
 
@@ -241,7 +219,7 @@ def _files_of(path: Path) -> list[Path]:
 
 
 def _write(program, path: Path, fmt: str) -> None:
-    """Write the model (and its weight file) at `path`, in a staging folder of `pomt.io.staged_set`."""
+    """Write the model (and its weight file) at `path`."""
     if fmt == "onnx":
         program.save(str(path))
         return
@@ -278,5 +256,4 @@ def _max_abs_diff(model: torch.nn.Module, path: Path, backend: Backend, inputs: 
 
 def _opset(program) -> int | None:
     """The default-domain ONNX opset of an exported program."""
-    version = program.model.opset_imports.get("")
-    return None if version is None else int(version)
+    return None if (version := program.model.opset_imports.get("")) is None else int(version)

@@ -1,18 +1,8 @@
-"""Which device to run on, its fingerprint with its clock state, and light clock readings: `cpu` (sysfs),
-`gpu` (NVML), `fingerprint` (the device, what it records, lock state, verdicts and snapshots of its clocks), and
-`allocator` (the host allocator's settings; the steady one CPU runs measure under). Nothing here prints or
-exits; failures to read clock state give None or "unknown", never an exception."""
+"""Which device to run on, its fingerprint with its clock state, and light clock readings (`cpu`, `gpu`,
+`fingerprint`, `allocator`). Nothing here prints or exits; unreadable clock state gives None or "unknown"."""
 
 from pomt.device.allocator import allocator_settings, steady_allocator
-from pomt.device.cpu import (
-    cpu_freq_mhz,
-    cpu_name,
-    parse_governors,
-    parse_turbo,
-    read_governors,
-    read_turbo,
-    sysfs_root,
-)
+from pomt.device.cpu import cpu_freq_mhz, cpu_name, parse_governors, parse_turbo, read_governors, read_turbo, sysfs_root
 from pomt.device.fingerprint import (
     LOCK_COMMAND,
     Fingerprint,
@@ -30,28 +20,8 @@ from pomt.device.fingerprint import (
 from pomt.device.gpu import decode_throttle_reasons, gpu_power_w, read_gpu_info
 
 __all__ = [
-    "LOCK_COMMAND",
-    "Fingerprint",
-    "allocator_settings",
-    "clock_snapshot",
-    "clocks_locked_cpu",
-    "clocks_locked_gpu",
-    "cpu_freq_mhz",
-    "cpu_name",
-    "decode_throttle_reasons",
-    "device_fingerprint",
-    "fingerprint_hash",
-    "gpu_power_w",
-    "lock_state_path",
-    "parse_governors",
-    "parse_lock_state",
-    "parse_turbo",
-    "read_governors",
-    "read_gpu_info",
-    "read_lock_state",
-    "read_turbo",
-    "require_locked_clocks",
-    "resolve_device",
-    "steady_allocator",
-    "sysfs_root",
+    "LOCK_COMMAND", "Fingerprint", "allocator_settings", "clock_snapshot", "clocks_locked_cpu", "clocks_locked_gpu",
+    "cpu_freq_mhz", "cpu_name", "decode_throttle_reasons", "device_fingerprint", "fingerprint_hash", "gpu_power_w",
+    "lock_state_path", "parse_governors", "parse_lock_state", "parse_turbo", "read_governors", "read_gpu_info",
+    "read_lock_state", "read_turbo", "require_locked_clocks", "resolve_device", "steady_allocator", "sysfs_root",
 ]

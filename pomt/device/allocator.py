@@ -1,13 +1,7 @@
-"""The host allocator a CPU measurement runs under: what this process's settings are, and the steady one pomt
-measures with by default.
-
-Under glibc's defaults the mmap threshold adapts to what was freed and the heap is trimmed whenever its free top
-passes a small threshold, so a ViT's forward gives pages back to the kernel and faults them in again, as many as
-the heap's history makes it (`benchmarks/allocator.py`): a cost neither steady between processes nor additive over
-blocks. With both thresholds fixed high (`STEADY`) the buffers stay mapped and are reused in every process.
-`steady_allocator` sets `STEADY` in this process (glibc's `mallopt`) and in its environment (child processes start
-with it), unless the environment already chose an allocator; the fingerprint records the settings in force.
-"""
+"""The host allocator a CPU measurement runs under, and the steady one pomt measures with by default: under glibc's
+defaults the mmap and trim thresholds adapt, so a ViT's forward gives pages back and faults them in again, a cost
+neither steady between processes nor additive over blocks; with both fixed high (`STEADY`) the buffers stay mapped.
+`steady_allocator` sets `STEADY` in this process and its environment, unless the environment chose an allocator."""
 
 from __future__ import annotations
 
@@ -31,14 +25,12 @@ _MALLOPT_PARAMETER = {"MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_TRIM_THRESHOLD_": -1
 
 
 def allocator_settings() -> dict[str, str]:
-    """The host allocator's settings in force (glibc malloc tunables, a preloaded jemalloc or tcmalloc), as the
-    environment states them: set at start, or by `steady_allocator`."""
+    """The host allocator's settings in force, as the environment states them (malloc tunables, a preload)."""
     return {name: os.environ[name] for name in ALLOCATOR_ENV if os.environ.get(name)}
 
 
 def environment_chose_allocator() -> bool:
-    """Whether the environment set a glibc malloc tunable or preloads another allocator (jemalloc, tcmalloc,
-    mimalloc: a library with "malloc" in its name); a preload of anything else is not a choice of allocator."""
+    """Whether the environment set a glibc malloc tunable or preloads another allocator (a "malloc" library)."""
     settings = allocator_settings()
     return any(name != "LD_PRELOAD" for name in settings) or "malloc" in settings.get("LD_PRELOAD", "").lower()
 
@@ -54,8 +46,7 @@ def _glibc_mallopt():
 
 
 def steady_allocator() -> dict[str, str]:
-    """Fix glibc's mmap and trim thresholds in this process and its children (module docstring), unless the
-    environment already sets the allocator; returns the settings in force ({} off glibc, where nothing is set)."""
+    """Fix glibc's mmap and trim thresholds here and in children unless the environment chose; returns the settings."""
     if environment_chose_allocator():
         return allocator_settings()
     mallopt = _glibc_mallopt()

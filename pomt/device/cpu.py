@@ -1,6 +1,5 @@
-"""The CPU as sysfs and procfs show it: scaling governors, turbo, frequencies and the model name. Every path
-is read under ``POMT_SYSFS_ROOT`` (as ``scripts/lock_clocks.sh`` does), so tests can use a fake tree; what
-cannot be read is "unknown" or None, never an exception. The host allocator: `pomt.device.allocator`."""
+"""The CPU as sysfs and procfs show it: scaling governors, turbo, frequencies and the model name. Every path is
+read under ``POMT_SYSFS_ROOT``, so tests can use a fake tree; what cannot be read is "unknown" or None."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The device a run measures on and its fingerprint: the facts and clock state every measurement records,
-a hash of what makes two devices the same for latency, and the refusal to measure on unlocked clocks. Clock
-state: the lock state file of ``scripts/lock_clocks.sh``, the CPU and GPU verdicts drawn from sysfs and NVML
-readings, and a cheap snapshot taken around a measurement."""
+"""The device a run measures on and its fingerprint: clock state, a hash for latency, and the refusal to measure."""
 
 from __future__ import annotations
 
@@ -89,11 +86,7 @@ def read_lock_state(path: Path | None = None) -> dict[str, Any]:
 
 
 def clocks_locked_cpu(governors: str, turbo: str) -> bool | None:
-    """CPU verdict from ``parse_governors`` and ``parse_turbo`` output.
-
-    True: every governor is "performance" and turbo is "off". False: a known governor is not
-    "performance", or turbo is "on". None: otherwise (governor or turbo unreadable).
-    """
+    """CPU verdict: True if all governors are "performance" and turbo "off"; False if known otherwise; else None."""
     known = [] if governors == "unknown" else governors.split(",")
     if any(g != "performance" for g in known) or turbo == "on":
         return False
@@ -106,13 +99,10 @@ def clocks_locked_gpu(gpu: Mapping[str, Any] | None, lock_targets: Iterable[str]
     """GPU verdict from ``read_gpu_info`` output and the targets of an active pomt lock.
 
     NVML cannot report clocks locked with ``nvidia-smi -lgc`` on most versions, so the evidence is:
-    True: NVML reports a locked clock range; or persistence mode is on and an active pomt lock covers
-    the GPU (``nvidia``, or ``jetson`` where NVML is absent); or persistence mode is on and the SM clock
-    runs exactly at an applications clock below the maximum (the target ``nvidia-smi -ac`` pins: where the
-    applications clock is the maximum, as on an H100 by default, a free GPU boosting under load reads it too).
-    None: NVML unavailable or the SM clock unreadable (and no Jetson lock).
-    False: otherwise - the SM clock is free-running (boosting, or idling down) with no lock.
-    """
+    True: NVML reports a locked clock range; or persistence mode is on and an active pomt lock covers the GPU
+    (``nvidia``, or ``jetson`` where NVML is absent); or persistence mode is on and the SM clock runs exactly at an
+    applications clock below the maximum (where it is the maximum, a free GPU boosting under load reads it too).
+    None: NVML unavailable or the SM clock unreadable (and no Jetson lock). False: otherwise (free-running)."""
     targets = set(lock_targets)
     if not gpu:
         return True if "jetson" in targets else None
@@ -142,11 +132,7 @@ def clock_snapshot(device: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """The device and its clock state as a measurement records them (`device_fingerprint`).
-
-    Read from a dict (`from_dict`; a replayed trace's sidecar holds whatever its pomt wrote), it remembers
-    the dict's keys in their order (`keys`) and keeps unknown ones in `extra`, so `to_dict` gives the dict
-    back; a field set later and not None follows the recorded keys."""
+    """The device and its clock state as a measurement records them; `from_dict` then `to_dict` gives the dict back."""
 
     kind: str | None = None  # cpu, cuda or mps
     device: str | None = None
@@ -200,12 +186,8 @@ def _version(package: str) -> str | None:
 
 
 def device_fingerprint(device: str = "cpu", threads: int | None = None) -> Fingerprint:
-    """Facts about the device and its clock state, recorded with every measurement.
-
-    ``clocks_locked`` is the verdict for the device measured on: the CPU's (``clocks_locked_cpu``) on
-    "cpu", the GPU's (``clocks_locked_gpu``) on "cuda", None on "mps" (no clock control there).
-    ``cpu_clocks_locked`` always gives the CPU's verdict. Raises DeviceError if the device is unavailable.
-    """
+    """Facts about the device and its clock state, recorded with every measurement; ``clocks_locked`` is the
+    verdict for the device measured on (None on "mps"). Raises DeviceError if the device is unavailable."""
     device = resolve_device(device)
     kind = device.split(":")[0]
     governor, turbo = read_governors(), read_turbo()
@@ -213,25 +195,13 @@ def device_fingerprint(device: str = "cpu", threads: int | None = None) -> Finge
     cpu_locked = clocks_locked_cpu(governor, turbo)
     cpu = cpu_name()
     fp: dict[str, Any] = {
-        "kind": kind,
-        "device": device,
-        "name": cpu,
-        "cpu_name": cpu,
+        "kind": kind, "device": device, "name": cpu, "cpu_name": cpu,
         "threads": threads if threads is not None else torch.get_num_threads(),
-        "cores_logical": psutil.cpu_count(logical=True),
-        "cores_physical": psutil.cpu_count(logical=False),
-        "governor": governor,
-        "turbo": turbo,
-        "cpu_freq_mhz": cpu_freq_mhz(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "timm": _version("timm"),
-        "numpy": _version("numpy"),
-        "platform": platform.platform(),
-        "pomt_lock": lock,
-        "allocator": allocator_settings(),
-        "cpu_clocks_locked": cpu_locked,
-        "clocks_locked": cpu_locked if kind == "cpu" else None,
+        "cores_logical": psutil.cpu_count(logical=True), "cores_physical": psutil.cpu_count(logical=False),
+        "governor": governor, "turbo": turbo, "cpu_freq_mhz": cpu_freq_mhz(), "python": platform.python_version(),
+        "torch": torch.__version__, "timm": _version("timm"), "numpy": _version("numpy"),
+        "platform": platform.platform(), "pomt_lock": lock, "allocator": allocator_settings(),
+        "cpu_clocks_locked": cpu_locked, "clocks_locked": cpu_locked if kind == "cpu" else None,
     }
     if kind == "cuda":
         index = cuda_index(device)
@@ -243,8 +213,7 @@ def device_fingerprint(device: str = "cpu", threads: int | None = None) -> Finge
 
 
 def fingerprint_hash(fingerprint: Fingerprint) -> str:
-    """A short hash of what makes a device the same device for latency: its kind and name, the CPU,
-    threads and cores, torch and the runtime backend (clocks, temperatures and frequencies left out)."""
+    """A short hash of what makes a device the same for latency (clocks, temperatures and frequencies left out)."""
     identity = {key: getattr(fingerprint, key) for key in IDENTITY}
     gpu = fingerprint.gpu or {}
     identity["gpu"] = {key: gpu.get(key) for key in ("name", "driver")} if gpu else None

@@ -1,5 +1,4 @@
-"""A CUDA GPU as NVML (pynvml) reports it: name, driver, clocks, power, temperature, throttle reasons.
-NVML is initialised on first use; where it is missing or a call fails, the reading is None."""
+"""A CUDA GPU as NVML reports it; where NVML is missing or a call fails, the reading is None."""
 
 from __future__ import annotations
 
@@ -9,14 +8,8 @@ import torch
 
 # NVML clock event ("throttle") reason bits (nvmlClocksEventReason*), as snake_case names.
 THROTTLE_REASONS: dict[int, str] = {
-    0x1: "gpu_idle",
-    0x2: "applications_clocks_setting",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal_slowdown",
-    0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown",
+    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
     0x100: "display_clock_setting",
 }
 
@@ -104,15 +97,12 @@ def read_gpu_info(index: int = 0) -> dict[str, Any] | None:
     persistence = _try(nvml.nvmlDeviceGetPersistenceMode, handle)
     app_clock = getattr(nvml, "nvmlDeviceGetApplicationsClock", None)  # deprecated, may go away
     return {
-        "index": index,
-        "name": _try(nvml.nvmlDeviceGetName, handle),
-        "driver": _try(nvml.nvmlSystemGetDriverVersion),
+        "index": index, "name": _try(nvml.nvmlDeviceGetName, handle), "driver": _try(nvml.nvmlSystemGetDriverVersion),
         "sm_clock_mhz": _try(nvml.nvmlDeviceGetClockInfo, handle, sm),
         "sm_clock_max_mhz": _try(nvml.nvmlDeviceGetMaxClockInfo, handle, sm),
         "mem_clock_mhz": _try(nvml.nvmlDeviceGetClockInfo, handle, mem),
         "mem_clock_max_mhz": _try(nvml.nvmlDeviceGetMaxClockInfo, handle, mem),
-        "locked_gpu_clocks": _locked_gpu_clocks(nvml, handle),
-        "applications_clock_sm_mhz": _try(app_clock, handle, sm),
+        "locked_gpu_clocks": _locked_gpu_clocks(nvml, handle), "applications_clock_sm_mhz": _try(app_clock, handle, sm),
         "applications_clock_mem_mhz": _try(app_clock, handle, mem),
         "persistence_mode": None if persistence is None else bool(persistence),
         "temperature_c": _try(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU),

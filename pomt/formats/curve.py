@@ -1,5 +1,4 @@
-"""The latency curve file: `<stem>.curve.csv`, written by the offline computation beside its schedule
-(which names it) and read back by the benchmark to predict every reducer's latency."""
+"""The latency curve file, `<stem>.curve.csv`: written beside its schedule, read back by the benchmark."""
 
 from __future__ import annotations
 
@@ -21,13 +20,8 @@ COLUMNS = (
 
 @dataclass(frozen=True)
 class CurvePoint:
-    """Pooled latency of one token count over all its visits.
-
-    `median_ms` pools the raw visit medians; `latency_ms` the visits with the drift at their time
-    divided out (`pool_visits`), reconciled with the paired measurements where a search made some
-    (`reconcile_levels`): the latency that detection, plots and policies use; `relative` is it over the
-    reference count's.
-    """
+    """Pooled latency of one token count over all its visits: `median_ms` of the raw visit medians; `latency_ms`
+    (what detection, plots and policies use) with drift divided out; `relative`: it over the reference count's."""
 
     tokens: int
     latency_ms: float
@@ -70,8 +64,7 @@ def write_curve(path: str | Path, points: Sequence[CurvePoint], accuracy: Accura
 
 
 def read_points(path: str | Path) -> list[CurvePoint]:
-    """The rows of a curve file as `CurvePoint`s (columns an older file lacks: the latency's own value, one visit,
-    an unknown standard error); a bad file is one CurveError line."""
+    """The rows of a curve file as `CurvePoint`s; a bad file is one CurveError line."""
     path = Path(path)
     try:
         with path.open(newline="", encoding="utf-8") as handle:

@@ -1,6 +1,4 @@
-"""The versioned schedule JSON: one loader that validates, one writer that writes atomically. Its policy,
-prediction, measurement and verification objects are typed in `pomt.formats.schedule_parts`, the device in
-`pomt.device.fingerprint.Fingerprint`."""
+"""The versioned schedule JSON: one loader that validates, one writer that writes atomically."""
 
 from __future__ import annotations
 
@@ -76,24 +74,12 @@ class Schedule:
 
     def to_dict(self) -> dict:
         return {
-            "format": FORMAT,
-            "version": VERSION,
-            "model": self.model,
-            "input_size": list(self.input_size),
-            "batch_size": self.batch_size,
-            "dtype": self.dtype,
-            "num_tokens": self.num_tokens,
-            "prefix_tokens": self.prefix_tokens,
-            "depth": self.depth,
-            "method": self.method,
-            "prune": [asdict(item) for item in self.prune],
-            "kept_tokens": self.kept_tokens,
-            "policy": self.policy.to_dict(),
-            "predicted": self.predicted.to_dict(),
-            "steps": self.steps,
-            "device": self.device.to_dict(),
-            "curve": self.curve,
-            "created": self.created or utc_now(),
+            "format": FORMAT, "version": VERSION, "model": self.model, "input_size": list(self.input_size),
+            "batch_size": self.batch_size, "dtype": self.dtype, "num_tokens": self.num_tokens,
+            "prefix_tokens": self.prefix_tokens, "depth": self.depth, "method": self.method,
+            "prune": [asdict(item) for item in self.prune], "kept_tokens": self.kept_tokens,
+            "policy": self.policy.to_dict(), "predicted": self.predicted.to_dict(), "steps": self.steps,
+            "device": self.device.to_dict(), "curve": self.curve, "created": self.created or utc_now(),
             **({"backend": self.backend} if self.backend is not None else {}),
             **({"measurement": self.measurement.to_dict()} if self.measurement is not None else {}),
             **({"verified": self.verified.to_dict()} if self.verified is not None else {}),
@@ -101,8 +87,7 @@ class Schedule:
         }
 
     def check_geometry(self, geometry: Geometry) -> None:
-        """Raise ScheduleError when the model's N, prefix or depth differ from the schedule's, or its input size
-        (a schedule whose N does not follow from its own input size is not one the offline computation wrote)."""
+        """Raise ScheduleError when the model's N, prefix, depth or input size differ from the schedule's."""
         ours = (self.num_tokens, self.prefix_tokens, self.depth)
         theirs = (geometry.num_tokens, geometry.prefix_tokens, geometry.depth)
         if ours != theirs:
@@ -190,23 +175,11 @@ def schedule_from_dict(data: Mapping) -> Schedule:
     if not isinstance(data["steps"], list):
         raise ScheduleError("schedule field 'steps' must be a list")
     return Schedule(
-        model=str(data["model"]),
-        input_size=(size[0], size[1]),
-        batch_size=_int(data, "batch_size", 1),
-        num_tokens=num_tokens,
-        prefix_tokens=prefix,
-        depth=depth,
-        method=data["method"],
-        prune=tuple(prune),
-        policy=SchedulePolicy.from_dict(policy),
-        predicted=Prediction.from_dict(predicted),
-        steps=list(data["steps"]),
-        device=Fingerprint.from_dict(device),
-        curve=data["curve"],
-        created=str(data["created"]),
-        dtype=_dtype(data),
-        backend=_backend(data),
-        measurement=_measurement(data),
+        model=str(data["model"]), input_size=(size[0], size[1]), batch_size=_int(data, "batch_size", 1),
+        num_tokens=num_tokens, prefix_tokens=prefix, depth=depth, method=data["method"], prune=tuple(prune),
+        policy=SchedulePolicy.from_dict(policy), predicted=Prediction.from_dict(predicted), steps=list(data["steps"]),
+        device=Fingerprint.from_dict(device), curve=data["curve"], created=str(data["created"]), dtype=_dtype(data),
+        backend=_backend(data), measurement=_measurement(data),
         verified=None if data.get("verified") is None else Verified.from_dict(data["verified"]),
         frontier=None if data.get("frontier") is None else _mapping(data, "frontier"),
     )

@@ -1,6 +1,5 @@
-"""The schedule's objects besides its pruning: the policy that chose it, what it predicted, how its curve was
-measured and what the patched model measured. Each reads and writes its JSON object with the same keys in
-the same order; objects written by an older pomt may lack keys (None here)."""
+"""The schedule's objects besides its pruning: policy, prediction, measurement and verification. Each reads and
+writes its JSON object with the same keys in the same order; objects written by an older pomt may lack keys (None)."""
 
 from __future__ import annotations
 
@@ -133,8 +132,7 @@ def _checked(data: Any, where: str) -> Mapping:
 
 @dataclass(frozen=True, kw_only=True)
 class VerificationRecord:
-    """One verification of the patched model against the unpruned one (`pomt.verification.verify`): the shipped
-    candidate's figures (the unpruned ones when none ships), every candidate, and the device it ran on."""
+    """One verification of the patched model against the unpruned one: the shipped candidate's figures and all."""
 
     unpruned_ms: float
     pruned_ms: float
@@ -163,9 +161,7 @@ class VerificationRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class Verified(VerificationRecord):
-    """The schedule's `verified` object: the verification in the measuring process, the method's measured
-    cost at its block, the same candidates verified in a fresh process (None: not run), and on a GPU the
-    shipped schedule's GPU work against its verified latency (`pomt.verification.verify.GpuWork.to_dict`)."""
+    """The schedule's `verified` object: both processes' verifications, the method's cost, the GPU work."""
 
     method_cost_ms: dict[str, float] | None = None
     fresh_process: VerificationRecord | None = None
@@ -190,7 +186,6 @@ class Verified(VerificationRecord):
     @classmethod
     def of(cls, here: VerificationRecord, method_cost_ms: dict[str, float] | None,
            fresh_process: VerificationRecord | None, gpu_work: dict | None = None) -> Verified:
-        """The record of this process's verification with the method's cost, the fresh process's record and
-        the GPU work."""
+        """The record of this process's verification with the method's cost, the fresh one's and the GPU work."""
         values = {f.name: getattr(here, f.name) for f in fields(VerificationRecord)}
         return cls(**values, method_cost_ms=method_cost_ms, fresh_process=fresh_process, gpu_work=gpu_work)

@@ -1,12 +1,7 @@
-"""Latency traces on disk: every timed forward with its token count, pass and time, plus a JSON sidecar.
-
-A trace is two files: `NAME.csv` with one row per timed forward (`tokens,pass,rep,t_s,ms`) and `NAME.json`
-describing how it was taken (model, batch size, input size, N, prefix tokens, device...). Consecutive rows of one
-count starting at `rep == 0` form a *visit*: `reps` timed forwards, after an untimed one where the runtime needed it
-(`pomt.runtimes.settles_every_visit`). `pomt record` writes dense traces; the offline computation writes its own
-measurements in the same format (so a run can be resumed, and re-analysed with `--replay`).
-This module is the I/O layer for them: reading with validation, appending durably, resuming.
-"""
+"""Latency traces on disk: `NAME.csv` with one row per timed forward (`tokens,pass,rep,t_s,ms`) and a `NAME.json`
+sidecar describing how it was taken. Consecutive rows of one count starting at `rep == 0` form a *visit*: `reps`
+timed forwards, after an untimed one where the runtime needed it. `pomt record` writes dense traces; the offline
+computation writes its measurements in the same format (so a run can be resumed, and re-analysed with `--replay`)."""
 
 from __future__ import annotations
 
@@ -28,8 +23,7 @@ SIDECAR_REQUIRED = ("model", "batch_size", "input_size", "num_tokens", "prefix_t
 
 @dataclass(frozen=True)
 class Visit:
-    """`reps` timed forwards at one token count, taken back to back (after an untimed one where the runtime
-    needed it)."""
+    """`reps` timed forwards at one token count, back to back (after an untimed one where the runtime needed it)."""
 
     tokens: int
     pass_index: int
@@ -206,11 +200,7 @@ def check_trace_geometry(trace: Trace, num_tokens: int, prefix_tokens: int, mode
 
 
 def inject_steps(trace: Trace, factors: Mapping[int, float]) -> Trace:
-    """A copy of the trace with known level shifts: every sample at tokens > k is multiplied by factors[k].
-
-    A factor above 1 makes a drop at k (pruning to k lands below it); a factor below 1 a rise. Real noise
-    and drift stay as they were measured, so detection can be scored against steps whose truth is known.
-    """
+    """A copy of the trace with every sample at tokens > k multiplied by factors[k]: steps whose truth is known."""
 
     def scale(tokens: int) -> float:
         return math.prod(f for k, f in factors.items() if tokens > k)
@@ -225,9 +215,8 @@ def inject_steps(trace: Trace, factors: Mapping[int, float]) -> Trace:
 class TraceWriter:
     """Append visits to a trace CSV durably (one write and fsync per visit) beside its sidecar.
 
-    With `resume`, an existing trace whose sidecar `settings` equal these is continued: `visits` holds what
-    it already has (a half-written last line is cut off); otherwise the trace starts afresh.
-    """
+    With `resume`, an existing trace whose sidecar `settings` equal these is continued: `visits` holds what it already
+    has (a half-written last line is cut off); otherwise the trace starts afresh."""
 
     def __init__(self, path: str | Path, meta: dict, settings: dict, resume: bool = False):
         self.path = Path(path)
@@ -275,8 +264,7 @@ class TraceWriter:
         del self._ends[keep_visits:]
 
     def add(self, visit: Visit) -> Visit:
-        """Append one visit; returns it as stored (rounded to the file's precision), so that a run and
-        its resumption from the file see exactly the same numbers."""
+        """Append one visit; returns it as stored (rounded), so a run and its resumption see the same numbers."""
         stored = rounded(visit)
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")

@@ -1,11 +1,8 @@
 """The accuracy of candidate schedules, measured on the patched model itself over calibration images.
 
-The images are split once, seeded, into a search split (what a search compares candidates on) and a held-out
-split (what a chosen schedule is reported on); top-1 against the labels of an ImageFolder, or without labels the
-agreement with the unpruned model's top-1. Candidates run together batch by batch, the blocks before a
-candidate's first pruning block once for all of them on timm's `VisionTransformer` (`candidate_logits`). Every
-result is appended to an `AccuracyJournal` under the candidate and the split's exact images; `HostedCalibration`
-runs the measurement in a worker process, so that the process that times schedules never runs these forwards.
+The images are split once, seeded, into a search and a held-out split; top-1 against the labels, or without labels
+agreement with the unpruned model. Candidates run together batch by batch (`candidate_logits`), every result
+journalled (`AccuracyJournal`); `HostedCalibration` measures in a worker, away from the timing process.
 """
 
 from __future__ import annotations
@@ -96,9 +93,8 @@ def entry_key(candidate: Candidate, split: str) -> str:
 
 
 class AccuracyJournal:
-    """Accuracies by (candidate, split) for one model, in a JSON-lines file (`path` None: in memory only). Its
-    first line names the model (`model_identity`): a journal of another model is refused, never mixed in. Each
-    result is appended with one write and an fsync, and a half-written last line is cut off when it is opened."""
+    """Accuracies by (candidate, split) for one model (`model_identity`: another's is refused), in a JSON-lines file
+    (`path` None: in memory only); appends are fsynced, a half-written last line is cut off on opening."""
 
     def __init__(self, path: str | Path | None, identity: Mapping) -> None:
         self.path = None if path is None else Path(path)
@@ -163,8 +159,7 @@ def _differences(stored: Mapping, now: Mapping) -> str:
 
 @dataclass(frozen=True, eq=False)
 class Classifier:
-    """The model whose top-1 is counted, and how: against the labels (TOP1) or the unpruned model's own top-1
-    (AGREEMENT), its images on `device` in `dtype` (None: as loaded), `batch_size` images a forward."""
+    """The model whose top-1 is counted against the labels (TOP1) or the unpruned model's (AGREEMENT)."""
 
     model: nn.Module
     kind: str = TOP1
@@ -178,24 +173,19 @@ class Calibration:
 
     def __init__(self, classifier: Classifier, dataset: Dataset, journal: AccuracyJournal, *,
                  held_out: float = 0.5, seed: int = 0, progress: bool = False) -> None:
-        kind = classifier.kind
-        self.classifier, self.kind, self.journal, self.progress = classifier, kind, journal, progress
+        self.classifier, self.kind, self.journal, self.progress = classifier, classifier.kind, journal, progress
         self.indices = split_indices(len(dataset), held_out, seed)
         self.datasets = {name: Subset(dataset, idx) for name, idx in self.indices.items()}
         data = dataset_digest(dataset)
-        self.split_ids = {
-            name: f"{name}:{kind}:{data}:" + hashlib.sha256(str(idx).encode()).hexdigest()[:12]
-            for name, idx in self.indices.items()
-        }
-        self.evaluated = 0  # candidates measured (not read from the journal) by this object
-        self.seconds = 0.0  # time those measurements took
+        self.split_ids = {name: f"{name}:{self.kind}:{data}:" + hashlib.sha256(str(idx).encode()).hexdigest()[:12]
+                          for name, idx in self.indices.items()}
+        self.evaluated, self.seconds = 0, 0.0  # candidates measured (not read back) by this object, and their time
 
     def size(self, split: str = SEARCH) -> int:
         return len(self.indices[split])
 
     def cached(self, candidate: Candidate, split: str = SEARCH, stopped: bool = False) -> Proportion | None:
-        """Its journalled accuracy on `split`; None when not measured, measured before drops were paired, or
-        (unless `stopped` ones count) stopped before the split's last image (such a line is measured again)."""
+        """Its journalled accuracy on `split`; None if not measured, not paired, or stopped (unless `stopped`)."""
         found = self.journal.get(candidate, self.split_ids[split])
         if found is None or not found.paired or (found.trials < self.size(split) and not stopped):
             return None
@@ -203,10 +193,8 @@ class Calibration:
 
     def measure(self, candidates: Sequence[Candidate], split: str = SEARCH,
                 stop_above: float | None = None) -> dict[Candidate, Proportion]:
-        """{candidate: its accuracy on `split`}: journalled results read back, the others measured together
-        in one pass over the split's images and journalled. With `stop_above` (a drop, a fraction) a candidate
-        whose drop is surely larger (`surely_dropped_more`) is measured no further, and its accuracy is that
-        of the images it saw: past what a search compares, how much worse it is does not matter."""
+        """{candidate: its accuracy on `split`}, the unjournalled measured in one pass; with `stop_above` (a drop) one
+        `surely_dropped_more` stops, its accuracy that of the images it saw."""
         unique = list(dict.fromkeys(candidates))
         stopped = stop_above is not None
         missing = [c for c in unique if self.cached(c, split, stopped) is None]
@@ -223,8 +211,7 @@ class Calibration:
 
 
 def surely_dropped_more(measured: Proportion, drop: float, confidence: float = STOP_CONFIDENCE) -> bool:
-    """Whether the drop of `measured` against the unpruned model exceeds `drop` (a fraction) at `confidence`
-    (its lower one-sided bound, `Proportion.drop_floor`); checked after every batch, hence the high confidence."""
+    """Whether the drop's lower one-sided bound at `confidence` exceeds `drop` (a fraction); checked every batch."""
     floor = measured.drop_floor(confidence)
     return floor is not None and floor > drop
 
@@ -235,12 +222,6 @@ def shares_prefix(model: nn.Module) -> bool:
     return (isinstance(model, VisionTransformer) and kind.forward is VisionTransformer.forward
             and kind.forward_features is VisionTransformer.forward_features
             and not getattr(model, "grad_checkpointing", False))
-
-
-def _embed(model: VisionTransformer, images: torch.Tensor) -> torch.Tensor:
-    """What `forward_features` computes before its blocks."""
-    x = model._pos_embed(model.patch_embed(images))
-    return model.norm_pre(model.patch_drop(x))
 
 
 def _finish(model: VisionTransformer, hidden: torch.Tensor, block: int) -> torch.Tensor:
@@ -263,8 +244,7 @@ def _logits(model: nn.Module, candidate: Candidate, run) -> torch.Tensor:
 
 def candidate_logits(model: nn.Module, candidates: Sequence[Candidate], images: torch.Tensor,
                      share: bool | None = None) -> dict[Candidate, torch.Tensor]:
-    """{candidate: logits} of the model patched with each candidate on `images` (inference mode is the
-    caller's). `share` (default: `shares_prefix(model)`) computes the blocks candidates share once."""
+    """{candidate: logits} on `images`; `share` (default: `shares_prefix`) runs the blocks they share once."""
     unique = list(dict.fromkeys(candidates))
     if not (shares_prefix(model) if share is None else share):
         return {c: _logits(model, c, lambda: model(images)) for c in unique}
@@ -273,7 +253,7 @@ def candidate_logits(model: nn.Module, candidates: Sequence[Candidate], images: 
     for candidate in unique:
         starts.setdefault(depth if candidate.unpruned else candidate.first_block, []).append(candidate)
     predictions: dict[Candidate, torch.Tensor] = {}
-    hidden = _embed(model, images)
+    hidden = model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(images))))  # before the blocks
     for block in range(depth + 1):
         for candidate in starts.get(block, ()):
             predictions[candidate] = _logits(model, candidate, lambda b=block, h=hidden: _finish(model, h, b))
@@ -300,10 +280,8 @@ def _outcomes_of_batch(classifier: Classifier, candidates: Sequence[Candidate], 
 
 def image_outcomes(classifier: Classifier, candidates: Sequence[Candidate], batches: Iterable,
                    stop: Callable[[Proportion], bool] | None = None) -> dict[Candidate, torch.Tensor]:
-    """{candidate: for each image in order, whether its top-1 is right (`Classifier`)} over (images, labels)
-    batches, one batch in memory at a time; the unpruned model (`NONE`) always among them. After each batch a
-    candidate whose counts so far (`paired_counts`) `stop` accepts is measured no further: its outcomes are
-    those of the images it saw; once every candidate asked for has stopped, so does the pass."""
+    """{candidate: for each image in order, whether its top-1 is right}, `NONE` among them; after each batch a
+    candidate whose `paired_counts` `stop` accepts stops, and once all asked for have, so does the pass."""
     wanted = list(dict.fromkeys([*candidates, NONE]))
     right: dict[Candidate, list[torch.Tensor]] = {c: [] for c in wanted}
     asked, active = set(candidates), list(wanted)
@@ -320,8 +298,7 @@ def image_outcomes(classifier: Classifier, candidates: Sequence[Candidate], batc
 
 
 def paired_counts(outcomes: torch.Tensor, reference: torch.Tensor) -> Proportion:
-    """Images right of those seen, with those lost and gained against the `reference` outcomes (the
-    unpruned model's on the same images; only as many of them as `outcomes` holds)."""
+    """Images right of those seen, with those lost and gained against the `reference` (the unpruned model's)."""
     reference = reference[: len(outcomes)]
     return Proportion(int(outcomes.sum()), len(outcomes), int((reference & ~outcomes).sum()),
                       int((outcomes & ~reference).sum()))
@@ -329,8 +306,7 @@ def paired_counts(outcomes: torch.Tensor, reference: torch.Tensor) -> Proportion
 
 def count_correct(classifier: Classifier, candidates: Sequence[Candidate], batches: Iterable,
                   stop: Callable[[Proportion], bool] | None = None) -> dict[Candidate, Proportion]:
-    """{candidate: its `paired_counts` against the unpruned model} over (images, labels) batches
-    (`image_outcomes`, with its `stop`)."""
+    """{candidate: its `paired_counts` against the unpruned model} (`image_outcomes`, with its `stop`)."""
     right = image_outcomes(classifier, candidates, batches, stop)
     return {c: paired_counts(right[c], right[NONE]) for c in dict.fromkeys(candidates)}
 
@@ -349,8 +325,7 @@ def _measure(job: tuple[list[Candidate], str, float | None]) -> tuple[dict[Candi
 
 
 class HostedCalibration:
-    """A `Calibration` whose `measure` runs in a worker process, given its copy before anything is timed: the
-    same answers, journal and counters (`evaluated`, `seconds`)."""
+    """A `Calibration` whose `measure` runs in a worker process holding its copy: the same answers and counters."""
 
     def __init__(self, calibration: Calibration, worker: FreshWorker) -> None:
         self.kind, self.indices = calibration.kind, calibration.indices
@@ -363,7 +338,7 @@ class HostedCalibration:
 
     def measure(self, candidates: Sequence[Candidate], split: str = SEARCH,
                 stop_above: float | None = None) -> dict[Candidate, Proportion]:
-        """`Calibration.measure`, in the worker."""
+        """`Calibration.measure` in the worker; its counters follow."""
         found, self.evaluated, self.seconds = self._worker.run(_measure, (list(candidates), split, stop_above))
         return found
 

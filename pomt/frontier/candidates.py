@@ -1,8 +1,5 @@
-"""A schedule across blocks as a search candidate (one reducer, tokens removed at each block), and the uniform
-families every search evaluates as candidates and as the baselines to beat.
-
-A candidate is a hashable, ordered value object with a stable text key (the accuracy cache's and the outputs'
-name for it); every candidate that removes nothing is the unpruned model. The families:
+"""A schedule across blocks as a search candidate (one reducer, tokens removed at each block; a hashable value
+with a stable text key; removing nothing is the unpruned model), and the uniform families every search evaluates:
 - `tome-constant`: ToMe with the same r at every block (Bolya et al., ICLR 2023);
 - `tome-decreasing`: r falling linearly from 2r at the first block to 0 at the last (the authors' `parse_r`);
 - `topk-rate`: top-k keeping the same share of the patch tokens at three evenly spaced blocks (EViT's 3, 6, 9);
@@ -63,8 +60,7 @@ class Candidate:
 
     @classmethod
     def parse(cls, text: str) -> Candidate:
-        """The candidate named by `key` (e.g. `tome:0=10,7=15`, or `none`); ScheduleError, in one line, for
-        anything else."""
+        """The candidate named by `key` (e.g. `tome:0=10,7=15`, or `none`); ScheduleError for anything else."""
         if text.strip() == UNPRUNED:
             return cls(UNPRUNED)
         method, colon, pairs = text.strip().partition(":")
@@ -91,9 +87,8 @@ NONE = Candidate(UNPRUNED)  # the unpruned model
 
 
 def given_schedules(texts: Sequence[str], geometries: Iterable[Geometry]) -> list[Candidate]:
-    """The schedules a user asks a benchmark to measure beside its own (`--also`), in order, each once: every one
-    readable, pruned (the unpruned model is measured anyway) and a removal each of `geometries`' models can take;
-    PomtError, in one line, for the first that is not."""
+    """The schedules a benchmark measures beside its own (`--also`), in order, each once; PomtError for the first
+    that is unreadable, unpruned or a removal one of `geometries`' models cannot take."""
     given = list(dict.fromkeys(Candidate.parse(text) for text in texts))
     if any(c.unpruned for c in given):
         raise ScheduleError("--also takes pruned schedules: the unpruned model is measured anyway")
@@ -149,8 +144,7 @@ def topk_rate(num_tokens: int, prefix_tokens: int, depth: int, rates: Sequence[f
 
 def pomt_single(num_tokens: int, prefix_tokens: int, depth: int, steps: Sequence[int] = (),
                 shares: Sequence[float] = POMT_SHARES, block: int = POMT_BLOCK) -> list[Candidate]:
-    """pomt at one block (3, or the last of a shallower model) removing shares of the patch tokens, and
-    every removal that lands on a step's fast side (`steps`: those token counts, `Step.fast_tokens`)."""
+    """pomt at one block removing shares of the patch tokens, and every removal landing on a step's fast side."""
     block = min(block, depth - 1)
     patches = num_tokens - prefix_tokens
     removals = {max(1, round(s * patches)) for s in shares}

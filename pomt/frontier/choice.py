@@ -1,12 +1,10 @@
-"""Evaluated schedules, their (predicted latency, accuracy) frontier, which of them may ship, best first, and
-the best uniform schedule they must beat (pure). Accuracies are the search split's; drops are in points.
+"""Evaluated schedules, their (predicted latency, accuracy) frontier, which may ship, best first, and the best
+uniform schedule they must beat (pure). Accuracies are the search split's; drops are in points.
 
-A schedule meets the goal when its accuracy is at most `max_drop_points` below the unpruned model's and at least
-`min_accuracy` (each where asked), both at `confidence` on one-sided bounds (`drop_within`), and its predicted
-latency is within `latency_budget_ms` (where asked). Of the frontier of those that meet it, what may ship is
-ordered fastest first, or with a latency budget most accurate first; what ships is decided on measurement
-(`verified_choice`): of the schedules verified (`to_verify`) that qualified, the fastest measured, or with a
-latency budget the first in the order.
+A schedule meets the goal when its drop is within `max_drop_points` and its accuracy at least `min_accuracy` (each
+where asked, at `confidence` on one-sided bounds) and its predicted latency within `latency_budget_ms` (where
+asked). What may ship is ordered fastest first, or with a latency budget most accurate first; what ships is decided
+on measurement (`verified_choice`).
 """
 
 from __future__ import annotations
@@ -44,8 +42,7 @@ class Evaluated:
 
 
 def pareto_front(points: Sequence[Evaluated]) -> list[Evaluated]:
-    """The points no other point beats on both latency and accuracy, fastest first (on equal latency the
-    more accurate; on equal both the first given)."""
+    """The points no other beats on both latency and accuracy, fastest first (ties: more accurate, then first given)."""
     front: list[Evaluated] = []
     for point in sorted(points, key=lambda p: (p.predicted_ms, -p.accuracy)):
         if not front or point.accuracy > front[-1].accuracy + EPSILON:
@@ -54,25 +51,21 @@ def pareto_front(points: Sequence[Evaluated]) -> list[Evaluated]:
 
 
 def drop_within(point: Evaluated, baseline_accuracy: float, max_drop_points: float, confidence: float) -> bool:
-    """Whether the point's search-split drop from the unpruned model is within `max_drop_points`: its upper
-    one-sided bound at `confidence` where it was measured paired (`Proportion.drop_bound`), else the
-    measured drop. At 0.5 both are the measured drop; above, a schedule that changed many images needs a
-    smaller measured drop, which is what keeps the fastest of many from being the one its split flattered."""
+    """Whether the point's search-split drop is within `max_drop_points`: its upper one-sided bound at `confidence`
+    where measured paired, else the measured drop (keeps the fastest of many from being the one its split flattered)."""
     bound = point.search.drop_bound(confidence)
     drop = baseline_accuracy - point.accuracy if bound is None else bound
     return drop <= max_drop_points / 100 + EPSILON
 
 
 def drop_untold(point: Evaluated, baseline_accuracy: float, max_drop_points: float, confidence: float) -> bool:
-    """Whether the images were too few to tell if the point is within `max_drop_points`: within it on its
-    measured drop (`drop_within` at 0.5), not on its bound at `confidence`."""
-    return drop_within(point, baseline_accuracy, max_drop_points, 0.5) and \
-        not drop_within(point, baseline_accuracy, max_drop_points, confidence)
+    """Whether the point is within `max_drop_points` on its measured drop but not on its bound at `confidence`."""
+    return drop_within(point, baseline_accuracy, max_drop_points, 0.5) and not drop_within(
+        point, baseline_accuracy, max_drop_points, confidence)
 
 
 def accuracy_at_least(point: Evaluated, min_accuracy: float, confidence: float) -> bool:
-    """Whether the point's search-split accuracy is at least `min_accuracy`, on its lower one-sided Wilson
-    bound at `confidence`."""
+    """Whether the point's lower one-sided Wilson bound at `confidence` is at least `min_accuracy`."""
     low = one_sided_interval(point.search.successes, point.search.trials, confidence)[0]
     return low >= min_accuracy - EPSILON
 
@@ -103,8 +96,8 @@ class Goal:
     confidence: float = CONFIDENCE
 
     def meets(self, point: Evaluated, baseline_accuracy: float) -> bool:
-        if self.max_drop_points is not None and \
-                not drop_within(point, baseline_accuracy, self.max_drop_points, self.confidence):
+        drop = self.max_drop_points
+        if drop is not None and not drop_within(point, baseline_accuracy, drop, self.confidence):
             return False
         if self.min_accuracy is not None and not accuracy_at_least(point, self.min_accuracy, self.confidence):
             return False
@@ -112,8 +105,8 @@ class Goal:
 
     def describe(self) -> str:
         """The goal in words, for reasons."""
-        parts = [f"within {self.max_drop_points:g} points of the unpruned accuracy"] \
-            if self.max_drop_points is not None else []
+        drop = self.max_drop_points
+        parts = [] if drop is None else [f"within {drop:g} points of the unpruned accuracy"]
         if self.min_accuracy is not None:
             parts.append(f"accuracy at least {self.min_accuracy:g}")
         if parts and self.confidence > 0.5:
@@ -132,9 +125,7 @@ def ordered(points: Iterable[Evaluated], baseline_accuracy: float, goal: Goal) -
 
 
 def preference(result: FrontierResult, goal: Goal) -> list[Evaluated]:
-    """The frontier of the schedules predicted faster than the unpruned model that meet the goal, best first:
-    what may ship, in the order of fallback. (Above a confidence of 0.5 a schedule off the frontier of all can
-    meet the goal where a more accurate one that changed more images does not.)"""
+    """The frontier of the schedules predicted faster than unpruned that meet the goal: what may ship, best first."""
     faster = [p for p in result.evaluated if p.predicted_ms < result.baseline.predicted_ms]
     return ordered(pareto_front(ordered(faster, result.baseline.accuracy, goal)), result.baseline.accuracy, goal)
 
@@ -142,19 +133,14 @@ def preference(result: FrontierResult, goal: Goal) -> list[Evaluated]:
 def best_by_family(points: Sequence[Evaluated], baseline_accuracy: float, goal: Goal,
                    families: Sequence[str] = FAMILIES) -> dict[str, Evaluated]:
     """{family: its best schedule that meets the goal} for each family that has one."""
-    best = {}
-    for family in families:
-        found = ordered((p for p in points if p.family == family), baseline_accuracy, goal)
-        if found:
-            best[family] = found[0]
-    return best
+    found = {family: ordered((p for p in points if p.family == family), baseline_accuracy, goal) for family in families}
+    return {family: met[0] for family, met in found.items() if met}
 
 
 def next_faster_missing(points: Sequence[Evaluated], baseline_accuracy: float, goal: Goal,
                         families: Sequence[str] = FAMILIES) -> dict[str, Evaluated]:
-    """{family: its slowest schedule predicted faster than its best that meets the goal (than the unpruned
-    model's latency where none meets it), that misses the goal}: the family's next step up, and why the
-    best stops where it does. A family that has none is left out."""
+    """{family: its next step up (the slowest predicted faster than its best that meets the goal, that misses it)},
+    where it has one; with none meeting the goal, faster than the unpruned model."""
     best = best_by_family(points, baseline_accuracy, goal, families)
     unpruned = next((p.predicted_ms for p in points if p.candidate.unpruned), math.inf)
     found = {}
@@ -168,8 +154,7 @@ def next_faster_missing(points: Sequence[Evaluated], baseline_accuracy: float, g
 
 
 def next_step_note(family: str, point: Evaluated, baseline_ms: float, confidence: float) -> str:
-    """`point`, a family's next step up (`next_faster_missing`), in words: its predicted speedup over
-    `baseline_ms` and its search-split drop, with the images it changed and the drop's bound at `confidence`."""
+    """`point`, a family's next step up (`next_faster_missing`), in words, its drop's bound at `confidence`."""
     search = point.search
     told = "unpaired" if not search.paired else (
         f"drop {100 * search.drop:+.2f} points ({search.lost} lost, {search.gained} gained of {search.trials}), "
@@ -185,26 +170,20 @@ def best_uniform(result: FrontierResult, goal: Goal) -> Evaluated | None:
 
 
 def to_verify(result: FrontierResult, goal: Goal, first: int) -> list[Evaluated]:
-    """The schedules measured on the patched model, in the order of fallback: the first `first` of
-    `preference`, then each reducer's fastest predicted schedule that meets the goal where none of that
-    reducer is among them yet, then the best uniform schedule. Why each reducer: the latency model can miss
-    reducers differently, so a reducer it misprices is measured rather than ranked out."""
+    """The schedules verified, in the order of fallback: the first `first` of `preference`, each missing reducer's
+    fastest that meets the goal (one the latency model misprices is measured), then the best uniform schedule."""
     chosen = preference(result, goal)[:first]
-    faster = [p for p in result.evaluated
-              if not p.candidate.unpruned and p.predicted_ms < result.baseline.predicted_ms]
+    faster = [p for p in result.evaluated if not p.candidate.unpruned and p.predicted_ms < result.baseline.predicted_ms]
     for method in REDUCERS:
         if not any(p.candidate.method == method for p in chosen):
-            chosen += ordered((p for p in faster if p.candidate.method == method), result.baseline.accuracy,
-                              goal)[:1]
+            chosen += ordered((p for p in faster if p.candidate.method == method), result.baseline.accuracy, goal)[:1]
     uniform = best_uniform(result, goal)
     return chosen + ([uniform] if uniform is not None and uniform not in chosen else [])
 
 
 def first_verified(order: Sequence[int], qualified_here: Iterable[int],
                    held_fresh: Iterable[int] | None = None) -> int | None:
-    """The first candidate in the order of preference that qualified here and, where a fresh process measured
-    them (`held_fresh` not None), there too: the one that ships, a faster one that did not verify falling
-    back to the next; None when none did."""
+    """The first of `qualified_in_both`; None when none qualified."""
     return next(iter(qualified_in_both(order, qualified_here, held_fresh)), None)
 
 
@@ -218,10 +197,8 @@ def qualified_in_both(order: Sequence[int], qualified_here: Iterable[int],
 
 def verified_choice(order: Sequence[int], speedups: Mapping[int, float], qualified_here: Iterable[int],
                     held_fresh: Iterable[int] | None, goal: Goal) -> int | None:
-    """What ships among the verified candidates (numbered in the order of preference): of those that qualified
-    here and, where a fresh process measured them, there too, the fastest measured (the prediction ordered
-    the search; the same rounds' measurement decides), or with only a latency budget the first in the order
-    (the most accurate within it). None when none qualified."""
+    """What ships among the verified candidates (numbered in the order of preference) that qualified in both
+    processes: the fastest measured, or with only a latency budget the first in the order; None when none did."""
     if goal.latency_budget_ms is not None and goal.max_drop_points is None:
         return first_verified(order, qualified_here, held_fresh)
     eligible = qualified_in_both(order, qualified_here, held_fresh)
@@ -230,10 +207,8 @@ def verified_choice(order: Sequence[int], speedups: Mapping[int, float], qualifi
 
 @dataclass(frozen=True)
 class Unresolved:
-    """Schedules the search split could not tell: predicted faster than the fastest that met the goal, within
-    the drop asked on their measured drop but not on its bound; each with the search images that would bound
-    its drop within the goal at the same rates (`Proportion.images_to_bound`; None: more than a million),
-    fastest predicted first."""
+    """Schedules the search split could not tell, fastest first, each with the search images that would bound its
+    drop within the goal at the same rates (None: more than a million)."""
 
     schedules: tuple[tuple[Evaluated, int | None], ...]
 
@@ -243,8 +218,7 @@ class Unresolved:
 
     @property
     def fewest_images(self) -> tuple[Evaluated, int | None]:
-        """The one the fewest images would tell (on a tie the faster): near the goal's edge the fastest may
-        need tens of thousands."""
+        """The one the fewest images would tell (on a tie the faster)."""
         return min(self.schedules, key=lambda s: math.inf if s[1] is None else s[1])
 
     def to_dict(self, baseline: Evaluated, confidence: float) -> dict:
@@ -254,8 +228,7 @@ class Unresolved:
 
 
 def told(point: Evaluated, images: int | None, baseline: Evaluated, confidence: float) -> dict:
-    """What `Unresolved` says of one schedule: its predicted speedup, measured drop and bound (points), the
-    images it changed of those it saw, and the search images that would bound its drop within the goal."""
+    """What `Unresolved` says of one schedule (drops in points)."""
     search = point.search
     return {"key": point.candidate.key, "predicted_speedup": round(baseline.predicted_ms / point.predicted_ms, 4),
             "search_drop_points": round(100 * search.drop, 3),
@@ -265,37 +238,29 @@ def told(point: Evaluated, images: int | None, baseline: Evaluated, confidence: 
 
 
 def unresolved(result: FrontierResult, goal: Goal) -> Unresolved | None:
-    """The schedules predicted faster than the fastest that met the goal (than the unpruned model where none
-    did) that meet it at a confidence of 0.5, on their measured drop, and not at the goal's: the images were
-    too few to tell whether they are within it (a drop bound narrows as the square root of the images). Only
-    for a drop asked alone (with `min_accuracy` the goal has two bounds, with a latency budget the most accurate
-    ships, not the fastest); None where there are none."""
+    """What `Unresolved` holds: predicted faster than the fastest that met the goal and `drop_untold` (None: none)."""
     if goal.max_drop_points is None or goal.min_accuracy is not None or goal.latency_budget_ms is not None \
             or goal.confidence <= 0.5:
         return None
     met = ordered(result.evaluated, result.baseline.accuracy, goal)
     faster_than = met[0].predicted_ms if met else result.baseline.predicted_ms
-    found = sorted((p for p in result.evaluated
-                    if not p.candidate.unpruned and p.predicted_ms < faster_than
+    found = sorted((p for p in result.evaluated if not p.candidate.unpruned and p.predicted_ms < faster_than
                     and drop_untold(p, result.baseline.accuracy, goal.max_drop_points, goal.confidence)),
                    key=lambda p: (p.predicted_ms, p.candidate))
     if not found:
         return None
-    return Unresolved(tuple((p, p.search.images_to_bound(goal.max_drop_points / 100, goal.confidence))
-                            for p in found))
+    return Unresolved(tuple((p, p.search.images_to_bound(goal.max_drop_points / 100, goal.confidence)) for p in found))
 
 
 def bound_text(bound_points: float, goal_points: float) -> str:
-    """A drop bound in points as a note prints it: two decimals, or "just over" the goal where two decimals would
-    read as the goal itself (a bound of 1.004 misses a 1-point goal; "bound 1.00" said it met it)."""
+    """A drop bound in points as a note prints it: two decimals, or "just over" the goal where those read as it."""
     text = f"{bound_points:.2f}"
     return f"just over {goal_points:g}" if float(text) <= goal_points < bound_points else text
 
 
 def unresolved_note(found: Unresolved | None, baseline: Evaluated, goal: Goal,
                     held_out_share: float) -> tuple[str, ...]:
-    """The run's note on what `unresolved` found: how many, the fastest and the one the fewest images would
-    tell, and those images (the `--accuracy-samples` at `held_out_share` held out); none where it found none."""
+    """The run's note on what `unresolved` found (the `--accuracy-samples` at `held_out_share`); none: no note."""
     if found is None:
         return ()
 
@@ -320,8 +285,7 @@ def unresolved_note(found: Unresolved | None, baseline: Evaluated, goal: Goal,
 
 
 def held_out_inside(point: Evaluated) -> bool | None:
-    """Whether the point's held-out accuracy lies inside the (95% Wilson) interval of its search-split accuracy;
-    None where the held-out split was not measured."""
+    """Whether the held-out accuracy lies inside the search split's 95% Wilson interval (None: not measured)."""
     if point.held_out is None:
         return None
     low, high = point.search.interval()
@@ -337,22 +301,15 @@ def held_out_drop(point: Evaluated, baseline: Evaluated) -> float | None:
 
 def fastest_held_out_by_family(points: Sequence[Evaluated], baseline: Evaluated, max_drop_points: float,
                                families: Sequence[str] = FAMILIES) -> dict[str, Evaluated]:
-    """{family: its fastest predicted schedule whose measured held-out drop is at most `max_drop_points`}, for
-    each family that has one among the points measured held out: the uniform schedules judged as the
-    shipped one is reported (its held-out drop), where `best_by_family` judges them as the search does."""
-    best = {}
-    for family in families:
-        within = [p for p in points if p.family == family and (drop := held_out_drop(p, baseline)) is not None
-                  and drop <= max_drop_points]
-        if within:
-            best[family] = min(within, key=lambda p: (p.predicted_ms, p.candidate))
-    return best
+    """{family: its fastest predicted schedule whose held-out drop is at most `max_drop_points`}, where it has one."""
+    within = {family: [p for p in points if p.family == family and (drop := held_out_drop(p, baseline)) is not None
+                       and drop <= max_drop_points] for family in families}
+    return {family: min(ps, key=lambda p: (p.predicted_ms, p.candidate)) for family, ps in within.items() if ps}
 
 
 def held_out_note(chosen: Evaluated | None, baseline: Evaluated, goal: Goal) -> str | None:
-    """A note where the shipped schedule's held-out accuracy breaks what its search split said: outside the
-    search interval, or a drop beyond the goal. The search ships the fastest of many schedules that met the
-    goal on the search split, so the one it ships is the one that split flattered most (known weakness 18)."""
+    """A note where the shipped schedule's held-out accuracy lies outside its search interval or drops beyond the
+    goal (the fastest of many that met it is the one the search split flattered most); None otherwise."""
     if chosen is None or chosen.candidate.unpruned or chosen.held_out is None:
         return None
     drop, inside = held_out_drop(chosen, baseline), held_out_inside(chosen)

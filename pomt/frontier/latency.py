@@ -3,10 +3,9 @@
 predicted = (1 + kappa sqrt(c)) sum_b L(n_b) / D + sum over pruning blocks prune(n_b, r_b)
             + sum over blocks after the first pruning one carry(n_b) + later x (pruning blocks right after one)
 
-L(n) is the whole model at n tokens; a block costs L(n) / D at the count entering it (`token_counts`, ToMe's
-clamping included). `ReducerCost` holds a reducer's own cost over the plain block (`pomt.frontier.reducer_costs`).
-A layout whose count changes c times runs over its blocks' sum, by kappa sqrt(c) calibrated in the run
-(`MixedCounts`). Costs carry the speed they were measured at and are charged at the curve's (`at_speed`).
+L(n) is the whole model at n tokens; a block costs L(n) / D at the count entering it (`token_counts`). `ReducerCost`
+holds a reducer's own cost over the plain block, charged at the curve's speed (`at_speed`); a layout whose count
+changes c times runs over its blocks' sum by kappa sqrt(c), calibrated in the run (`MixedCounts`).
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ SLOPE_ALPHA = 0.05  # a carry's trend over the counts is charged only where sign
 
 
 def line_at(x: float, xs: Sequence[float], values: Sequence[float]) -> float:
-    """The least-squares line through (xs, values) at x, x held within the measured range; with fewer than
-    three distinct xs, linear interpolation between them."""
+    """The least-squares line through (xs, values) at x held within range (under three distinct xs: interpolated)."""
     order = np.argsort(xs)
     xs, values = np.asarray(xs, float)[order], np.asarray(values, float)[order]
     x = float(np.clip(x, xs[0], xs[-1]))
@@ -40,8 +38,7 @@ def line_at(x: float, xs: Sequence[float], values: Sequence[float]) -> float:
 
 
 def has_trend(xs: Sequence[float], values: Sequence[float], alpha: float = SLOPE_ALPHA) -> bool:
-    """Whether the least-squares line through (xs, values) has a significant slope (scipy's linregress,
-    p < alpha); with fewer than three distinct xs there is no test, and the line (an interpolation) is kept."""
+    """Whether the line through (xs, values) has a slope significant at `alpha` (True under three distinct xs)."""
     if len(set(xs)) < 3:
         return True
     if np.ptp(values) == 0:
@@ -51,8 +48,8 @@ def has_trend(xs: Sequence[float], values: Sequence[float], alpha: float = SLOPE
 
 @dataclass(frozen=True)
 class ReducerCost:
-    """A reducer's own cost (ms) over the plain block: at pruning blocks by (tokens entering, removed),
-    and (ToMe) at every block after the first pruning one by the tokens entering it."""
+    """A reducer's own cost (ms) over the plain block: at pruning blocks by (tokens entering, removed), and (ToMe)
+    at every block after the first pruning one by the tokens entering it."""
 
     method: str
     prefix_tokens: int
@@ -62,8 +59,7 @@ class ReducerCost:
     unit_ms: float | None = None  # the unpruned whole model's latency at the speed these ms hold (None: unknown)
 
     def at_speed(self, unpruned_ms: float) -> ReducerCost:
-        """These costs on the machine running the unpruned model in `unpruned_ms`: every cost scaled by
-        unpruned_ms / unit_ms (as the machine's drift scales them); unchanged where the unit is unknown."""
+        """These costs scaled by `unpruned_ms` / unit_ms (the machine's speed); unchanged where the unit is unknown."""
         if not self.unit_ms or unpruned_ms <= 0:
             return self
         scale = unpruned_ms / self.unit_ms
@@ -72,9 +68,8 @@ class ReducerCost:
                        unit_ms=unpruned_ms)
 
     def prune(self, tokens: int, remove: int) -> float:
-        """Cost of a block that receives `tokens` and removes `remove`: at each measured count a least-squares
-        line in the share of patch tokens removed (a fixed cost less the MLP's saving; with fewer than three
-        shares, interpolated), then linear in the count; held beyond the measured range, 0 removing none."""
+        """Cost of a block receiving `tokens` and removing `remove`: at each measured count a line in the share
+        removed (`line_at`), then linear in the count, held beyond the measured range; 0 removing none."""
         if remove <= 0 or not self.pruning:
             return 0.0
         share = remove / max(1, tokens - self.prefix_tokens)
@@ -86,9 +81,8 @@ class ReducerCost:
         return float(np.interp(tokens, counts, at_count))
 
     def carry(self, tokens: int) -> float:
-        """Cost of a block after the first pruning one, at the `tokens` it receives (0 without a table): the
-        measured counts' median, or their least-squares line where its slope is significant (`has_trend`), as
-        it is charged at up to D - 1 blocks and one noisy count must not price every block."""
+        """Cost of a block after the first pruning one at the `tokens` it receives (0 without a table): the measured
+        median, or their line where its slope is significant (one noisy count must not price every block)."""
         if not self.carrying:
             return 0.0
         if not self._carry_has_trend:
@@ -97,12 +91,10 @@ class ReducerCost:
 
     @cached_property
     def _carry_has_trend(self) -> bool:
-        """Whether the carry is charged as a line over the counts (`has_trend`) or as their median."""
         return has_trend(list(self.carrying), list(self.carrying.values()))
 
     def at_block(self, tokens: int, removed: int, after_first: bool, follows_cut: bool = False) -> float:
-        """The reducer's cost at a block that receives `tokens` and removes `removed` (as the patch clamps),
-        `after_first` when an earlier block already pruned, `follows_cut` when the block just before did."""
+        """The cost at a block; `after_first`: an earlier block pruned; `follows_cut`: the one just before did."""
         ms = self.prune(tokens, removed)
         if after_first:
             ms += self.carry(tokens)
@@ -136,9 +128,8 @@ def count_changes(counts: Sequence[int], depth: int) -> int:
 
 @dataclass(frozen=True)
 class MixedCounts:
-    """A dropped layout (the tokens entering each block) that changes its count at every block: its latency over
-    its blocks' sum (the whole model at each of its counts, averaged over the blocks), both timed in the same
-    paired rounds, with that excess's 95% interval; and its latency over the unpruned model's, for the record."""
+    """A dropped layout (tokens entering each block) changing count at every block: its latency over its blocks'
+    sum in paired rounds, with its 95% interval, and over the unpruned model's (for the record)."""
 
     layout: tuple[int, ...]
     over_blocks: float
@@ -174,8 +165,7 @@ class LatencyModel:
 
     @cached_property
     def charged_costs(self) -> dict[str, ReducerCost]:
-        """The reducers' costs at the curve's speed: they are measured minutes away from the curve, on a machine
-        whose speed moves."""
+        """The reducers' costs at the curve's speed (they are measured minutes away from it)."""
         unpruned = predict_from_counts(self.curve, [self.num_tokens])
         return {method: cost.at_speed(unpruned) for method, cost in self.costs.items()}
 
@@ -190,15 +180,13 @@ class LatencyModel:
         return predict_from_counts(self.curve, [tokens]) / self.depth
 
     def step_ms(self, method: str, tokens: int, remove: int, after_first: bool, follows_cut: bool = False) -> float:
-        """One block of a `method` schedule receiving `tokens` and removing `remove` (clamped as the patch
-        clamps), `after_first` when an earlier block already pruned, `follows_cut` when the block before did."""
+        """One block of a `method` schedule (`remove` clamped as the patch clamps; flags as `at_block`)."""
         cost = self.charged_costs.get(method)
         ms = self.block_ms(tokens)
         if cost is None:
             return ms
         removed = removed_at(method, tokens - self.prefix_tokens, remove) if remove else 0
-        charged = cost.at_block(tokens, removed, after_first, follows_cut)
-        return max(0.0, ms + charged)  # a noisy cost can exceed the block
+        return max(0.0, ms + cost.at_block(tokens, removed, after_first, follows_cut))  # a noisy cost can exceed it
 
     def predict(self, candidate: Candidate) -> float:
         """Predicted latency (ms) of the model running `candidate`; see the module docstring."""
@@ -216,14 +204,12 @@ class LatencyModel:
         return self.kappa * math.sqrt(changes) * sum(self.block_ms(n) for n in counts[:self.depth])
 
     def predict_counts(self, layout: Sequence[int]) -> float:
-        """The blocks' sum of the counts entering each block (no reducer, no mixed counts' term) over the
-        unpruned model's latency."""
+        """The blocks' sum at `layout`'s counts (no reducer, no mixed counts) over the unpruned model's latency."""
         return sum(self.block_ms(n) for n in layout[:self.depth]) / (self.depth * self.block_ms(self.num_tokens))
 
     @cached_property
     def kappa(self) -> float:
-        """The calibrated excess per square root of a count change (0 without a calibration, or where its 95%
-        interval holds no excess): the excess grows as the square root of the changes, not linearly."""
+        """The calibrated excess per square root of a count change (0: no calibration, or no excess at 95%)."""
         if self.mixed is None or not count_changes(self.mixed.layout, self.depth):
             return 0.0
         low, high = self.mixed.ci

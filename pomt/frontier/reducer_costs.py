@@ -1,13 +1,9 @@
 """Each reducer's own cost at a pruning block, measured inside the model at a few (tokens entering, removed).
 
-A cost is the model with n tokens entering block j and the reducer removing r there, less the same model with
-r of those tokens dropped after block j, as the median over seeded, shuffled paired rounds. It is measured at
-the last block of the model cut to its last blocks (`pomt.models.tokens`), where the difference is not buried
-in the other blocks' jitter; ToMe's proportional attention after its first merge (its carry) and what its later
-merges save (`ReducerCost.later`) are measured on the whole model. Every round also times the unpruned whole
-model, whose smoothed time is the round's speed: costs are stated at the median speed and carry that unit
-(`ReducerCost.unit_ms`). Visits run in the curve's runtime where it runs the live model (`IN_PROCESS`), as a
-reducer's kernels cost host time that a CUDA graph hides and eager does not.
+A cost is the model with n tokens entering block j and the reducer removing r there, less the same model with r
+of those tokens dropped after block j, over seeded, shuffled paired rounds, at the last block of the model cut to
+its last blocks; ToMe's carry and `later` on the whole model. Every round also times the unpruned model, the
+round's speed (`ReducerCost.unit_ms`). Visits run in the curve's runtime where it runs the live model (`IN_PROCESS`).
 """
 
 from __future__ import annotations
@@ -48,8 +44,7 @@ Variant = tuple[str, int, int, int]  # (method or "", block, tokens entering it,
 
 def cost_points(num_tokens: int, prefix_tokens: int, method: str, counts: Sequence[int],
                 shares: Sequence[float] = SHARES) -> list[tuple[int, int]]:
-    """(tokens entering, removed) pairs to measure: each share of each count's patch tokens, at least one
-    token, within what the method can remove there."""
+    """(tokens entering, removed) pairs to measure: each share of each count's patch tokens, at least one token."""
     points = set()
     for n in counts:
         patches = n - prefix_tokens
@@ -89,10 +84,8 @@ def _variant(model: nn.Module, variant: Variant, num_tokens: int, depth: int) ->
 def measure_reducer_costs(timed: TimedModel, methods: Sequence[str], rounds: Rounds = Rounds(COST_ROUNDS), *,
                           counts: Sequence[int] | None = None, points: Sequence[tuple[int, int]] | None = None,
                           later: bool = True) -> dict[str, ReducerCost]:
-    """{method: its ReducerCost} (module docstring), at each share of each count (`cost_points`), or at the
-    (tokens entering, removed) `points` given; `rounds.reps` forwards a visit (None: `visit_reps`). `later`:
-    calibrate what ToMe's merges after the first save (only schedules that merge at several blocks need it).
-    The runtime timed must be one of `IN_PROCESS`."""
+    """{method: its ReducerCost}, at `cost_points` of `counts` or at the (tokens entering, removed) `points` given;
+    `rounds.reps` forwards a visit (None: `visit_reps`); `later`: calibrate what ToMe's later merges save."""
     check_in_process(timed.backend)
     model = timed.model
     geometry = model_geometry(model)
@@ -110,10 +103,8 @@ def measure_reducer_costs(timed: TimedModel, methods: Sequence[str], rounds: Rou
                            {**dict.fromkeys(variants, cut_reps), UNPRUNED: whole_reps}, rounds.seed)
     unit_ms = float(np.median(times[UNPRUNED]))
     pruning = _differences(at_unit_speed(times, unit_ms))
-    results = {}
-    for method in methods:
-        at_last = {(n, r): ms for (m, _, n, r), ms in pruning.items() if m == method}
-        results[method] = ReducerCost(method, prefix, at_last, unit_ms=unit_ms)
+    results = {method: ReducerCost(method, prefix, {(n, r): ms for (m, _, n, r), ms in pruning.items() if m == method},
+                                   unit_ms=unit_ms) for method in methods}
     if "tome" in where and geometry.depth > 1:
         whole = Rounds(rounds.rounds, whole_reps, rounds.seed + 1)
         results["tome"] = _whole_model_tome(timed, results["tome"], where["tome"], whole, later)
@@ -121,33 +112,28 @@ def measure_reducer_costs(timed: TimedModel, methods: Sequence[str], rounds: Rou
 
 
 def check_in_process(backend: str) -> None:
-    """Raise ValueError unless `backend` runs the live model in this process (`IN_PROCESS`): the costs are
-    measured on the model patched and cut in place, which a static program exported per count is not."""
+    """Raise ValueError unless `backend` runs the live model in this process (`IN_PROCESS`)."""
     if backend not in IN_PROCESS:
         raise ValueError(f"reducer costs are measured where the live model runs ({', '.join(IN_PROCESS)}), "
                          f"not on {backend}")
 
 
 def at_unit_speed(times: Mapping[Hashable, list[float]], unit_ms: float) -> dict[Hashable, list[float]]:
-    """Each round's times divided by the round's speed: the `UNPRUNED` model's time, a running median over
-    SPEED_WINDOW rounds, over `unit_ms` (module docstring)."""
+    """Each round's times divided by the round's speed: the `UNPRUNED` time's running median over `unit_ms`."""
     speed = median_filter(np.asarray(times[UNPRUNED], float), size=SPEED_WINDOW, mode="nearest") / unit_ms
     return {k: (np.asarray(v, float) / speed).tolist() for k, v in times.items()}
 
 
 def repeat_schedule(num_tokens: int, prefix_tokens: int, depth: int) -> Candidate:
-    """Uniform ToMe at the middle of its family's r (`pomt.frontier.candidates`): the schedule whose whole-model
-    cost calibrates what merges after the first save (`ReducerCost.later`)."""
+    """Uniform ToMe at the middle of its family's r: the schedule that calibrates `ReducerCost.later`."""
     values = tome_values(num_tokens, prefix_tokens, depth, FAMILY_POINTS)
     return tome_constant(depth, [values[len(values) // 2]])[0]
 
 
 def _whole_model_tome(timed: TimedModel, cost: ReducerCost, points: Sequence[tuple[int, int]], rounds: Rounds,
                       later: bool) -> ReducerCost:
-    """ToMe's cost with its carry and (with `later`) what later merges save, measured on the whole model: its
-    merge at block 0 against the same tokens dropped after it, less the merge's own cost, spread over the D - 1
-    blocks after; then uniform ToMe against its counts dropped, less what the costs price it at, over its merges
-    that follow a merge."""
+    """ToMe's cost with its carry (a merge at block 0 against its tokens dropped, less its cost, over D - 1 blocks)
+    and, with `later`, uniform ToMe against its counts dropped, less its price, per merge after a merge."""
     model = timed.model
     geometry = model_geometry(model)
     depth, num_tokens, prefix = geometry.depth, geometry.num_tokens, geometry.prefix_tokens
@@ -175,16 +161,14 @@ def _whole_model_tome(timed: TimedModel, cost: ReducerCost, points: Sequence[tup
 
 
 def mixed_layout(num_tokens: int, prefix_tokens: int, depth: int) -> tuple[int, ...]:
-    """The counts entering each block of uniform ToMe (`repeat_schedule`): a layout that changes its count at
-    every block, whose excess over its blocks' sum calibrates `MixedCounts`."""
+    """The counts entering each block of `repeat_schedule`: a layout changing count at every block (`MixedCounts`)."""
     uniform = repeat_schedule(num_tokens, prefix_tokens, depth)
     return tuple(token_counts(num_tokens, prefix_tokens, depth, "tome", uniform.as_dict())[:depth])
 
 
 def measure_mixed_counts(timed: TimedModel, rounds: Rounds = Rounds(COST_ROUNDS)) -> MixedCounts:
-    """`mixed_layout`'s counts dropped (no reducer), the whole model at each of its counts and the unpruned model,
-    in paired rounds of `rounds.reps` forwards a visit (None: `visit_reps`) in a runtime of `IN_PROCESS`: the
-    layout over its blocks' sum round by round, the latency model's calibration of mixed counts."""
+    """`mixed_layout` dropped, against the whole model at each of its counts, in paired rounds (`rounds.reps`
+    forwards a visit, None: `visit_reps`): the latency model's calibration of mixed counts."""
     check_in_process(timed.backend)
     model = timed.model
     geometry = model_geometry(model)
@@ -201,8 +185,7 @@ def measure_mixed_counts(timed: TimedModel, rounds: Rounds = Rounds(COST_ROUNDS)
 
 
 def paired_variants(method: str, block: int, tokens: int, remove: int) -> tuple[Variant, Variant]:
-    """The variant whose cost is measured and its reference: `method` removing `remove` of the `tokens`
-    entering `block`, against those tokens running the block plain and `remove` of them dropped after it."""
+    """The variant whose cost is measured and its reference (the block plain, `remove` tokens dropped after it)."""
     return (method, block, tokens, remove), ("", block, tokens, remove)
 
 
@@ -219,8 +202,7 @@ def _differences(times: Mapping[Variant, list[float]]) -> dict[Variant, float]:
 
 
 def visit_reps(timed: TimedModel) -> int:
-    """Forwards a visit needs to last MIN_VISIT_MS (`calibrate_reps`, at most MAX_REPS), from the median of
-    three eager forwards of the model as it stands (cut or whole, unpatched) after one untimed."""
+    """Forwards a visit needs to last MIN_VISIT_MS (at most MAX_REPS), from three eager forwards after one untimed."""
     model, x, device = timed.model, timed.x, timed.device
     with fixed_threads(timed.threads) as used, torch.inference_mode():
         model(x)
@@ -231,10 +213,8 @@ def visit_reps(timed: TimedModel) -> int:
 
 def _paired_rounds(timed: TimedModel, contexts: Mapping[Hashable, Callable[[], ContextManager]], rounds: int,
                    reps: int | Mapping[Hashable, int], seed: int) -> dict[Hashable, list[float]]:
-    """Per variant, one median latency (ms) over its `reps` forwards (one number for all, or by variant) per
-    round; every round visits all variants (the model inside each one's context, in its runtime: eager, or
-    captured there as a CUDA graph and replayed) in a seeded order, each visit after an untimed forward where
-    the runtime needs one (`settles_every_visit`: on the CPU, eager, at a variant's first visit only)."""
+    """Per variant, one median latency (ms) over its `reps` forwards (one for all, or by variant) per round; every
+    round visits all variants in a seeded order, after an untimed forward where needed (`settles_every_visit`)."""
     model, x, device, backend = timed.model, timed.x, timed.device, timed.backend
     reps = reps if isinstance(reps, Mapping) else dict.fromkeys(contexts, reps)
     rng, keys = np.random.default_rng(seed), list(contexts)
@@ -243,8 +223,7 @@ def _paired_rounds(timed: TimedModel, contexts: Mapping[Hashable, Callable[[], C
     with fixed_threads(timed.threads) as used, torch.inference_mode():
         for _ in range(rounds):
             for i in rng.permutation(len(keys)):
-                with contexts[keys[i]](), build_forward(model, x, backend=backend,
-                                                         threads=used) as forward:
+                with contexts[keys[i]](), build_forward(model, x, backend=backend, threads=used) as forward:
                     if settle_always or keys[i] not in settled:
                         forward()  # untimed: a new shape's first forward sets it up
                         synchronize(device)
@@ -255,11 +234,8 @@ def _paired_rounds(timed: TimedModel, contexts: Mapping[Hashable, Callable[[], C
 
 def method_cost(timed: TimedModel, block: int, method: str, removals: Sequence[int], rounds: Rounds = Rounds(7),
                 unpruned_ms: float | None = None) -> dict[int, float]:
-    """{remove: ms} that `method` removing `remove` tokens at `block` costs over the same model with those
-    tokens simply dropped after that block: its own cost at the N tokens the block receives, plus, for ToMe,
-    its proportional attention in every block after; measured and priced as the frontier search prices a
-    schedule (`ReducerCost`). With `unpruned_ms` (the curve's L(N)), in ms at the curve's speed
-    (`ReducerCost.at_speed`)."""
+    """{remove: ms} that `method` removing `remove` tokens at `block` costs over those tokens dropped after it, as
+    the frontier search prices it (`one_block_cost`); with `unpruned_ms` (the curve's L(N)), at the curve's speed."""
     model = timed.model
     geometry = model_geometry(model)
     n, wanted = geometry.num_tokens, sorted({r for r in removals if r > 0})
@@ -273,8 +249,7 @@ def method_cost(timed: TimedModel, block: int, method: str, removals: Sequence[i
 
 def one_block_cost(cost: ReducerCost, num_tokens: int, depth: int, block: int,
                    removals: Sequence[int]) -> dict[int, float]:
-    """{remove: ms} of a schedule that removes `remove` of the `num_tokens` at `block` alone: the reducer's cost
-    there plus (ToMe) its proportional attention in each of the blocks after it."""
+    """{remove: ms} of removing `remove` of `num_tokens` at `block` alone: the cost there plus the carry after."""
     after = depth - block - 1
     return {r: cost.prune(num_tokens, r) + after * cost.carry(num_tokens - r) for r in removals}
 

@@ -1,10 +1,4 @@
-"""Every schedule a frontier search evaluated, as table rows and as one JSON document, and their files.
-
-A row holds the reducer and removals, predicted latency, verified latency and speedup with their interval, the
-accuracy with its Wilson interval and the images lost and gained on each split, the bound its search-split drop
-was judged on (`pomt.frontier.choice.drop_within`), and the search images that would bound its drop within the
-goal (`Proportion.images_to_bound`: more than it had where the images were too few to tell).
-"""
+"""Every schedule a frontier search evaluated, as table rows (`COLUMNS`) and as one JSON document, and their files."""
 
 from __future__ import annotations
 
@@ -22,14 +16,11 @@ from pomt.verification.verify import CandidateResult
 
 FORMAT = "pomt.frontier"
 VERSION = 1
-COLUMNS = (
-    "key", "family", "method", "removal", "on_frontier", "chosen", "predicted_ms", "predicted_speedup",
-    "verified_ms", "verified_speedup", "verified_speedup_low", "verified_speedup_high",
-    "search_accuracy", "search_low", "search_high", "search_images", "search_lost", "search_gained",
-    "search_drop_bound_points",
-    "held_out_accuracy", "held_out_low", "held_out_high", "held_out_images", "held_out_lost", "held_out_gained",
-    "search_untold", "search_images_to_bound",
-)
+COLUMNS = ("key", "family", "method", "removal", "on_frontier", "chosen", "predicted_ms", "predicted_speedup",
+           "verified_ms", "verified_speedup", "verified_speedup_low", "verified_speedup_high", "search_accuracy",
+           "search_low", "search_high", "search_images", "search_lost", "search_gained", "search_drop_bound_points",
+           "held_out_accuracy", "held_out_low", "held_out_high", "held_out_images", "held_out_lost",
+           "held_out_gained", "search_untold", "search_images_to_bound")
 
 
 def _split(prefix: str, proportion: Proportion | None) -> dict:
@@ -43,34 +34,29 @@ def _split(prefix: str, proportion: Proportion | None) -> dict:
 
 def row(point: Evaluated, baseline_ms: float, measured: CandidateResult | None, confidence: float = CONFIDENCE,
         max_drop_points: float | None = None, baseline_accuracy: float | None = None) -> dict:
-    """One evaluated schedule as a table row (COLUMNS; `rows` marks whether it is on the frontier and chosen); its
-    drop bound at `confidence`, and where a drop was asked (`max_drop_points`, from `baseline_accuracy`) whether
-    the images were too few to tell if it is within it (`drop_untold`) and the search images that would bound
-    it within that drop."""
+    """One evaluated schedule as a table row (`rows` marks frontier and chosen); where a drop was asked
+    (`max_drop_points`, from `baseline_accuracy`), whether it is `drop_untold` and the images to bound it within."""
     bound = point.search.drop_bound(confidence)
     asked = max_drop_points is not None and baseline_accuracy is not None and not point.candidate.unpruned
     images = point.search.images_to_bound(max_drop_points / 100, confidence) if asked else None
-    return {
-        "key": point.candidate.key, "family": point.family, "method": point.candidate.method,
-        "removal": ";".join(f"{b}={r}" for b, r in point.candidate.removal),
-        "on_frontier": False, "chosen": False, "predicted_ms": round(point.predicted_ms, 5),
-        "predicted_speedup": round(baseline_ms / point.predicted_ms, 5) if point.predicted_ms > 0 else None,
-        "verified_ms": None if measured is None else round(measured.pruned_ms, 5),
-        "verified_speedup": None if measured is None else round(measured.speedup, 5),
-        "verified_speedup_low": None if measured is None else round(measured.speedup_ci[0], 5),
-        "verified_speedup_high": None if measured is None else round(measured.speedup_ci[1], 5),
-        **_split("search", point.search), **_split("held_out", point.held_out),
-        "search_drop_bound_points": None if bound is None else round(100 * bound, 4),
-        "search_untold": drop_untold(point, baseline_accuracy, max_drop_points, confidence) if asked else None,
-        "search_images_to_bound": images,
-    }
+    return {"key": point.candidate.key, "family": point.family, "method": point.candidate.method,
+            "removal": ";".join(f"{b}={r}" for b, r in point.candidate.removal),
+            "on_frontier": False, "chosen": False, "predicted_ms": round(point.predicted_ms, 5),
+            "predicted_speedup": round(baseline_ms / point.predicted_ms, 5) if point.predicted_ms > 0 else None,
+            "verified_ms": None if measured is None else round(measured.pruned_ms, 5),
+            "verified_speedup": None if measured is None else round(measured.speedup, 5),
+            "verified_speedup_low": None if measured is None else round(measured.speedup_ci[0], 5),
+            "verified_speedup_high": None if measured is None else round(measured.speedup_ci[1], 5),
+            **_split("search", point.search), **_split("held_out", point.held_out),
+            "search_drop_bound_points": None if bound is None else round(100 * bound, 4),
+            "search_untold": drop_untold(point, baseline_accuracy, max_drop_points, confidence) if asked else None,
+            "search_images_to_bound": images}
 
 
 def rows(result: FrontierResult, baseline_ms: float, chosen: Candidate | None,
          measured: Mapping[Candidate, CandidateResult], confidence: float = CONFIDENCE,
          max_drop_points: float | None = None) -> list[dict]:
-    """Every evaluated schedule (the unpruned one first), fastest predicted first after it; drop bounds at
-    `confidence`, the images to bound each within `max_drop_points` where asked."""
+    """Every evaluated schedule, the unpruned one first, then fastest predicted first (`row`)."""
     front = {e.candidate for e in result.frontier}
     others = sorted((e for e in result.evaluated if not e.candidate.unpruned),
                     key=lambda e: (e.predicted_ms, e.candidate))
@@ -79,8 +65,7 @@ def rows(result: FrontierResult, baseline_ms: float, chosen: Candidate | None,
 
 
 def document(result: FrontierResult, table: Sequence[dict], facts: Mapping, notes: Sequence[str]) -> dict:
-    """The JSON document: what was searched and how (`facts`: model, goal, times, costs, best uniform),
-    the frontier's keys, the run's notes (the search's, the verification's), and every row."""
+    """The JSON document: `facts` (model, goal, times, costs, best uniform), the frontier's keys, notes, every row."""
     return {"format": FORMAT, "version": VERSION, **facts, "evals": result.evals, "notes": list(notes),
             "frontier": [e.candidate.key for e in result.frontier], "schedules": list(table)}
 
@@ -90,8 +75,7 @@ FRONTIER_SET = {"frontier_csv": "frontier.csv", "frontier_json": "frontier.json"
 
 @dataclass(frozen=True)
 class FrontierReport:
-    """What the frontier's files hold: the rows, the JSON document, the unpruned accuracy less the drop asked (None: no
-    drop asked) and the plot's title."""
+    """What the frontier's files hold; `floor`: the unpruned accuracy less the drop asked (None: none asked)."""
 
     rows: list[dict]
     document: dict
@@ -101,8 +85,6 @@ class FrontierReport:
 
 def write_frontier(folder: Path, names: Mapping[str, str], report: FrontierReport) -> dict[str, Path]:
     """The three files in `folder` (a staging folder), by kind."""
-    return {
-        "frontier_csv": atomic_write_csv(folder / names["frontier_csv"], report.rows, COLUMNS),
-        "frontier_json": atomic_write_json(folder / names["frontier_json"], report.document),
-        "frontier_plot": plot_frontier(folder / names["frontier_plot"], report.title, report.rows, report.floor),
-    }
+    return {"frontier_csv": atomic_write_csv(folder / names["frontier_csv"], report.rows, COLUMNS),
+            "frontier_json": atomic_write_json(folder / names["frontier_json"], report.document),
+            "frontier_plot": plot_frontier(folder / names["frontier_plot"], report.title, report.rows, report.floor)}

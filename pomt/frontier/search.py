@@ -1,13 +1,10 @@
 """The speed-accuracy frontier of schedules across blocks and reducers, searched on a measured-accuracy budget.
 
-Latency is predicted from one curve (`LatencyModel`); accuracy is measured on the search split, and every
-candidate counts against `max_evals`, cached or not, so a resumed search takes the same decisions. In order: the
-unpruned model and the uniform families; per reducer, single-block probes that fit an additive stand-in for the
-drop (`pomt.frontier.surrogate`), whose dynamic programme proposes the fastest schedule within each stand-in drop;
-the rest of the budget split between reducers by what their proposals promise (`bisection_shares`), half of each
-share bisecting the proposals on measured accuracy for the fastest within the goal, half refitting the stand-in
-to every measured schedule one measurement at a time (`refine`). A measured accuracy costs a pass over the images
-and a predicted latency nothing, so proposals are cheap and every one that may ship is measured, never trusted.
+Latency is predicted (`LatencyModel`); accuracy is measured on the search split, every candidate counting against
+`max_evals`, cached or not, so a resumed search decides alike. In order: the unpruned model and the uniform
+families; per reducer, single-block probes that fit an additive stand-in for the drop (`pomt.frontier.surrogate`),
+whose dynamic programme proposes the fastest schedules; the rest of the budget split between reducers by promise
+(`bisection_shares`), half bisecting the proposals, half refitting the stand-in (`refine`).
 """
 
 from __future__ import annotations
@@ -34,7 +31,7 @@ from pomt.frontier.surrogate import (
 from pomt.stats import CONFIDENCE, Proportion
 
 Oracle = Callable[[Sequence[Candidate]], Mapping[Candidate, Proportion]]
-MAX_EVALS = 80  # measured accuracies a search may spend by default (method, section 15: why not 120)
+MAX_EVALS = 80  # measured accuracies a search may spend by default
 MIN_BISECTION = 3  # evaluations a reducer's bisection gets at least (as far as its proposals go)
 NEAR_MISS = 2  # times the goal: how far past it by the refitted stand-in a proposal may still be measured
 
@@ -64,27 +61,21 @@ class FrontierSettings:
 
     @property
     def closely_searched(self) -> float:
-        """The largest drop (a fraction) the search tells apart: `drop_span` times the goal. A schedule beyond
-        it is fitted as that much, no larger share is probed past it, and its accuracy may stop early."""
+        """The largest drop (a fraction) the search tells apart: `drop_span` times the goal; beyond it a schedule is
+        fitted as that much, no larger share is probed, and its accuracy may stop early."""
         return self.drop_span * self.max_accuracy_drop / 100
 
     @property
     def stand_in_confidence(self) -> float:
-        """The confidence the stand-in judges measured drops at (what ships is judged at `confidence`). The
-        stand-in adds its cells over blocks, and each probe's judged drop carries a one-sided margin of doubt;
-        a schedule's own margin grows as the square root of the images it changes, so k blocks' margins added
-        at the goal's confidence price a k-block schedule sqrt(k) times too doubtful. Judged at the normal
-        quantile z / sqrt(`stand_in_blocks`) (0.79 for 0.95 and four blocks) they add up to that schedule's
-        margin. The refit judges the schedules it fits at the same confidence, so that it and the probes'
-        stand-in rank alike."""
+        """The confidence the stand-in and its refit judge drops at: z / sqrt(`stand_in_blocks`), so that k blocks'
+        one-sided margins add up to a k-block schedule's (which grows as sqrt of the images changed)."""
         z = NormalDist().inv_cdf(self.confidence)
         return NormalDist().cdf(z / math.sqrt(self.stand_in_blocks))
 
 
 @dataclass(frozen=True)
 class ReducerPlan:
-    """One reducer's proposals (slowest first), the predicted latency of the fastest of them within the
-    goal by the stand-in (what bisecting them promises), and the probes' stand-in."""
+    """One reducer's proposals (slowest first), the fastest within the goal's latency, and the probes' stand-in."""
 
     proposals: list[Candidate]
     promised_ms: float
@@ -106,18 +97,15 @@ class FrontierSearch:
 
     def measure(self, labelled: Mapping[Candidate, str], force: bool = False) -> None:
         """Measure the candidates not measured yet in one oracle call, within the budget unless `force`."""
-        new = [c for c in labelled if c not in self.records]
-        if not force:
-            new = new[: self.left]
+        new = [c for c in labelled if c not in self.records][: None if force else self.left]
         if not new:
             return
         results = self.oracle(new)
         self.asked += len(new)
-        for c in new:
-            self.records[c] = Evaluated(c, labelled[c], self.latency.predict(c), results[c])
+        self.records.update({c: Evaluated(c, labelled[c], self.latency.predict(c), results[c]) for c in new})
 
     def run(self) -> FrontierResult:
-        """The whole search (see the module docstring)."""
+        """Search within the budget and return every schedule evaluated, with the frontier."""
         s, lat = self.settings, self.latency
         self.measure({NONE: "unpruned"}, force=True)
         families = uniform_families(lat.num_tokens, lat.prefix_tokens, lat.depth, s.steps, s.family_points)
@@ -128,9 +116,7 @@ class FrontierSearch:
         if self.asked > s.max_evals:
             self.notes.append(f"the uniform families alone took {self.asked} evaluations (max_evals "
                               f"{s.max_evals}): no per-block search")
-        plans = {}
-        for i, method in enumerate(s.reducers):
-            plans[method] = self.plan_reducer(method, self.left // (len(s.reducers) - i))
+        plans = {m: self.plan_reducer(m, self.left // (len(s.reducers) - i)) for i, m in enumerate(s.reducers)}
         shares = self.bisection_shares({m: p for m, p in plans.items() if p is not None})
         spare = 0
         for method, share in shares.items():
@@ -144,8 +130,7 @@ class FrontierSearch:
                               tuple(self.notes))
 
     def plan_reducer(self, method: str, budget: int) -> ReducerPlan | None:
-        """Probes within half of `budget`, the stand-in they fit and the programme's proposals for one reducer
-        (None where the budget cannot pay for probes at two blocks)."""
+        """Probes within half of `budget`, their stand-in and proposals (None: too few for probes at two blocks)."""
         s, lat = self.settings, self.latency
         shares = s.probe_shares
         blocks = min(s.probe_blocks, (budget // 2) // max(1, len(shares)))
@@ -161,8 +146,8 @@ class FrontierSearch:
         return ReducerPlan(proposals, min((lat.predict(c) for c in within), default=lat.baseline), surrogate)
 
     def propose(self, method: str, surrogate: DropSurrogate) -> tuple[list[Candidate], list[Candidate]]:
-        """The programme's proposals for a stand-in, slowest first: the fastest schedule for each stand-in drop
-        up to `drop_span` times the goal and the fastest of all; and those within the goal by the stand-in."""
+        """The programme's proposals, slowest first (the fastest for each stand-in drop up to `drop_span` times
+        the goal, and the fastest of all), and those within the goal by the stand-in."""
         s, lat = self.settings, self.latency
         programme = BlockProgramme(lat, method, surrogate,
                                    landing_counts(lat.num_tokens, lat.prefix_tokens, s.steps, s.grid), s.max_share)
@@ -173,10 +158,8 @@ class FrontierSearch:
         return proposals, within
 
     def measure_probes(self, method: str, probes: Mapping[Candidate, tuple[int, float]]) -> None:
-        """The probes in waves by share, smallest first: a block's next share only where its last one's drop,
-        as the goal judges it, stayed within what the programme searches closely (`drop_span` times the
-        goal). A larger cut at that block would fail further still (the stand-in holds a block's drop past its
-        largest probed share, rising along its last slope), and the budget is better spent on bisection."""
+        """The probes in waves by share, smallest first: a block's next share only where its last one's judged drop
+        stayed within `closely_searched` (a larger cut would fail further still)."""
         s = self.settings
         limit, baseline = s.closely_searched, self.records[NONE].search
         by_block: dict[int, list[Candidate]] = {}
@@ -193,21 +176,16 @@ class FrontierSearch:
             self.measure(dict.fromkeys(wave, f"probe-{method}"))
 
     def bisection_shares(self, plans: Mapping[str, ReducerPlan]) -> dict[str, int]:
-        """What is left of the budget, split between the reducers by what their programme promises: each at
-        least MIN_BISECTION (as far as it goes), the rest in proportion to how much faster than the fastest
-        schedule measured within the goal so far (the uniform families', the probes') the programme's fastest
-        proposal within the goal by the stand-in is predicted to run; equally where none promises more.
-        What a reducer leaves unspent (fewer proposals) goes to those after it. Most promising first."""
-        s = self.settings
-        incumbent = self.fastest_within_goal_ms()
+        """The budget left, split between reducers, most promising first: each at least MIN_BISECTION, the rest by
+        how much faster than the fastest measured within the goal their `promised_ms` is; unspent goes on."""
+        s, incumbent = self.settings, self.fastest_within_goal_ms()
         gains = {m: max(0.0, incumbent / p.promised_ms - 1) for m, p in plans.items()}
         order = sorted(plans, key=lambda m: (-gains[m], s.reducers.index(m)))
         left = self.left
         floors: dict[str, int] = {}
         for m in order:  # as far as the budget goes, the most promising first
             floors[m] = min(MIN_BISECTION, len(plans[m].proposals), left - sum(floors.values()))
-        spare = left - sum(floors.values())
-        total = sum(gains.values())
+        spare, total = left - sum(floors.values()), sum(gains.values())
         extra = {m: (spare * gains[m] / total if total > 0 else spare / max(1, len(order))) for m in order}
         shares, carried = {}, 0.0
         for m in order:
@@ -215,26 +193,21 @@ class FrontierSearch:
             shares[m] = min(len(plans[m].proposals), int(want))
             carried = want - shares[m]
         for m in order:  # what rounding left, to the most promising that can use it
-            more = min(len(plans[m].proposals) - shares[m], left - sum(shares.values()))
-            shares[m] += max(0, more)
+            shares[m] += max(0, min(len(plans[m].proposals) - shares[m], left - sum(shares.values())))
         if total > 0:
             self.notes.append("bisection budget by predicted gain over the best measured within the goal: "
                               + ", ".join(f"{m} {shares[m]} ({100 * gains[m]:+.1f}%)" for m in order))
         return shares
 
     def fastest_within_goal_ms(self) -> float:
-        """The predicted latency of the fastest schedule measured within the drop so far (the unpruned
-        model's where none)."""
+        """The predicted latency of the fastest schedule measured within the drop so far (unpruned where none)."""
         s, baseline = self.settings, self.records[NONE].accuracy
         return min((e.predicted_ms for e in self.records.values()
                     if drop_within(e, baseline, s.max_accuracy_drop, s.confidence)), default=self.latency.baseline)
 
     def refine(self, method: str, plan: ReducerPlan, budget: int) -> int:
-        """Up to `budget` measurements, each chosen on the stand-in refitted to every schedule of `method`
-        measured so far (`fit_to_schedules`); what it leaves unspent is returned. Judged drops
-        beyond what the programme searches closely (`drop_span` times the goal) are fitted as that much: how
-        much worse a failed schedule is does not matter, and it would pull the fit away from the schedules near
-        the goal. What is measured next: `refit_pick`; where it picks nothing, the refit stops."""
+        """Up to `budget` measurements, each picked (`refit_pick`) on the stand-in refitted to every schedule of
+        `method` measured so far, judged drops capped at `closely_searched`; returns what it left unspent."""
         s, lat = self.settings, self.latency
         baseline, cap = self.records[NONE].search, s.closely_searched
         near = NEAR_MISS * s.max_accuracy_drop / 100
@@ -253,7 +226,7 @@ class FrontierSearch:
         return max(0, stop - self.asked)
 
     def bisect(self, proposals: list[Candidate], family: str, budget: int) -> None:
-        """Measure proposals (slowest first) to find the fastest within the accuracy drop; see the module doc."""
+        """Measure proposals (slowest first) to find the fastest within the accuracy drop."""
         s = self.settings
         stop = self.asked + budget
         baseline = self.records[NONE].accuracy
@@ -276,9 +249,8 @@ class FrontierSearch:
                 break
             within = drop_within(point, baseline, s.max_accuracy_drop, s.confidence)
             low, high = (middle, high) if within else (low, middle)
-        # what is left: first the proposals faster than the fastest one known to pass, nearest first (accuracy
-        # is not monotone along the order: a small early cut beside a large late one changes many images),
-        # then the slower ones, nearest first, which can fill in the frontier but not beat the answer
+        # what is left: the proposals faster than the fastest known to pass (accuracy is not monotone along the
+        # order), then the slower ones, which can fill in the frontier; nearest first
         faster, slower = range(low + 1, len(proposals)), range(low, -1, -1)
         for i in [*faster, *slower]:
             if self.asked >= stop:
@@ -289,10 +261,8 @@ class FrontierSearch:
 def refit_pick(proposals: Sequence[Candidate], within: Sequence[Candidate], measured: Container[Candidate],
                predict: Callable[[Candidate], float], best_ms: float,
                near_miss: Callable[[Candidate], bool]) -> Candidate | None:
-    """The next schedule a refit measures: the fastest unmeasured one within the goal by the refit (`within`)
-    predicted faster than `best_ms`; else the nearest such proposal that is a `near_miss` (within NEAR_MISS
-    times the goal by the refit: near enough to be worth a measurement, not so far that it is spent on
-    schedules that lose many points); else None."""
+    """The next schedule a refit measures: the fastest unmeasured one of `within` predicted faster than `best_ms`;
+    else the nearest such proposal that is a `near_miss`; else None."""
     fresh = [c for c in within if c not in measured and predict(c) < best_ms]
     if fresh:
         return min(fresh, key=lambda c: (predict(c), c))
@@ -302,16 +272,14 @@ def refit_pick(proposals: Sequence[Candidate], within: Sequence[Candidate], meas
 
 def search_frontier(latency: LatencyModel, oracle: Oracle,
                     settings: FrontierSettings = FrontierSettings()) -> FrontierResult:
-    """Run a `FrontierSearch`."""
+    """The frontier of schedules `latency` prices and `oracle` measures the accuracy of (`FrontierSearch`)."""
     return FrontierSearch(latency, oracle, settings).run()
 
 
 def with_held_out(result: FrontierResult, oracle: Oracle,
                   candidates: Sequence[Candidate] | None = None) -> FrontierResult:
-    """The result with held-out accuracies for `candidates` (default: the frontier and the unpruned model),
-    measured by `oracle` (the held-out split's); not counted against `max_evals`."""
-    wanted = list(dict.fromkeys([NONE, *(e.candidate for e in result.frontier)] if candidates is None
-                                else candidates))
+    """The result with held-out accuracies for `candidates` (default: the frontier and unpruned), not budgeted."""
+    wanted = list(dict.fromkeys([NONE, *(e.candidate for e in result.frontier)] if candidates is None else candidates))
     held = oracle(wanted)
 
     def update(e: Evaluated) -> Evaluated:

@@ -1,13 +1,10 @@
 """The search's stand-in for a schedule's accuracy drop, and the dynamic programme that proposes the fastest
 schedules within a stand-in drop (pure maths).
 
-Stand-in: additive over blocks, drop(schedule) = sum_b d(b, s_b), s_b the share of the patch tokens entering
-block b that it removes; d is each probe's drop as the goal judges it (`judged_drop`, at the stand-in's
-confidence), interpolated in the share (extended past the largest along its last slope) and between blocks,
-and refitted by least squares to every schedule measured (`fit_to_schedules`). It only has to order proposals:
-the search measures them. Programme: backward induction over (block, landing count, drop allowance), with the
-count changes and whether the block before cut in the state where the latency model charges them, so it is
-exact for `LatencyModel.predict` to one bucket of drop.
+Stand-in: drop(schedule) = sum_b d(b, s_b), s_b the share of the patch tokens entering block b that it removes, d
+interpolated between the probes' `judged_drop` and refitted to every schedule measured; it only orders proposals.
+Programme: backward induction over (block, landing count, drop allowance): exact for `LatencyModel.predict` to one
+bucket of drop.
 """
 
 from __future__ import annotations
@@ -26,16 +23,14 @@ from pomt.stats import CONFIDENCE, Proportion
 
 
 def last_cut_block(depth: int) -> int:
-    """The last block whose cut a search considers, D - 2: tokens removed after the last block leave nothing to
-    run faster (the head reads the class token), so a probe there would read free at any share."""
+    """The last block whose cut a search considers, D - 2: a cut at the last block leaves nothing to run faster."""
     return max(0, depth - 2)
 
 
 def probe_candidates(method: str, num_tokens: int, prefix_tokens: int, depth: int, blocks: int = 4,
                      shares: tuple[float, ...] = (0.25, 0.5)) -> dict[Candidate, tuple[int, float]]:
-    """{single-block candidate: (block, share removed)} at `blocks` evenly spaced blocks from the first to the
-    last whose cut changes what runs after it (`last_cut_block`), and each share of the N - P patch tokens
-    (ToMe at most half)."""
+    """{single-block candidate: (block, share removed)} at `blocks` evenly spaced blocks up to `last_cut_block`,
+    at each share of the N - P patch tokens (ToMe at most half)."""
     patches = num_tokens - prefix_tokens
     most = patches // 2 if method == "tome" else patches - 1
     last = last_cut_block(depth)
@@ -77,8 +72,7 @@ class DropSurrogate:
 
 
 def judged_drop(measured: Proportion, baseline: Proportion, confidence: float = CONFIDENCE) -> float:
-    """A probe's drop as the goal judges it, less what a schedule that changed nothing would be judged (a
-    fraction, >= 0; the module docstring); the measured drop where the probe was not measured paired."""
+    """A probe's drop bound at `confidence` less an unchanged schedule's (>= 0); unpaired: the measured drop."""
     bound = measured.drop_bound(confidence)
     if bound is None:
         return max(0.0, baseline.value - measured.value)
@@ -88,9 +82,7 @@ def judged_drop(measured: Proportion, baseline: Proportion, confidence: float = 
 
 def fit_surrogate(probes: Mapping[tuple[int, float], Proportion], baseline: Proportion,
                   confidence: float = CONFIDENCE) -> DropSurrogate:
-    """The surrogate from probe accuracies {(block, share): measured} and the unpruned model's, each probe's
-    drop judged at `confidence` (`judged_drop`); shares probed at one block but not another are filled by
-    interpolation along the share at that block."""
+    """The surrogate from probe accuracies {(block, share): measured}; shares missing at a block interpolated."""
     blocks = tuple(sorted({b for b, _ in probes}))
     shares = tuple(sorted({s for _, s in probes}))
     rows = []
@@ -102,17 +94,14 @@ def fit_surrogate(probes: Mapping[tuple[int, float], Proportion], baseline: Prop
 
 
 def refit_shares(shares: Sequence[float]) -> tuple[float, ...]:
-    """The shares a refitted stand-in is fitted on: the probed ones and half the smallest, where the drop of
-    small cuts spread over many blocks is learnt from the schedules that make them."""
+    """The shares a refitted stand-in is fitted on: the probed ones and half the smallest."""
     return tuple(sorted({min(shares) / 2, *shares}))
 
 
 def fit_to_schedules(blocks: Sequence[int], shares: Sequence[float],
                      observed: Sequence[tuple[Candidate, Sequence[int], float]], prefix_tokens: int) -> DropSurrogate:
-    """The stand-in on `blocks` x `shares` whose summed drops best fit `observed` (candidate, the counts
-    entering its blocks, its drop as a fraction), least squares with every cell >= 0 and non-decreasing in
-    the share: `scipy.optimize.nnls` on each row's increments. The stand-in is linear in its cells, so the
-    design matrix is read off one unit cell at a time."""
+    """The stand-in on `blocks` x `shares` whose summed drops best fit `observed` (candidate, counts entering its
+    blocks, drop as a fraction), cells >= 0 and non-decreasing in the share (`nnls` on each row's increments)."""
     blocks, shares = tuple(blocks), tuple(shares)
     cells = len(blocks) * len(shares)
     design = np.zeros((len(observed), cells))
@@ -134,10 +123,8 @@ def landing_counts(num_tokens: int, prefix_tokens: int, steps: Sequence[int] = (
 
 
 class BlockProgramme:
-    """The per-block moves of one reducer between landing counts (`landing_counts`), priced once by
-    `LatencyModel.step_ms` and the stand-in; `schedules` runs the backward induction. Where mixed counts are
-    charged (kappa sqrt(C) of the blocks' sum) the state holds the total changes C and those still to make;
-    where ToMe's `later` is charged, whether the block before cut."""
+    """One reducer's per-block moves between landing counts, priced once; `schedules` runs the backward induction,
+    its state holding count changes (total, to make) and a cut before where the latency model charges them."""
 
     def __init__(self, latency: LatencyModel, method: str, surrogate: DropSurrogate, counts: Sequence[int],
                  max_share: float = 0.75) -> None:
@@ -167,8 +154,7 @@ class BlockProgramme:
         return remove <= patches - 1 and remove / patches <= max_share
 
     def schedules(self, step: float, buckets: int) -> list[Candidate]:
-        """For each allowance k x step (k = 0..buckets), the fastest schedule within it; distinct, slowest
-        (least stand-in drop) first. `step` = inf gives the fastest schedule whatever its drop."""
+        """For each allowance k x step (k = 0..buckets; step inf: any drop) the fastest schedule, slowest first."""
         size, last = buckets + 1, last_cut_block(self.depth)
         changes = last + 2 if self.tracks_changes else 1  # one change at each cut, cuts at blocks 0..last
         charge = self.latency.kappa * np.sqrt(np.arange(changes))  # the mixed counts' share, by total changes
@@ -204,7 +190,7 @@ class BlockProgramme:
         return sorted(found, key=lambda c: (-self.latency.predict(c), c))
 
     def _state(self, n: int, m: int) -> tuple[int, bool]:
-        """The state after a block that moves from n to m tokens: m, and whether it cut (where that is priced)."""
+        """The state after a block moving from n to m tokens: m, and whether it cut (where priced)."""
         return m, self.tracks_cuts and m < n
 
     def _follow(self, choices: list[dict[tuple[int, bool], np.ndarray]], step: float, planned: int,

@@ -1,11 +1,9 @@
 """Candidate steps and the paired verdict on each: is the change between two counts real?
 
-Candidates come from the pooled curve (`detected`), ranked in the order a search examines them, each with what it
-needs measured before its verdict. The verdict measures the two counts alternately (A B, B A, ...) and tests their
-drift-corrected paired log-ratios, less what the smooth trend predicts across them, at up to three looks that share
-alpha (`confirmation_looks`). A step is confirmed on at least MIN_ROUNDS rounds, when its estimate clears the
-minimum step by MIN_STEP_SE standard errors (the device's own small steps must not pass as the minimum step), and,
-while the rounds are few, when no single round carries it.
+Candidates come from the pooled curve (`detected`), ranked in the order a search examines them. The verdict
+measures the two counts alternately (A B, B A, ...) and tests their drift-corrected paired log-ratios, less the
+trend's, at up to three looks that share alpha. A step is confirmed on at least MIN_ROUNDS rounds, when its estimate
+clears the minimum step by MIN_STEP_SE standard errors and, while the rounds are few, no single round carries it.
 """
 
 from __future__ import annotations
@@ -20,13 +18,7 @@ from pomt.formats.curve import CurvePoint
 from pomt.formats.trace import Visit
 from pomt.measurement.design import Measurer, design_rounds
 from pomt.measurement.drift import drift_profile
-from pomt.measurement.robust import (
-    SCREEN_MIN_PAIRS,
-    PairedEffect,
-    paired_effect,
-    pooled_pair_noise,
-    trend,
-)
+from pomt.measurement.robust import SCREEN_MIN_PAIRS, PairedEffect, paired_effect, pooled_pair_noise, trend
 from pomt.measurement.steps import Step, detect_steps, paired_step
 
 LOOK_ALPHAS = (0.5, 0.4, 0.1)  # shares of alpha at a confirmation's looks (half, all, twice its rounds)
@@ -57,12 +49,10 @@ class Confirmation:
         return None if self.effect is None else self.effect.saving_pct[0]
 
     def to_dict(self) -> dict:
-        return {
-            "low": self.low, "high": self.high, "accepted": self.accepted, "kind": self.kind,
-            "reason": self.reason, "candidate_z": round(self.candidate_z, 2), "screened": self.screened,
-            "paired_pct": None if self.paired_pct is None else round(self.paired_pct, 3),
-            "paired": None if self.effect is None else self.effect.to_dict(),
-        }
+        return {"low": self.low, "high": self.high, "accepted": self.accepted, "kind": self.kind,
+                "reason": self.reason, "candidate_z": round(self.candidate_z, 2), "screened": self.screened,
+                "paired_pct": None if self.paired_pct is None else round(self.paired_pct, 3),
+                "paired": None if self.effect is None else self.effect.to_dict()}
 
 
 def accepted(low: int, high: int, effect: PairedEffect, rounds: int, z: float) -> Confirmation:
@@ -78,9 +68,8 @@ def rejected(low: int, high: int, reason: str, z: float, effect: PairedEffect | 
 
 
 def confirmation_looks(confirm_rounds: int) -> list[tuple[int, float]]:
-    """(rounds, share of alpha) of each look of a confirmation: half the rounds (at least three), all of
-    them, and twice as many for a candidate still promising (LOOK_ALPHAS; the first two merge, shares
-    added, when they coincide). The shares sum to 1: a Bonferroni split over the looks."""
+    """(rounds, share of alpha) of each look of a confirmation: half the rounds (at least three), all, and twice as
+    many (LOOK_ALPHAS; coinciding looks merge). The shares sum to 1: a Bonferroni split over the looks."""
     looks: dict[int, float] = {}
     for rounds, share in zip((max(3, confirm_rounds // 2), confirm_rounds, 2 * confirm_rounds), LOOK_ALPHAS,
                              strict=True):
@@ -89,9 +78,8 @@ def confirmation_looks(confirm_rounds: int) -> list[tuple[int, float]]:
 
 
 def one_round_carries(log_ratios: np.ndarray, effect: PairedEffect, min_step: float) -> bool:
-    """Fewer rounds than interference screening needs to judge a round by their own spread, and without
-    one of them the rest fall short of `min_step` or change direction: a round whose two visits met
-    different states of the machine must not carry a step alone."""
+    """Fewer rounds than interference screening needs, and without one of them the rest fall short of `min_step` or
+    change direction: a round whose visits met different machine states must not carry a step alone."""
     if log_ratios.size >= SCREEN_MIN_PAIRS or log_ratios.size < 2:
         return False
     d = log_ratios - effect.offset
@@ -103,11 +91,8 @@ def one_round_carries(log_ratios: np.ndarray, effect: PairedEffect, min_step: fl
 def confirmed_steps(points: list[CurvePoint], confirmations: list[Confirmation]) -> list[Step]:
     """A `Step` for every accepted confirmation, its levels from the pooled curve."""
     level = {p.tokens: p.latency_ms for p in points}
-    return sorted(
-        (paired_step(c.low, c.high, level[c.high], level[c.low], c.effect, c.candidate_z)
-         for c in confirmations if c.accepted and c.effect is not None),
-        key=lambda step: step.tokens,
-    )
+    return sorted((paired_step(c.low, c.high, level[c.high], level[c.low], c.effect, c.candidate_z)
+                   for c in confirmations if c.accepted and c.effect is not None), key=lambda step: step.tokens)
 
 
 @dataclass(frozen=True)
@@ -132,8 +117,8 @@ def expected_levels(points: list[CurvePoint]) -> dict[int, float]:
 
 def level_change(points: list[CurvePoint], low: int, high: int,
                  expected: dict[int, float] | None = None) -> tuple[float, float]:
-    """The curve's level change from `high` to `low` tokens over the trend's (a fraction, negative for
-    a drop) and its standard error; `expected`: the curve's `expected_levels`, when already known."""
+    """The curve's level change from `high` to `low` tokens over the trend's (a fraction, negative for a drop) and
+    its standard error; `expected`: the curve's `expected_levels`, when already known."""
     level = {p.tokens: p for p in points}
     expected = expected if expected is not None else expected_levels(points)
     change = (level[low].latency_ms / expected[low]) / (level[high].latency_ms / expected[high]) - 1.0
@@ -142,9 +127,8 @@ def level_change(points: list[CurvePoint], low: int, high: int,
 
 
 def detected(points: list[CurvePoint], k: float, steps: list[Confirmation]) -> list[Candidate]:
-    """Every candidate the detector sees at `k` on the pooled, drift-corrected curve (each point with its own
-    standard error) with the confirmed `steps` taken out: a spike gives one candidate on each side; a
-    candidate that ends at a confirmed step is trimmed to its other side."""
+    """Every candidate the detector sees at `k` on the pooled curve with the confirmed `steps` taken out: a spike
+    gives one candidate on each side; one that ends at a confirmed step is trimmed to its other side."""
     if len(points) < 4:
         return []
     tokens = [p.tokens for p in points]
@@ -160,8 +144,7 @@ def detected(points: list[CurvePoint], k: float, steps: list[Confirmation]) -> l
 
 
 def confirmed_factor(tokens: list[int], steps: list[Confirmation]) -> list[float]:
-    """Per count, what takes the confirmed steps below it out of its level: the product of their paired
-    excess ratios (a step's high side then continues its low side's trend)."""
+    """Per count, the product of the paired excess ratios of the confirmed steps below it."""
     return [math.prod(c.effect.excess for c in steps if c.high <= n) for n in tokens]
 
 
@@ -180,21 +163,16 @@ def outside_confirmed(low: int, high: int, steps: list[Confirmation]) -> tuple[i
 
 
 def ranked(candidates: Iterable[Candidate], open_edges: Iterable[tuple[int, int]], reach: int) -> list[Candidate]:
-    """The most significant candidate of each span, in the order a search examines them: those that may hold
-    a step within reach of the caller's policy (high side above `reach`) first, then the rest; within each,
-    the open aligned edges first (their counts are settled and half their rounds taken, so a verdict costs a
-    few visits where a detector candidate still needs bisection and all its rounds), then the most
-    significant."""
+    """The most significant candidate of each span, in the order a search examines them: those within reach (high
+    side above `reach`) first; within each, the open aligned edges first (their verdict is cheap), then by z."""
     edges = set(open_edges)
     unique = {c.span: c for c in sorted(candidates, key=lambda c: c.z)}
     return sorted(unique.values(), key=lambda c: (c.high <= reach, c.span not in edges, -c.z, c.low))
 
 
 def sharpest(points: list[CurvePoint], low: int, high: int, min_step: float) -> tuple[int, int]:
-    """The adjacent measured counts inside a candidate with the largest change over the trend, when that
-    change alone reaches `min_step`; else the candidate itself (a ramp of small changes is judged whole).
-    Once the sharpest part is judged, the detector re-runs: the rest of the span is flagged again only if
-    it holds more."""
+    """The adjacent measured counts inside a candidate with the largest change over the trend, when that change
+    alone reaches `min_step`; else the candidate itself (a ramp of small changes is judged whole)."""
     inside = [p.tokens for p in points if low <= p.tokens <= high]
     if len(inside) <= 2:
         return low, high
@@ -211,9 +189,8 @@ def unmeasured_inside(grid: list[int], visits: Sequence[Visit], low: int, high: 
 
 
 def unsettled(visits: Sequence[Visit], low: int, high: int) -> list[int]:
-    """Counts to measure again before a candidate is judged: its two counts until they have three visits (a
-    median that one disturbed visit cannot move), its measured neighbours outside it until they have two.
-    A bisection places candidates from single visits, which misplaces some."""
+    """Counts to measure again before a candidate is judged: its two counts until they have three visits, its
+    measured neighbours outside it until they have two."""
     counts: dict[int, int] = {}
     for visit in visits:
         counts[visit.tokens] = counts.get(visit.tokens, 0) + 1
@@ -225,8 +202,8 @@ def unsettled(visits: Sequence[Visit], low: int, high: int) -> list[int]:
 
 
 def next_counts(grid: list[int], visits: Sequence[Visit], low: int, high: int) -> list[int]:
-    """What a candidate needs measured next: the middle unmeasured grid count inside it, or, once there is
-    none, the counts that are not yet settled (none: it is ready for its verdict)."""
+    """What a candidate needs measured next: the middle unmeasured grid count inside it, else the unsettled counts
+    (none: it is ready for its verdict)."""
     inside = unmeasured_inside(grid, visits, low, high)
     return [inside[len(inside) // 2]] if inside else unsettled(visits, low, high)
 
@@ -242,15 +219,9 @@ class Judge:
         self._drift: tuple[int, dict[int, float]] | None = None
 
     def confirm(self, low: int, high: int, z: float, offset: float) -> Confirmation:
-        """Measure `low` and `high` alternately and judge the step between them, beyond the trend's `offset`
-        (log of the trend at low over high); rounds the design already holds count.
-
-        Up to three looks (`confirmation_looks`): after half the rounds, after all of them, and - only for
-        a candidate still promising then (at least `min_step`, p below PROMISING) and while the budget
-        allows - after twice as many; each look tests at its share of alpha, so together they keep the
-        false-step rate at alpha. A clear step stops at the first look; a real step that its rounds leave
-        just short of significance gets more rounds instead of a verdict that the next run may reverse.
-        """
+        """Measure `low` and `high` alternately and judge the step between them, beyond the trend's `offset` (log of
+        the trend at low over high), at up to three looks (`confirmation_looks`; the last only for a candidate still
+        promising and while the budget allows); rounds the design already holds count."""
         rounds = design_rounds(self.measurer.design, low, high)
         effect, alpha = None, self.alpha
         looks = confirmation_looks(self.confirm_rounds)
@@ -280,11 +251,9 @@ class Judge:
         return rejected(low, high, reason, z, effect)
 
     def screen(self, low: int, high: int, offset: float, candidate_k: float) -> float | None:
-        """Judge a pair on the rounds it holds, at confirmation's first look: a step significant at that
-        look's share of alpha (LOOK_ALPHAS) and at least `min_step` is confirmed; one whose estimate lies
-        clearly below `min_step` (by 2 standard errors), or less than `candidate_k` standard errors from the
-        trend (the detector's bar for a candidate), is rejected as screened; the rest stay candidates: None
-        once judged, else that ratio as the candidate's significance."""
+        """Judge a pair on the rounds it holds, at confirmation's first look: confirmed, or screened out when clearly
+        below `min_step` or under `candidate_k` standard errors from the trend (None once judged), else the
+        candidate's significance."""
         rounds = self.rounds[(low, high)]
         effect = self.effect(rounds, offset)
         change, se = effect.excess - 1.0, effect.standard_error
@@ -303,29 +272,23 @@ class Judge:
         return None
 
     def _earns_extra_look(self, effect: PairedEffect, cost: int) -> bool:
-        """Still promising after the regular looks (at least `min_step`, p below PROMISING), and the budget
-        can pay the `cost` visits of the extra rounds."""
-        return (effect.p_value < PROMISING and abs(effect.excess - 1.0) >= self.min_step
-                and self.measurer.left() >= cost)
+        """Still promising after the regular looks, and the budget can pay the `cost` visits of the extra rounds."""
+        return effect.p_value < PROMISING and abs(effect.excess - 1.0) >= self.min_step and self.measurer.left() >= cost
 
     def clears_min_step(self, effect: PairedEffect) -> bool:
         """The estimate less MIN_STEP_SE standard errors is at least `min_step` (module docstring)."""
         return abs(effect.excess - 1.0) - MIN_STEP_SE * effect.standard_error >= self.min_step
 
     def convincing(self, effect: PairedEffect, alpha: float, rounds: list[Round]) -> bool:
-        """Significant at `alpha`, clear of `min_step` (`clears_min_step`), carried by at least MIN_ROUNDS rounds that
-        interference screening kept (SCREEN_MIN_PAIRS when the pair is tested on its own spread, borrowing
-        no noise: three rounds' spread is a guess), and by no single round (`one_round_carries`)."""
+        """Significant at `alpha`, clear of `min_step`, carried by at least MIN_ROUNDS kept rounds (SCREEN_MIN_PAIRS
+        when the pair is tested on its own spread), and by no single round (`one_round_carries`)."""
         least = MIN_ROUNDS if self.steady(rounds) else SCREEN_MIN_PAIRS
-        return (effect.p_value < alpha and self.clears_min_step(effect)
-                and effect.pairs >= least
+        return (effect.p_value < alpha and self.clears_min_step(effect) and effect.pairs >= least
                 and not one_round_carries(self.log_ratios(rounds), effect, self.min_step))
 
     def effect(self, rounds: list[Round], offset: float) -> PairedEffect:
-        """The paired effect of high over low tokens, each visit corrected for the drift at its time, its
-        t-test moderated by the noise of every other pair measured so far (`pomt.measurement.robust`).
-        Borrowing that noise assumes every round's two visits were taken in one state of the machine
-        (`steady`); pairs whose rounds were not are tested on their own, and lend nothing."""
+        """The drift-corrected paired effect of high over low tokens, its t-test moderated by the noise of every
+        other `steady` pair; pairs not `steady` are tested on their own, and lend nothing."""
         own = {(a.tokens, b.tokens) for a, b in rounds}
         d = self.log_ratios(rounds)
         if not self.steady(rounds):
@@ -334,17 +297,14 @@ class Judge:
         return paired_effect(np.ones(d.size), np.exp(d), offset=offset, prior=pooled_pair_noise(others))
 
     def steady(self, rounds: list[Round]) -> bool:
-        """Every round's two visits were taken in one state of the machine: the run's drift profile moved
-        by less than STEADY_ROUND between them (live, visits back to back; a replay whose recording had
-        them apart while the machine drifted fast fails)."""
+        """Every round's two visits were taken in one state of the machine: the drift profile moved by less than
+        STEADY_ROUND between them."""
         g = self._drift_log()
         return all(abs(g[id(a)] - g[id(b)]) < STEADY_ROUND for a, b in rounds)
 
     def log_ratios(self, rounds: list[Round]) -> np.ndarray:
-        """log(low / high) of each round, each visit with the drift at its time divided out (the profile of
-        every visit so far): live, a round's two visits are adjacent and the correction barely moves their
-        ratio; in a replay, where they may come from different moments of the recording, it restores the
-        pairing."""
+        """log(low / high) of each round, each visit with the drift at its time divided out (in a replay it restores
+        the pairing of visits taken at different moments)."""
         g = self._drift_log()
         return np.array([math.log(a.median_ms / b.median_ms) - g[id(a)] + g[id(b)] for a, b in rounds])
 
@@ -355,7 +315,6 @@ class Judge:
             _, drift_log = drift_profile(everything)
             self._drift = (len(everything), {id(v): g for v, g in zip(everything, drift_log, strict=True)})
         return self._drift[1]
-
 
 
 __all__ = ["LOOK_ALPHAS", "MIN_ROUNDS", "MIN_STEP_SE", "Candidate", "Confirmation", "Judge", "accepted",

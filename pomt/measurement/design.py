@@ -24,18 +24,14 @@ Unit = tuple[int, ...]  # counts visited back to back in one pass
 
 
 def token_grid(start: int, stop: int, stride: int, *, min_tokens: int, max_tokens: int) -> list[int]:
-    """Counts from `start` towards `stop` every `stride` (both ends included), ascending.
-
-    `min_tokens` is P + 1 (one patch token kept), `max_tokens` is N.
-    """
+    """Counts from `start` towards `stop` every `stride` (both ends included), ascending; `min_tokens` is P + 1,
+    `max_tokens` is N."""
     lo, hi = min(start, stop), max(start, stop)
     if stride < 1:
         raise GridError(f"token grid stride must be at least 1, got {stride}")
     if lo < min_tokens or hi > max_tokens:
-        raise GridError(
-            f"token grid {lo}..{hi} lies outside the allowed range [{min_tokens}, {max_tokens}] "
-            "(at least one patch token kept, at most all N tokens)"
-        )
+        raise GridError(f"token grid {lo}..{hi} lies outside the allowed range [{min_tokens}, {max_tokens}] "
+                        "(at least one patch token kept, at most all N tokens)")
     direction = 1 if stop >= start else -1
     counts = set(range(start, stop + direction, direction * stride))
     counts.add(stop)
@@ -62,10 +58,8 @@ def anchor_pairs(grid: list[int], reference: int, align: int) -> list[tuple[int,
 
 def coarse_units(grid: list[int], anchors: list[tuple[int, int]], stride: int | None, *,
                  sparse_below: bool) -> list[Unit]:
-    """What an adaptive search's coarse passes visit: the anchor pairs where the grid has them (each pair's
-    counts back to back) and, with `sparse_below` (the caller's reach left anchors out), every `stride`-th
-    count below the first one kept; else every `stride`-th count; the grid's ends always. `stride`
-    defaults to the square root of the grid's size."""
+    """What an adaptive search's coarse passes visit: the anchor pairs and, with `sparse_below`, every `stride`-th
+    count below the first one; else every `stride`-th count (default: sqrt of the grid's size); the ends always."""
     stride = stride or max(2, round(math.sqrt(len(grid))))
     ends = {grid[0], grid[-1]}
     if not anchors:
@@ -83,10 +77,8 @@ def aligned_units(grid: list[int], reference: int, align: int) -> list[Unit]:
 
 
 def chained_units(grid: list[int], number: int) -> list[Unit]:
-    """The units of pass `number` (from 0) of a chained recording: the grid's counts as neighbouring pairs,
-    from its first count in even passes and from its second in odd ones, so that every two neighbours are
-    back to back in half the passes and a replay serves any adjacent pair as a search measures it live;
-    ascending in passes 0, 1, 4, 5, ..., descending in 2, 3, 6, 7, ..., so each pair comes in both orders."""
+    """The units of pass `number` (from 0) of a chained recording: neighbouring pairs from the grid's first count in
+    even passes, its second in odd ones, reversed in passes 2, 3, 6, 7, ..., so each pair comes in both orders."""
     start = number % 2
     pairs = [(grid[i], grid[i + 1]) for i in range(start, len(grid) - 1, 2)]
     if (number // 2) % 2:
@@ -96,8 +88,7 @@ def chained_units(grid: list[int], number: int) -> list[Unit]:
 
 
 def design_rounds(design: Sequence[Visit], low: int, high: int) -> list[tuple[Visit, Visit]]:
-    """(low, high) visit pairs a design holds: the two counts visited back to back in one pass (an anchor
-    pair in every coarse pass; other counts by chance of the shuffle)."""
+    """(low, high) visit pairs a design holds: the two counts visited back to back in one pass."""
     rounds = []
     for first, second in zip(design, design[1:], strict=False):
         if first.pass_index == second.pass_index and {first.tokens, second.tokens} == {low, high}:
@@ -143,8 +134,7 @@ class Measurer:
         return self._pass
 
     def calibrate(self, reps: int | None, visit_s: float) -> None:
-        """Timed forwards per visit: `reps`, a replayed trace's own, or from one visit of the reference
-        (pass 0) so that a visit lasts about `visit_s`."""
+        """Timed forwards per visit: `reps`, a replayed trace's own, or so that a visit lasts about `visit_s`."""
         preferred = getattr(self.measuring.source, "preferred_reps", None)
         if reps is not None or preferred is not None:
             self.reps = reps or preferred
@@ -157,11 +147,9 @@ class Measurer:
         self.measure_units([(n,) for n in counts], passes, reference_visits)
 
     def measure_units(self, units: list[Unit], passes: int, reference_visits: int = 1) -> None:
-        """`passes` passes over `units` plus the reference (`reference_visits` times in each): the units in
-        a shuffled order, each unit's counts back to back, reversed every other pass (A B, then B A), so a
-        unit of two counts is a paired round in every pass. A replay whose trace holds no more visits of a
-        count goes on without its unit (without the reference too: every visit is corrected by the drift
-        profile of all of them); `TraceExhausted` when it can serve none of `units`."""
+        """`passes` shuffled passes over `units` plus the reference (`reference_visits` times in each), each unit's
+        counts back to back, reversed every other pass; a replay goes on without the units it cannot serve
+        (`TraceExhausted` when none)."""
         asked = sorted(u for u in set(units) if u != (self.reference,))
         members = asked + [(self.reference,)] * reference_visits
         for p in range(passes):

@@ -1,12 +1,9 @@
 """Latency on a drifting machine: the drift over time, and each count's level with it divided out.
 
-- Drift is a smooth function of time shared by every count: log(visit) = level(count) + drift(time)
-  + noise. Because counts are visited in shuffled passes, the two separate (`drift_profile`); the
-  reference count, visited in every pass, anchors it.
-- A count's latency pools its visits corrected for that drift (`pool_visits`); where the correction
-  fails (the speed jumped between neighbouring visits) the count's standard error says so.
-- Noise is the spread between visits of the same count after the correction (`relative_noise`): the
-  one noise figure the search and the step detector use. Pure functions: no timing, no I/O.
+Drift is a smooth function of time shared by every count: log(visit) = level(count) + drift(time) + noise;
+shuffled passes separate the two (`drift_profile`). A count's latency pools its visits corrected for that drift
+(`pool_visits`); noise is the spread between visits of the same count after the correction (`relative_noise`).
+Pure functions: no timing, no I/O.
 """
 
 from __future__ import annotations
@@ -45,8 +42,8 @@ class Drift:
 
     @property
     def one_pass(self) -> tuple[float, str] | None:
-        """(max/min with one pass left out, "slowest" or "fastest": which) where that one pass makes most of a
-        drift of ONE_PASS_PCT or more, else None: one disturbed pass rather than a drifting machine."""
+        """(max/min with one pass left out, "slowest" or "fastest") where that pass makes most of a drift of
+        ONE_PASS_PCT or more, else None."""
         if len(self.reference_ms) < 3 or self.pct < ONE_PASS_PCT:
             return None
         ordered = sorted(self.reference_ms)
@@ -60,13 +57,9 @@ class Drift:
 
     def to_dict(self) -> dict:
         found = self.one_pass
-        return {
-            "reference_tokens": self.reference_tokens,
-            "max_over_min": round(self.max_over_min, 4),
-            "drift_pct": round(self.pct, 2),
-            "reference_ms": [round(v, 3) for v in self.reference_ms],
-            **({} if found is None else {"max_over_min_but_one": round(found[0], 4), "left_out": found[1]}),
-        }
+        return {"reference_tokens": self.reference_tokens, "max_over_min": round(self.max_over_min, 4),
+                "drift_pct": round(self.pct, 2), "reference_ms": [round(v, 3) for v in self.reference_ms],
+                **({} if found is None else {"max_over_min_but_one": round(found[0], 4), "left_out": found[1]})}
 
 
 def pass_references(visits: Iterable[Visit], reference: int) -> dict[int, float]:
@@ -93,14 +86,9 @@ def drift(visits: Sequence[Visit], reference: int) -> Drift | None:
 
 def drift_profile(visits: Sequence[Visit], window: int = DRIFT_WINDOW,
                   iterations: int = 8) -> tuple[dict[int, float], np.ndarray]:
-    """(log level per count, log drift per visit in the given order); see the module docstring.
-
-    The drift at a visit is the median, over up to `window` visits on each side in time (itself left
-    out), of what their counts' levels do not explain; only counts visited at least twice inform it, each
-    weighted by how steady its own visits are (`_steadiness`). Its median over the run is 0, so levels
-    are latencies at the run's typical speed. Valid for shuffled visit orders only: in one ascending
-    sweep, time and token count are the same axis.
-    """
+    """(log level per count, log drift per visit in the given order). The drift's median over the run is 0, so
+    levels are latencies at the run's typical speed. Valid for shuffled visit orders only: in one ascending sweep,
+    time and token count are the same axis."""
     fit = _fit_drift(visits, window, iterations)
     return fit.level, fit.drift_at
 
@@ -141,16 +129,9 @@ def _fit_drift(visits: Sequence[Visit], window: int, iterations: int = 8) -> _Dr
 
 
 def _drift_uncertainty(fit: _DriftFit, noise: float, window: int = DRIFT_WINDOW) -> np.ndarray:
-    """How far the drift estimate may be off at each visit (log SD, in the visits' given order), beyond
-    the per-visit noise `noise` (an unbiased SD of one visit).
-
-    Read from the informative visits within `window` on each side: after the drift correction their
-    values should sit about their counts' levels within the noise. Their upper-quartile miss (scaled to
-    an SD) in excess of the noise is how far the correction is off around this visit. A steady or
-    smoothly drifting machine gives about 0, and so does one visit hit by interference (a quarter of
-    the neighbours must miss); where the machine's speed jumped close to the visit (a sudden slowdown
-    near a run's end, say) the correction fails on one side and the visit may belong to either.
-    """
+    """How far the drift estimate may be off at each visit (log SD, in the visits' given order), beyond the
+    unbiased per-visit `noise`: the neighbours' upper-quartile miss in excess of the noise. About 0 on a steady or
+    smoothly drifting machine and for one disturbed visit; large where the machine's speed jumped nearby."""
     if fit.miss.size == 0:
         return np.zeros(0)
     miss = np.abs(fit.miss)
@@ -166,12 +147,9 @@ def _drift_uncertainty(fit: _DriftFit, noise: float, window: int = DRIFT_WINDOW)
 
 
 def _steadiness(residual: np.ndarray, members: dict) -> np.ndarray:
-    """Weight of each visit's residual in the drift estimate. Where counts are alike (a CPU's robust
-    spreads s_n lie within a few times of each other: the upper quartile under STEADY_SPREADS times the
-    lower) every weight is 1. Where they are not (a GPU's launch-bound counts may flip between a fast and
-    a slow host state visit by visit while its compute-bound counts hold steady), a count scattering
-    more than c = STEADY_SPREADS times the lower quartile weighs (c / s_n)^2, so those flips do not
-    leak into the drift that corrects the steady counts."""
+    """Weight of each visit's residual in the drift estimate: 1 where the counts' robust spreads s_n are alike;
+    else a count scattering more than c = STEADY_SPREADS times the lower quartile weighs (c / s_n)^2, so a GPU's
+    launch-bound counts flipping between host states do not leak into the drift of the steady counts."""
     weight = np.ones(residual.size)
     spread = {n: MAD_TO_SD * float(np.nanmedian(np.abs(residual[m] - np.nanmedian(residual[m]))))
               for n, m in members.items() if np.isfinite(residual[m]).sum() >= 2}
@@ -225,14 +203,8 @@ def _corrected(visits: Sequence[Visit], drift_log: np.ndarray) -> dict[int, list
 
 
 def relative_noise(values_by_count: dict[int, list[float]]) -> float:
-    """Robust standard deviation of one visit's log value around its count's median (a fraction).
-
-    Residuals of every count with two or more visits are pooled, each scaled by sqrt(m / (m - 1)) for the
-    count's own median having absorbed part of it. On counts with few visits this reads low (about 0.6 of
-    the spread at three visits, 0.85 at six: a median absorbs more than a mean); it is the scale the step
-    detector's `candidate_k` and the trend's step guess are set on.
-    The paired tests do not use it: their noise prior is unbiased at any size (`pooled_pair_noise`).
-    """
+    """Robust standard deviation of one visit's log value around its count's median (a fraction). It reads low on
+    counts with few visits (about 0.6 of the spread at three); it is the scale `candidate_k` is set on."""
     residuals = []
     for values in values_by_count.values():
         d = np.log(np.asarray(values, dtype=float))
@@ -245,20 +217,13 @@ def relative_noise(values_by_count: dict[int, list[float]]) -> float:
 
 
 def visit_noise(values_by_count: dict[int, list[float]]) -> float:
-    """Standard deviation of one visit's log value about its count's level (a fraction), unbiased at any number
-    of visits a count (`pomt.measurement.robust.pooled_pair_noise` over the counts' visits)."""
+    """Standard deviation of one visit's log value about its count's level (a fraction), unbiased at any visits."""
     return pooled_pair_noise(np.log(values) for values in values_by_count.values())[0]
 
 
 def pool_visits(visits: Sequence[Visit], reference: int, window: int = DRIFT_WINDOW) -> list[CurvePoint]:
-    """One drift-corrected `CurvePoint` per count, ascending (see the module docstring).
-
-    A count's standard error pools its visits' precisions, each visit's variance being the noise
-    (`relative_noise`) plus how far the drift at that visit may be off (`_drift_uncertainty`): a count
-    seen only just after a sudden slowdown carries that doubt instead of a narrow band around a
-    drift-inflated level, while one doubtful visit among several sound ones costs little (the median
-    sets it aside).
-    """
+    """One drift-corrected `CurvePoint` per count, ascending. Each visit's variance is the noise plus how far the
+    drift at that visit may be off, so a count seen only just after a sudden slowdown carries that doubt."""
     raw: dict[int, list[float]] = defaultdict(list)
     samples: dict[int, int] = defaultdict(int)
     lowest: dict[int, float] = {}
@@ -269,8 +234,7 @@ def pool_visits(visits: Sequence[Visit], reference: int, window: int = DRIFT_WIN
     fit = _fit_drift(visits, window)
     corrected = _corrected(visits, fit.drift_at)
     noise = relative_noise(corrected)  # the scale the detector's candidate_k was set on
-    # whether the neighbours miss by more than noise needs the noise unbiased, else a smooth fast drift
-    # reads as doubt (relative_noise reads about 0.6 of it on counts of three visits)
+    # unbiased, else a smooth fast drift reads as doubt (relative_noise reads low on few visits)
     honest_noise = visit_noise(corrected)
     precision: dict[int, float] = defaultdict(float)  # sum over a count's visits of 1 / (log variance)
     for visit, doubt in zip(visits, _drift_uncertainty(fit, honest_noise, window), strict=True):
@@ -281,34 +245,18 @@ def pool_visits(visits: Sequence[Visit], reference: int, window: int = DRIFT_WIN
         values = np.asarray(raw[tokens])
         latency = float(np.median(corrected[tokens]))
         q25, q75 = np.percentile(values, [25, 75])
-        points.append(
-            CurvePoint(
-                tokens=tokens,
-                latency_ms=latency,
-                median_ms=float(np.median(values)),
-                relative=latency / anchor,
-                spread_ms=float(q75 - q25),
-                min_ms=lowest[tokens],
-                visits=len(values),
-                samples=samples[tokens],
-                se_ms=latency * MEDIAN_SE / math.sqrt(precision[tokens]),
-            )
-        )
+        points.append(CurvePoint(tokens=tokens, latency_ms=latency, median_ms=float(np.median(values)),
+                                 relative=latency / anchor, spread_ms=float(q75 - q25), min_ms=lowest[tokens],
+                                 visits=len(values), samples=samples[tokens],
+                                 se_ms=latency * MEDIAN_SE / math.sqrt(precision[tokens])))
     return points
 
 
 def reconcile_levels(points: Sequence[CurvePoint], pairs: Sequence[tuple[int, int, float, float]],
                      reference: int) -> list[CurvePoint]:
-    """The curve's levels made to agree with its paired measurements.
-
-    `pairs` holds (low, high, log(L(low) / L(high)) as measured alternately, its standard error). The
-    log-levels solve one weighted least-squares problem in which every pooled level (weight 1/se^2)
-    and every paired log-ratio is an observation. Paired rounds are the arbiter of a step (one warm
-    state, adjacent in time; the pooled levels come from visits at other moments), so a pair counts
-    PAIRED_AUTHORITY^2 times its inverse variance: across a tested pair the saved curve shows the step
-    (or no step) its paired test saw, and the pooled visits set the pair's common level. Standard
-    errors come from the same fit; counts no pair touches keep their level.
-    """
+    """The curve's levels made to agree with its paired measurements `pairs` (low, high, log(L(low) / L(high)), its
+    standard error), by one weighted least-squares fit of pooled levels and paired log-ratios. Paired rounds arbitrate
+    a step, so a pair counts PAIRED_AUTHORITY^2 times its inverse variance; counts no pair touches keep their level."""
     index = {p.tokens: i for i, p in enumerate(points)}
     usable = [(lo, hi, d, se) for lo, hi, d, se in pairs
               if lo in index and hi in index and math.isfinite(d) and 0 < se < math.inf]

@@ -27,8 +27,7 @@ SCATTER_ALPHA = 0.01  # analysis-of-variance level under which a window's counts
 
 @dataclass(frozen=True)
 class WindowVisits:
-    """The visits of the counts in a window: count, log latency (drift corrected, trend taken out if wanted)
-    and the variance of that value under the run's noise model, one entry per visit."""
+    """The visits of the counts in a window, one entry per visit: count, log latency, its variance."""
 
     tokens: np.ndarray
     values: np.ndarray
@@ -52,8 +51,8 @@ class WindowVisits:
 
 @dataclass(frozen=True)
 class JumpFit:
-    """The line-with-a-jump fit at one position. `jump` is log(L(high side) / L(low side)) beyond the line:
-    positive where the fewer tokens run faster (a drop), negative for a rise."""
+    """The line-with-a-jump fit at one position; `jump` is log(L(high side) / L(low side)) beyond the line (> 0: a
+    drop)."""
 
     position: int
     low: int  # the highest measured count below the jump
@@ -71,8 +70,7 @@ class JumpFit:
 
     @property
     def reference_df(self) -> float:
-        """Degrees of freedom of the test's reference: normal (inf) while the counts scatter no more than the
-        noise model says, t with the window's df once a count-level spread tau had to be estimated from it."""
+        """Degrees of freedom of the test's reference: normal (inf) while tau is 0, else t with the window's df."""
         return math.inf if self.tau == 0.0 else float(max(self.df, 1))
 
     def p_value(self) -> float:
@@ -135,8 +133,7 @@ def _wls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def _tau_squared(x: np.ndarray, y: np.ndarray, v: np.ndarray) -> float:
-    """Paule-Mandel: the count-level variance that makes the weighted residuals' sum of squares equal its
-    degrees of freedom (0 when the noise model alone explains the scatter)."""
+    """Paule-Mandel: the count-level variance that makes the weighted residuals' sum of squares equal its df."""
     df = y.size - x.shape[1]
     if df < 1:
         return 0.0
@@ -164,8 +161,7 @@ def _levels(t: np.ndarray, y: np.ndarray, v: np.ndarray, keep: np.ndarray) -> tu
 
 
 def fit_jump(window: WindowVisits, position: int, line: bool = True) -> JumpFit:
-    """The level (the line, with `line`) with a jump at `position`, fitted to the window's count levels (see the
-    module doc)."""
+    """The level (the line, with `line`) with a jump at `position`, fitted to the window's count levels."""
     t, y, v = window.tokens, window.values, window.variances
     keep = np.ones(t.size, dtype=bool)
     for _ in range(2):  # fit, leave out visits far from the fit, fit again
@@ -193,10 +189,8 @@ def fit_jump(window: WindowVisits, position: int, line: bool = True) -> JumpFit:
 
 
 def _scatter_p(t: np.ndarray, y: np.ndarray, x: np.ndarray, means: np.ndarray) -> float:
-    """One-way analysis of variance: the chance that the count levels (`means`, one per sorted count of `t`) sit so
-    far from their fit (`x`, unweighted) by their visits' spread within a count alone. Judged on that spread
-    itself, not on the run's noise model, which reads low at a few visits a count and would make chance look like
-    scatter; 1 where no count has two visits to tell."""
+    """One-way analysis of variance: the chance that the count levels `means` sit so far from their fit `x` by their
+    visits' own spread within a count alone (not the run's noise model); 1 where no count has two visits."""
     counts, index, visits = np.unique(t, return_inverse=True, return_counts=True)
     within_df = int(t.size - counts.size)
     between_df = int(counts.size - x.shape[1])
@@ -212,9 +206,8 @@ def _scatter_p(t: np.ndarray, y: np.ndarray, x: np.ndarray, means: np.ndarray) -
 
 def level_shift(window: WindowVisits, positions: Sequence[int] | None = None,
                 min_side: int = MIN_SIDE, line: bool = True) -> LevelShift | None:
-    """The jump profiled over `positions` (default: every position with `min_side` counts each side); the
-    position with the largest |z| and its p-value corrected for the positions tried. None when the window
-    leaves no position."""
+    """The jump profiled over `positions` (default: every position with `min_side` counts each side): the largest
+    |z|, its p-value corrected for the positions tried. None when the window leaves no position."""
     allowed = set(window.positions(min_side))
     tried = sorted(allowed if positions is None else allowed & set(positions))
     if not tried or window.counts.size < parameters(line) + 2:
@@ -230,14 +223,12 @@ def critical_z(alpha: float, positions: int, df: float = math.inf) -> float:
 
 
 def detectable_jump(fit: JumpFit, alpha: float, positions: int, power: float = POWER) -> float:
-    """The smallest |jump| (log) the test at `fit`'s position finds with probability `power`. Stated on the t
-    reference whether or not this window needed tau: a window with a step in it may need it where this one
-    did not, so a limit read off the normal would promise more than the test keeps."""
+    """The smallest |jump| (log) the test at `fit`'s position finds with probability `power`, on the t reference
+    (a window with a step in it may need tau where this one did not)."""
     return _power_multiplier(fit, alpha, positions, power) * fit.se
 
 
 def _power_multiplier(fit: JumpFit, alpha: float, positions: int, power: float) -> float:
-    """Standard errors a jump must measure to be found with `power` (`detectable_jump`)."""
     df = float(max(fit.df, 1))
     return critical_z(alpha, positions, df) + _ppf(power, df)
 
@@ -245,12 +236,8 @@ def _power_multiplier(fit: JumpFit, alpha: float, positions: int, power: float) 
 def visits_factor(fit: JumpFit, alpha: float, positions: int, target_pct: float, *, scattered: bool,
                   power: float = POWER) -> float:
     """How many times its visits the window would need for `fit`'s position to show a step of `target_pct` with
-    `power` (1 when it already does; inf when the counts' own scatter keeps it out of reach at any number of
-    visits). The jump's variance is split into what more visits of the same counts average away and what they
-    do not: se^2 = floor^2 + (se^2 - floor^2) / k, exact when every count holds as many visits, the counts and
-    tau held as measured. The floor is tau's part where the window's counts are `scattered` (`scatter_shown`),
-    else none: a few visits a count read some tau into plain noise by chance, and judged position by position
-    over every window within reach, the analysis of variance finds some by chance too."""
+    `power` (1 when it already does; inf when scatter keeps it out of reach): se^2 = floor^2 + (se^2 - floor^2) / k,
+    the floor tau's part where the counts are `scattered`, else none."""
     needed = -math.log(1.0 - target_pct / 100.0) / _power_multiplier(fit, alpha, positions, power)
     floor = fit.se_floor if scattered else 0.0
     if fit.se <= needed:
@@ -262,8 +249,7 @@ def visits_factor(fit: JumpFit, alpha: float, positions: int, target_pct: float,
 
 def detection_limit_pct(window: WindowVisits, alpha: float, min_step: float, power: float = POWER,
                         min_side: int = MIN_SIDE, line: bool = True) -> dict[int, float]:
-    """{position: the smallest step in % (a drop, fewer tokens faster) the window would have confirmed there
-    with `power`}: never below `min_step`, the smallest step pomt reports."""
+    """{position: the smallest step in % the window would have confirmed there with `power`}, at least `min_step`."""
     shift = level_shift(window, min_side=min_side, line=line)
     return {} if shift is None else limits_of(shift, alpha, min_step, power)
 
@@ -276,14 +262,11 @@ def limits_of(shift: LevelShift, alpha: float, min_step: float, power: float = P
 
 
 def scatter_pct(shift: LevelShift) -> float:
-    """How far the window's counts scatter from one to the next beyond what a visit's noise explains, in %: its
-    count-level spread tau, the least over the positions fitted (a step in the window explains itself at its
-    own position, so what is left is scatter). More visits of the same counts do not average it away."""
+    """How far the window's counts scatter beyond a visit's noise, in %: the least tau over the positions fitted."""
     return 100.0 * math.expm1(min(f.tau for f in shift.profile))
 
 
 def scatter_shown(shift: LevelShift) -> bool:
-    """Whether the window's counts scatter beyond their visits' own spread even at the position that explains them
-    best (its least tau), by the analysis of variance (`JumpFit.scatter_p` < SCATTER_ALPHA): chance reads some tau
-    into plain noise at a few visits a count."""
+    """Whether the window's counts scatter beyond their visits' own spread even at the position of least tau, by the
+    analysis of variance (`JumpFit.scatter_p` < SCATTER_ALPHA)."""
     return min(shift.profile, key=lambda f: f.tau).scatter_p < SCATTER_ALPHA

@@ -1,11 +1,9 @@
 """Robust estimates from latencies (pure maths): paired tests, the smooth trend of a curve, the priced curve.
 
-Paired tests compare two things measured alternately through their log-ratios, screened for interference, the
-t-test moderated by the noise pooled over the other pairs (`paired_effect`). The trend is a robust quadratic that
-steps do not bend, which step detection divides out (`trend`). The priced curve, what every choice prices
-schedules from, shrinks each count's level toward a local trend between the confirmed steps by its own standard
-error (`priced_curve`): noise a few visits put low does not attract a schedule, while real structure of a quiet
-machine stays.
+Paired tests compare two things measured alternately through their log-ratios (`paired_effect`). The trend is a
+robust quadratic that steps do not bend (`trend`). The priced curve, what every choice prices schedules from, shrinks
+each count's level toward a local trend by its own standard error (`priced_curve`): noise a few visits put low does
+not attract a schedule, while real structure of a quiet machine stays.
 """
 
 from __future__ import annotations
@@ -37,11 +35,8 @@ CHI2_MEDIAN = 0.4549  # the median of a chi-square variable with one degree of f
 
 @dataclass(frozen=True)
 class PairedEffect:
-    """b over a from paired measurements: geometric-mean ratio, confidence interval, t-test p-value.
-
-    `ratio` is exp(mean log(b_i / a_i)); the test and interval are on the log-ratios less `offset`
-    (what a smooth trend alone predicts), so `p_value` says whether b departs from a by more than that.
-    """
+    """b over a from paired measurements: `ratio` exp(mean log(b_i / a_i)), its interval and t-test p-value, both
+    on the log-ratios less `offset` (what the trend alone predicts): whether b departs from a by more than that."""
 
     ratio: float
     ci: tuple[float, float]
@@ -63,26 +58,14 @@ class PairedEffect:
         return 100.0 * (1.0 - self.excess), (100.0 * (1.0 - self.ci[1] / scale), 100.0 * (1.0 - self.ci[0] / scale))
 
     def to_dict(self) -> dict:
-        return {
-            "ratio": round(self.ratio, 5),
-            "ci": [round(self.ci[0], 5), round(self.ci[1], 5)],
-            "p_value": float(f"{self.p_value:.3g}"),
-            "pairs": self.pairs,
-            "dropped": self.dropped,
-            "trend_ratio": round(math.exp(self.offset), 5),
-        }
+        return {"ratio": round(self.ratio, 5), "ci": [round(self.ci[0], 5), round(self.ci[1], 5)],
+                "p_value": float(f"{self.p_value:.3g}"), "pairs": self.pairs, "dropped": self.dropped,
+                "trend_ratio": round(math.exp(self.offset), 5)}
 
 
 def pooled_pair_noise(log_ratios: Iterable[Sequence[float]]) -> tuple[float, int]:
-    """(robust SD of one value about its group's level, degrees of freedom) pooled over groups of two or
-    more values (one pair's paired log-ratios, or one count's drift-corrected log values); (0, 0)
-    without any.
-
-    The estimate is the weighted median of the absolute differences within groups (a difference of two
-    values is N(0, 2 SD^2) whatever the group's size), each group weighing its degrees of freedom.
-    Residuals about each group's own median (as `relative_noise` pools) read 0.58 of the SD on groups of
-    three, an aligned edge's coarse rounds; these differences are unbiased at any group size.
-    """
+    """(robust SD of one value about its group's level, degrees of freedom) pooled over groups of two or more values;
+    (0, 0) without any. From the differences within groups, so unbiased at any group size."""
     differences, weights, df = [], [], 0
     for values in log_ratios:
         d = np.asarray(values, dtype=float)
@@ -98,17 +81,10 @@ def pooled_pair_noise(log_ratios: Iterable[Sequence[float]]) -> tuple[float, int
     return float(MAD_TO_SD * median / math.sqrt(2.0)), df
 
 
-def paired_effect(
-    a_ms: Sequence[float], b_ms: Sequence[float], *, offset: float = 0.0, confidence: float = 0.95,
-    prior: tuple[float, int] = (0.0, 0),
-) -> PairedEffect:
-    """Compare b with a measured in pairs (a_i and b_i taken together); see `PairedEffect`.
-
-    Pairs whose log-ratio lies more than OUTLIER_SD robust standard deviations from the median pair were
-    hit by interference on one side only; they are left out and counted. The SD is the pairs' own (from
-    SCREEN_MIN_PAIRS pairs on) or the `prior` (sd, df) from `pooled_pair_noise` (from three pairs on),
-    which also moderates the t-test (see the module docstring).
-    """
+def paired_effect(a_ms: Sequence[float], b_ms: Sequence[float], *, offset: float = 0.0, confidence: float = 0.95,
+                  prior: tuple[float, int] = (0.0, 0)) -> PairedEffect:
+    """Compare b with a measured in pairs. Pairs more than OUTLIER_SD robust SDs from the median pair were hit by
+    interference and are left out; the `prior` (sd, df) of `pooled_pair_noise` moderates the t-test."""
     a = np.asarray(a_ms, dtype=float)
     b = np.asarray(b_ms, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
@@ -133,15 +109,9 @@ def paired_effect(
                             int((~keep).sum()), offset, 0.0)
     result = scipy_stats.ttest_1samp(kept - offset, 0.0)
     low, high = result.confidence_interval(confidence)
-    return PairedEffect(
-        ratio=float(np.exp(kept.mean())),
-        ci=(float(np.exp(low + offset)), float(np.exp(high + offset))),
-        p_value=float(result.pvalue),
-        pairs=int(kept.size),
-        dropped=int((~keep).sum()),
-        offset=offset,
-        standard_error=float(kept.std(ddof=1) / math.sqrt(kept.size)),
-    )
+    return PairedEffect(float(np.exp(kept.mean())), (float(np.exp(low + offset)), float(np.exp(high + offset))),
+                        float(result.pvalue), int(kept.size), int((~keep).sum()), offset,
+                        float(kept.std(ddof=1) / math.sqrt(kept.size)))
 
 
 def _moderated(d: np.ndarray, offset: float, confidence: float, prior_sd: float, prior_df: int,
@@ -159,29 +129,14 @@ def _moderated(d: np.ndarray, offset: float, confidence: float, prior_sd: float,
     mean = float(d.mean())
     t = (mean - offset) / se if se > 0 else (0.0 if mean == offset else math.inf)
     half = float(scipy_stats.t.ppf(0.5 + confidence / 2, df)) * se
-    return PairedEffect(
-        ratio=math.exp(mean),
-        ci=(math.exp(mean - half), math.exp(mean + half)),
-        p_value=float(2.0 * scipy_stats.t.sf(abs(t), df)),
-        pairs=int(d.size),
-        dropped=dropped,
-        offset=offset,
-        standard_error=se,
-    )
+    return PairedEffect(math.exp(mean), (math.exp(mean - half), math.exp(mean + half)),
+                        float(2.0 * scipy_stats.t.sf(abs(t), df)), int(d.size), dropped, offset, se)
 
 
 def trend(t: np.ndarray, y: np.ndarray, sigma: float | None = None, floor: float = 0.0) -> np.ndarray:
-    """Robust quadratic trend of y over t, evaluated at t; steps do not bend it.
-
-    First in slope space: a repeated-median line (Siegel's, weighted by interval length) through the
-    intervals' per-token slopes, refitted without the intervals whose change departs from it by more
-    than JUMP_GUESS noise units; steps are outliers there, so a coarse staircase does not tilt it. The
-    refits stop before the intervals set aside cover more than STEP_SHARE of the span (on a sawtooth each
-    refit would set aside more of the rising intervals). Then least squares in level space with those intervals'
-    changes taken out as offsets, which is far more precise than slopes of short intervals. Where those offsets
-    carry a positive curve's trend to zero or below, the quadratic through the points instead (`_through_points`).
-    `sigma` defaults to a lower-quartile spread of the changes.
-    """
+    """Robust quadratic trend of y over t, evaluated at t; steps do not bend it: a weighted repeated-median line
+    through the intervals' slopes sets aside the jumps (at most STEP_SHARE of the span), then least squares in level
+    space with those jumps taken out. `sigma` defaults to a lower-quartile spread of the changes."""
     t = np.asarray(t, dtype=float)
     y = np.asarray(y, dtype=float)
     if t.size < 3:
@@ -202,8 +157,6 @@ def trend(t: np.ndarray, y: np.ndarray, sigma: float | None = None, floor: float
         if np.array_equal(again, use) or gap[~again].sum() > STEP_SHARE * gap.sum():
             break
         use = again
-    # the smooth part by least squares in level space (far more precise than slopes of short intervals),
-    # with the excluded intervals' changes taken out as level offsets
     change = np.diff(y - fitted)
     jumps = np.where(use, 0.0, change - np.median(change[use]) if use.any() else change)
     base = y - np.concatenate([[0.0], np.cumsum(jumps)])
@@ -215,10 +168,8 @@ def trend(t: np.ndarray, y: np.ndarray, sigma: float | None = None, floor: float
 
 
 def _through_points(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """The quadratic through the points themselves (least squares, refitted once without the points beyond
-    JUMP_GUESS robust standard deviations of it): the trend where taking steps out as offsets carried it to a level
-    at or below zero (on a sawtooth of aligned pairs the intervals set aside are the rises between the pairs, and
-    the pairs' drops, fitted as the smooth part, carry the trend below zero)."""
+    """The least-squares quadratic through the points, refitted once without those beyond JUMP_GUESS robust SDs:
+    the trend where taking steps out as offsets carried it to or below zero (a sawtooth of aligned pairs)."""
     degree = min(2, x.size - 2)
     fitted = np.polynomial.polynomial.polyval(x, np.polynomial.polynomial.polyfit(x, y, degree))
     residual = y - fitted
@@ -268,15 +219,9 @@ def priced_curve(points: Sequence[CurvePoint], steps: Sequence[Spanned] = ()) ->
 
 
 def priced_levels(points: Sequence[CurvePoint], spans: Sequence[tuple[int, int]] = ()) -> dict[int, float]:
-    """Each count's level (`latency_ms`) shrunk toward the trend between the confirmed steps' (low, high) `spans`
-    by its standard error (`se_ms`); without a usable standard error for every count, the trend itself.
-
-    The trend: the counts are cut into segments at every confirmed step (counts inside a step spread over several
-    tokens keep their own level), each smoothed by LOWESS (`lowess`: SMOOTH_SHARE of the curve's range each side,
-    tricube weights times each count's visits, ROBUST_PASSES bisquare reweightings). Then empirical Bayes
-    (`shrunk`): a noisy machine prices near the trend, a quiet one whose curve has real structure keeps it, and a
-    count visited many times (the reference) keeps its measured level. The trend is local, not `trend`'s one
-    quadratic over the whole range, which misfits some curves as a curve to price from."""
+    """Each count's level shrunk by its standard error toward a LOWESS trend over the segments between the confirmed
+    steps' (low, high) `spans` (empirical Bayes, `shrunk`); without a usable standard error for every count, the
+    trend itself. Counts inside a step spread over several tokens keep their own level."""
     points = sorted(points, key=lambda p: p.tokens)
     counts = [p.tokens for p in points]
     measured = np.array([p.latency_ms for p in points], dtype=float)
@@ -302,9 +247,8 @@ def priced_levels(points: Sequence[CurvePoint], spans: Sequence[tuple[int, int]]
 
 
 def shrunk(residual: np.ndarray, error: np.ndarray, used: np.ndarray) -> np.ndarray:
-    """Each relative residual from the trend times tau^2 / (tau^2 + its error^2): empirical Bayes, tau^2 the
-    spread of the counts' true levels about the trend, the residuals' robust variance (the median of their
-    squares over that of a chi-square with one degree of freedom) less the errors' typical variance."""
+    """Each relative residual times tau^2 / (tau^2 + its error^2), tau^2 the residuals' robust variance less the
+    errors' typical variance: empirical Bayes."""
     if not used.any():
         return residual
     tau2 = max(0.0, float(np.median(residual[used] ** 2)) / CHI2_MEDIAN - float(np.median(error[used] ** 2)))
@@ -312,8 +256,8 @@ def shrunk(residual: np.ndarray, error: np.ndarray, used: np.ndarray) -> np.ndar
 
 
 def step_spans(steps: Sequence[object]) -> list[tuple[int, int]]:
-    """The (low, high) counts of the steps a schedule file records (`Step.to_dict`); entries without both
-    counts are not steps to keep, and are left out."""
+    """The (low, high) counts of the steps a schedule file records (`Step.to_dict`); entries without both are left
+    out."""
     spans = []
     for step in steps:
         if isinstance(step, Mapping) and all(isinstance(step.get(k), int) for k in ("tokens", "upper_tokens")):

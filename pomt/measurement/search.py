@@ -1,13 +1,10 @@
 """Which token counts to measure and which latency steps are real: the search over a token grid.
 
-A full search visits every grid count in shuffled passes. An adaptive one visits a coarse subset (the
-aligned edges, `pomt.measurement.design`), judges the edges on those rounds, on a noisy machine spends power
-passes on the counts within reach whose level-shift windows could miss a step of `--detect` %
-(`pomt.measurement.windows`), then refines the candidate steps the detector and the windows see and confirms
-each by paired measurement (`pomt.measurement.confirmation`), and gives what is left of its budget of visits to
-power passes again.
-Given its seed and what it measures the search is deterministic, so a run resumed from its journal
-(`pomt.measurement.sources.MeasurementRun`) continues exactly.
+A full search visits every grid count in shuffled passes. An adaptive one visits a coarse subset (the aligned
+edges), judges the edges on those rounds, on a noisy machine spends power passes on the counts within reach whose
+windows could miss a step of `--detect` %, then refines the candidate steps and confirms each by paired measurement,
+and gives what is left of its budget to power passes again. Given its seed and what it measures the search is
+deterministic, so a run resumed from its journal continues exactly.
 """
 
 from __future__ import annotations
@@ -107,8 +104,7 @@ class SearchSettings:
         return 2 * self.confirm_rounds + 6
 
     def least_budget(self, coarse: list[tuple[int, ...]]) -> int:
-        """On a small grid the budget's fraction would not pay for the coarse scan: the budget never falls
-        below the coarse scan plus room to carry LEAST_CANDIDATES candidates to a verdict."""
+        """The least budget: the coarse scan plus room to carry LEAST_CANDIDATES candidates to a verdict."""
         scan = self.coarse_passes * (sum(len(unit) for unit in coarse) + 1)
         return scan + LEAST_CANDIDATES * self.verdict_cost
 
@@ -135,8 +131,7 @@ class SearchResult:
         return sum(reach[0] <= s.tokens and s.upper_tokens <= reach[1] for s in self.steps)
 
     def detection_sentence(self) -> str | None:
-        """The one line on what this run could have seen within reach, and the target it missed, if any
-        (`WindowScan.sentence`)."""
+        """The one line on what this run could have seen within reach (`WindowScan.sentence`)."""
         d = self.detection
         return None if d is None else d.sentence(self.steps_within(d.reach), spent=(self.visits, self.full_grid_visits))
 
@@ -167,17 +162,13 @@ class SearchResult:
             return None
         return (f"the machine drifted {self.drift.pct:.1f}% during measurement (reference "
                 f"{self.drift.reference_tokens} tokens{self.drift.one_pass_words()}), more than the smallest effect "
-                f"reported ({smallest:.1f}%): "
-                "steps and gains rest on paired measurements, absolute latencies do not")
+                f"reported ({smallest:.1f}%): steps and gains rest on paired measurements, absolute latencies do not")
 
 
 @dataclass(frozen=True)
 class SearchScope:
-    """What a search covers: the `grid` of token counts with the `reference` count N in it; `adaptive` (coarse
-    passes, then candidates and power passes within the budget) or every count in full passes; and `focus_from`,
-    the lowest count the caller's policy reaches (None: the whole grid). Within that reach the coarse scan pairs
-    the aligned edges (every `coarse_stride`-th count below it, for the curve's shape) and candidates are examined
-    first."""
+    """What a search covers: the `grid` of token counts with the `reference` count N in it; `adaptive` or every count
+    in full passes; and `focus_from`, the lowest count the caller's policy reaches (None: the whole grid)."""
 
     grid: list[int]
     reference: int
@@ -211,10 +202,8 @@ class LatencySearch:
         self.windowed = window_span(self.grid, self.reach)  # the counts the windows over the reach take in
 
     def curve(self) -> list[CurvePoint]:
-        """The pooled, drift-corrected curve of every visit so far (paired rounds included: they correct a
-        bisection that one disturbed visit misled), reconciled with the paired rounds of every pair tested
-        (`pomt.measurement.drift.reconcile_levels`); a pair already judged enters with the effect its
-        verdict rests on, whatever later visits did to the drift profile. Cached per visit, pair and verdict."""
+        """The pooled, drift-corrected curve of every visit so far, reconciled with the paired rounds of every pair
+        tested (a judged pair with the effect its verdict rests on). Cached per visit, pair and verdict."""
         visits, rounds, judged = self.measurer.visits(), self.judge.rounds, self.judge.judged
         key = (len(visits), len(rounds), len(judged))
         if self._curve is None or self._curve[0] != key:
@@ -227,8 +216,7 @@ class LatencySearch:
         return self._curve[1]
 
     def candidates(self) -> list[Candidate]:
-        """The aligned edges the coarse rounds left open and the detector's candidates at `candidate_k`, in
-        the order they are examined (`pomt.measurement.confirmation.ranked`)."""
+        """The aligned edges left open, the detector's and the windows' candidates, in the order they are examined."""
         found = cand.detected(self.curve(), self.settings.candidate_k, self._accepted_steps())
         windows = [Candidate(w.low, w.high, abs(w.z)) for w in self.shifts]
         return cand.ranked([*self.pending.values(), *found, *windows], self.pending, self.focus_from or 0)
@@ -242,8 +230,7 @@ class LatencySearch:
         return math.log(expected[low] / expected[high]) if expected[low] > 0 < expected[high] else 0.0
 
     def judge_anchors(self) -> None:
-        """Judge each anchor pair on the paired rounds the coarse passes hold (`Judge.screen`); those left
-        open stay candidates (`pending`), confirmed like any other by more rounds."""
+        """Judge each anchor pair on the paired rounds the coarse passes hold; those left open stay `pending`."""
         for pair in self.anchors:
             rounds = design_rounds(self.measurer.design, *pair)
             if len(rounds) >= 3:
@@ -258,13 +245,8 @@ class LatencySearch:
         return self.judge.confirm(low, high, z, self._trend_offset(low, high))
 
     def examine(self) -> list[Confirmation]:
-        """Refine and confirm candidates in the order of `candidates`, as far as the budget goes.
-
-        Each round re-runs the detector on every visit so far. The first of the FOCUS first candidates
-        that needs nothing measured (`next_counts`) is judged; when none is ready, one shuffled pass
-        measures what they need next (a midpoint, or counts to settle), as far as the remaining budget
-        can carry them to a verdict: the budget goes to the clearest candidates first.
-        """
+        """Refine and confirm candidates in the order of `candidates`, as far as the budget goes: the first ready one
+        of the FOCUS first is judged; when none is ready, one pass measures what they need next."""
         judged = self.judge.judged
         while todo := [c for c in self.candidates() if c.span not in judged]:
             ready = [c for c in todo[:FOCUS] if not cand.next_counts(self.grid, self.measurer.visits(), *c.span)]
@@ -286,9 +268,8 @@ class LatencySearch:
         return list(judged.values()) + skipped
 
     def _judge(self, candidate: Candidate) -> bool:
-        """Judge a ready candidate (at its sharpest part, `candidates.sharpest`, when that is not judged yet):
-        rejected at once when the curve's own estimate is clearly below `min_step`, else confirmed by paired
-        measurement. False when the budget cannot pay its rounds."""
+        """Judge a ready candidate at its sharpest part (rejected at once when the curve's own estimate is clearly
+        below `min_step`). False when the budget cannot pay its rounds."""
         judged, min_step = self.judge.judged, self.settings.min_step
         low, high = candidate.span
         sharpest = cand.sharpest(self.curve(), low, high, min_step)
@@ -296,8 +277,8 @@ class LatencySearch:
             low, high = sharpest
         change, se = cand.level_change(self.curve(), low, high)
         if abs(change) + 2.0 * se < min_step:
-            reason = (f"smaller than the minimum step by the design's estimate "
-                      f"({100 * abs(change):.1f}% +- {200 * se:.1f}% < {100 * min_step:.1f}%)")
+            reason = (f"smaller than the minimum step by the design's estimate ({100 * abs(change):.1f}% +- "
+                      f"{200 * se:.1f}% < {100 * min_step:.1f}%)")
             judged[(low, high)] = rejected(low, high, reason, candidate.z)
             return True
         if self.measurer.left() < self._rounds_cost(low, high):
@@ -309,13 +290,12 @@ class LatencySearch:
         return True
 
     def _rounds_cost(self, low: int, high: int) -> int:
-        """Visits a candidate's paired rounds take to reach its regular verdict: the rounds the design
-        already holds count (an aligned edge has one in every coarse pass)."""
+        """Visits a candidate's paired rounds take to reach its regular verdict, less the rounds the design holds."""
         return 2 * max(0, self.settings.confirm_rounds - len(design_rounds(self.measurer.design, low, high)))
 
     def _refinement(self, focus: list[Candidate]) -> list[int]:
-        """The counts one refinement pass measures for the `focus` candidates, each in turn as long as the
-        budget left can carry it to its verdict (the reference, its counts, its bisection and its rounds)."""
+        """The counts one refinement pass measures for the `focus` candidates, each as long as the budget left can
+        carry it to its verdict."""
         batch: set[int] = set()
         cost = 1  # the reference
         for c in focus:
@@ -335,8 +315,7 @@ class LatencySearch:
                            WindowTest(self.settings.step_alpha, self.settings.min_step), below=self.windowed[0])
 
     def strengthen(self, reserve: int) -> WindowScan:
-        """Power passes (`power_passes`) leaving `reserve` visits; then the windows' shifts become
-        candidates."""
+        """Power passes leaving `reserve` visits; then the windows' shifts become candidates."""
         found = power_passes(self.measurer, self.grid, self.windowed, self.settings.detect, reserve, self.detection)
         self.shifts, self.power_stop = found.shifts, found.stopped
         return found
@@ -363,10 +342,9 @@ class LatencySearch:
                 confirmations = [upgraded.get((c.low, c.high), c) for c in confirmations]
         except (BudgetSpent, TraceExhausted) as exc:
             why = BUDGET_SPENT if isinstance(exc, BudgetSpent) else str(exc)
-            confirmations = list(self.judge.judged.values()) + [
-                rejected(c.low, c.high, f"not examined: {why}", c.z)
-                for c in self.candidates() if c.span not in self.judge.judged
-            ]
+            unjudged = [c for c in self.candidates() if c.span not in self.judge.judged]
+            confirmations = [*self.judge.judged.values(), *(rejected(c.low, c.high, f"not examined: {why}", c.z)
+                                                            for c in unjudged)]
         m.close()
         points = self.curve()
         return SearchResult(

@@ -1,10 +1,8 @@
 """Where latency samples come from: the model on this machine (live) or a recorded trace (replay).
 
-Both answer the same question, `visit(tokens, reps, pass_index) -> Visit`: `reps` timed forwards at a token count,
-after one untimed forward where the runtime needs it (`pomt.runtimes.settles_every_visit`). Search, confirmation and
-verification are written against that one call, so they run unchanged on a live device, on a trace in a test, or on
-a trace a user recorded elsewhere (`--replay`). A `MeasurementRun` adds the journal: every visit is appended to a trace
-file, and a resumed run is served the visits it already made, in order, before it measures anything new.
+Both answer `visit(tokens, reps, pass_index) -> Visit`: `reps` timed forwards at a token count, after one untimed
+forward where the runtime needs it, so search and verification run unchanged live or on a trace (`--replay`). A
+`MeasurementRun` adds the journal: a resumed run is served the visits it already made before it measures anew.
 """
 
 from __future__ import annotations
@@ -34,32 +32,28 @@ OPEN_PROGRAMS = 4  # compiled programs (one per count) a live source keeps open
 
 
 class Source(Protocol):
-    """Anything that can time forwards at a kept-token count. It may also have `begin_pass(pass_index,
-    members)`, told the counts a pass will visit before it starts, and `begin_unit(pass_index, members)`,
-    told the counts it will visit next back to back (a replay uses them; a device needs not), and
-    `left(tokens)`, the visits of a count it can still serve (a replay's trace holds a finite number)."""
+    """Anything that can time forwards at a kept-token count. It may also have `begin_pass(pass_index, members)` and
+    `begin_unit(pass_index, members)`, told the counts a pass, or the next back-to-back unit, will visit, and
+    `left(tokens)`, the visits of a count it can still serve."""
 
     def visit(self, tokens: int, reps: int, pass_index: int) -> Visit: ...
 
 
 def live_forwards(model: nn.Module, x: torch.Tensor, *, backend: str = "eager", threads: int | None = None,
                   cache_dir: Path | None = None) -> ForwardAt:
-    """`forward_at(n)`: a context whose callable runs one forward of `model(x)` with n tokens kept, in
-    `backend` (`pomt.runtimes.build_forward`). Eager forwards are built per visit (a hook, cheap); the
-    programs of other runtimes (one per count, cached on disk) stay open for the OPEN_PROGRAMS counts used last."""
+    """`forward_at(n)`: a context whose callable runs one forward of `model(x)` with n tokens kept, in `backend`; the
+    programs of runtimes other than eager stay open for the OPEN_PROGRAMS counts used last."""
     return ProgramCache(lambda n: build_forward(model, x, backend=backend, tokens=n, threads=threads,
                                                 files=ProgramFiles(cache_dir, "latency")),
                         keep=0 if backend == "eager" else OPEN_PROGRAMS)
 
 
 class LiveSource:
-    """Times forwards on this machine with `pomt.measurement.timing.time_calls` (CUDA events on CUDA), after an
-    untimed forward at every visit, or at a count's first visit only where `backend` (the runtime `forward_at`
-    runs; None: not told) on `device` keeps what that forward sets up (`settles_every_visit`)."""
+    """Times forwards on this machine, after an untimed forward at every visit, or at a count's first visit only
+    where `backend` (the runtime `forward_at` runs; None: not told) on `device` keeps what it sets up."""
 
     def __init__(self, forward_at: ForwardAt, device: str = "cpu", threads: int | None = None,
-                 clock: Callable[[], float] = time.perf_counter, start_s: float = 0.0,
-                 backend: str | None = None):
+                 clock: Callable[[], float] = time.perf_counter, start_s: float = 0.0, backend: str | None = None):
         self.forward_at, self.device, self.threads = forward_at, device, threads
         self._clock = clock
         self._origin = clock() - start_s
@@ -92,18 +86,11 @@ class TraceExhausted(Exception):
 
 
 class ReplaySource:
-    """Serves a recorded trace as if it were the device.
-
-    A virtual clock starts at `start` (a share of the recording's span; `seeded` draws it, so that runs of one
-    trace do not all meet the same first minute of the machine) and advances by what each served visit costs
-    (its samples, after an untimed forward where a live run would take one: `settles_every_visit`). A visit gets
-    the unused recorded visit of its count nearest in time to the clock, moved to the clock: its samples scaled by
-    the recording's drift (`drift_profile`) at the clock over that when it was recorded. So a search's visits lie
-    back to back through the drift the recording saw, each keeping its own noise. A paired round (`begin_pass`
-    with two counts, or `begin_unit`) is served the two unused visits closest in time to each other, keeping the
-    short disturbances they shared. A recorded visit is never served twice (`TraceExhausted` when a count's are
-    used up), and keeps its recorded length whatever `reps` asks (`preferred_reps`: the trace's own).
-    """
+    """Serves a recorded trace as if it were the device. A virtual clock starts at `start` (a share of the
+    recording's span) and advances by what each served visit costs; a visit gets the unused recorded visit of its
+    count nearest in time to the clock, its samples scaled by the recording's drift at the clock over that when it
+    was recorded. A paired round is served the two unused visits closest in time to each other. A recorded visit is
+    never served twice (`TraceExhausted`), and keeps its recorded length whatever `reps` asks."""
 
     def __init__(self, trace: Trace, start: float = 0.0):
         if not 0.0 <= start < 1.0:
@@ -142,8 +129,7 @@ class ReplaySource:
         self.begin_unit(pass_index, members)
 
     def begin_unit(self, pass_index: int, members: Sequence[int]) -> None:
-        """The next visits of `pass_index` are `members`, back to back: two counts are served as a
-        paired round is (see the class docstring)."""
+        """The next visits of `pass_index` are `members`, back to back: two counts are served as a paired round."""
         counts = sorted(set(members))
         self._plan = None
         if len(counts) != PAIRED or any(n not in self._visits for n in counts):
@@ -177,8 +163,7 @@ class ReplaySource:
         return self._moved_to_clock(recorded, self._recorded_drift[tokens][pick], pass_index)
 
     def _moved_to_clock(self, recorded: Visit, recorded_log_drift: float, pass_index: int) -> Visit:
-        """`recorded` as if measured now: at the clock's time and the recording's drift there (class docstring);
-        the clock advances past its untimed forward, where a live run takes one, and its samples."""
+        """`recorded` as if measured now, at the clock's time and the recording's drift there; the clock advances."""
         drift_now = float(np.interp(self.clock_s, self._drift_times, self._drift_log))
         samples = tuple(ms * math.exp(drift_now - recorded_log_drift) for ms in recorded.samples_ms)
         settles = self._settle_always or recorded.tokens not in self._settled
@@ -189,13 +174,9 @@ class ReplaySource:
 
 
 class MeasurementRun:
-    """A source plus the run's journal and visit count: what search and verification measure through.
-
-    With a journal that already holds visits (a resumed run), the first visits asked for are served from
-    it in order, as long as they match what is asked (count, pass, reps); at the first mismatch the rest
-    of the journal is dropped and measuring continues live. A deterministic search therefore resumes
-    into exactly the state it was killed in.
-    """
+    """A source plus the run's journal and visit count: what search and verification measure through. A resumed
+    run is served its journal's visits in order while they match what is asked (count, pass, reps); at the first
+    mismatch the rest of the journal is dropped and measuring continues live."""
 
     def __init__(self, source: Source, journal: TraceWriter | None = None,
                  on_visit: Callable[[Visit], None] | None = None):

@@ -1,11 +1,9 @@
 """Detection of latency steps (level shifts) in a measured curve L(n) with scipy.
 
-L(n) is modelled as a smooth robust quadratic trend, plus level shifts (steps), plus noise (each point's
-standard error, from the caller or from the residuals). Narrow spikes are reported apart; candidate steps are
-the peaks (`scipy.signal.find_peaks`) of the shift's significance z over the intervals, placed, widened over
-a step spread across 2-3 tokens, merged, and kept when z >= k; trend and steps are refitted until they
-settle. A "drop": fewer tokens, faster than the trend predicts; a "rise": fewer tokens, slower. The whole
-procedure: docs/method.md, section 5.
+L(n) is modelled as a smooth robust quadratic trend, plus steps, plus noise. Narrow spikes are reported apart;
+candidate steps are the peaks of the shift's significance z over the intervals, widened over a step spread across
+2-3 tokens, merged, and kept when z >= k; trend and steps are refitted until they settle. A "drop": fewer tokens,
+faster than the trend predicts; a "rise": fewer tokens, slower. The whole procedure: docs/method.md, section 5.
 """
 
 from __future__ import annotations
@@ -28,13 +26,9 @@ PASSES = 4
 
 @dataclass(frozen=True)
 class Step:
-    """One significant level shift between `tokens` (low side) and `upper_tokens` (high side).
-
-    `drop_ms` is the raw latency change before - after; `excess_ms` the shift over the trend (positive
-    for a drop); `significance` that shift over its standard error. The `paired_*` fields, filled once the
-    step is confirmed by paired measurement (`pomt.measurement.confirmation`), give the same change in %
-    (positive for a drop) as measured alternately at both counts, with its confidence interval and p-value.
-    """
+    """One significant level shift between `tokens` (low side) and `upper_tokens` (high side). `drop_ms` is the raw
+    change before - after; `excess_ms` the shift over the trend (> 0: a drop); the `paired_*` fields, once confirmed
+    by paired measurement, the change in % (> 0: a drop) with its interval and p-value."""
 
     tokens: int
     upper_tokens: int
@@ -52,8 +46,7 @@ class Step:
 
     @property
     def fast_tokens(self) -> int:
-        """The count on the step's faster side, where a schedule lands to run at the lower level: the low side of
-        a drop, the high side of a rise (fewer tokens, slower)."""
+        """The count on the step's faster side, where a schedule lands: the low side of a drop, the high of a rise."""
         return self.upper_tokens if self.kind == "rise" else self.tokens
 
     def to_dict(self) -> dict:
@@ -71,15 +64,8 @@ class StepReport:
     noise_ms: float = 0.0
 
 
-def detect_steps(
-    tokens: Sequence[int],
-    latency_ms: Sequence[float],
-    *,
-    k: float = 5.0,
-    noise_ms: float | Sequence[float] | None = None,
-    window: int = 5,
-    spread: int = 2,
-) -> StepReport:
+def detect_steps(tokens: Sequence[int], latency_ms: Sequence[float], *, k: float = 5.0,
+                 noise_ms: float | Sequence[float] | None = None, window: int = 5, spread: int = 2) -> StepReport:
     """Find latency steps of significance >= k and one-point spikes; see the module docstring."""
     t, y, given = _prepare(tokens, latency_ms, noise_ms)
     if len(t) < 4:
@@ -114,8 +100,7 @@ def _prepare(tokens, latency_ms, noise_ms):
 
 
 def _noise(t: np.ndarray, y: np.ndarray, given: np.ndarray | None) -> np.ndarray:
-    """Per-point standard error: the caller's, else one robust figure from the curve itself; never
-    below the resolution floor."""
+    """Per-point standard error: the caller's, else one robust figure from the curve; never below the floor."""
     floor = NOISE_FLOOR * np.abs(y)
     if given is None:
         r = np.diff(y) - np.diff(trend(t, y, floor=float(np.median(floor))))
@@ -144,8 +129,7 @@ Known = list[tuple[int, int, int, float, float]]  # (sign, first interval, last 
 
 @dataclass(frozen=True)
 class _Bar:
-    """What a step must pass: significance `k`, levels over `window` points each side, placed within `spread`
-    intervals of its sharpest one."""
+    """What a step must pass: significance `k`, levels over `window` points each side, `spread` intervals wide."""
 
     k: float
     window: int
@@ -164,19 +148,9 @@ def _find_steps(t: np.ndarray, y: np.ndarray, sigma: np.ndarray, bar: _Bar) -> l
     steps = []
     for sign, a, b, shift, sig in found:
         before, after = float(y[b + 1]), float(y[a])
-        steps.append(
-            Step(
-                tokens=int(t[a]),
-                upper_tokens=int(t[b + 1]),
-                before_ms=before,
-                after_ms=after,
-                drop_ms=before - after,
-                drop_pct=100.0 * (before - after) / before if before else 0.0,
-                significance=float(sig),
-                kind="drop" if sign > 0 else "rise",
-                excess_ms=shift,
-            )
-        )
+        steps.append(Step(tokens=int(t[a]), upper_tokens=int(t[b + 1]), before_ms=before, after_ms=after,
+                          drop_ms=before - after, drop_pct=100.0 * (before - after) / before if before else 0.0,
+                          significance=float(sig), kind="drop" if sign > 0 else "rise", excess_ms=shift))
     return sorted(steps, key=lambda s: s.tokens)
 
 
@@ -189,11 +163,9 @@ def _levels(t: np.ndarray, y: np.ndarray, known: Known, sigma: np.ndarray) -> tu
     return base - trend(t, base, float(np.median(sigma))), staircase
 
 
-def _shift(
-    e: np.ndarray, lo: int, hi: int, sigma: np.ndarray, window: int, skip: np.ndarray
-) -> tuple[float, float]:
-    """Level shift across points lo..hi+1 (upper level minus lower) and its z-score; `skip` marks points
-    inside other spread steps, which belong to neither level."""
+def _shift(e: np.ndarray, lo: int, hi: int, sigma: np.ndarray, window: int, skip: np.ndarray) -> tuple[float, float]:
+    """Level shift across points lo..hi+1 (upper level minus lower) and its z-score; `skip` marks points inside
+    other spread steps, which belong to neither level."""
     below = [j for j in range(lo, -1, -1) if not skip[j]][:window]
     above = [j for j in range(hi + 1, len(e)) if not skip[j]][:window]
     if not below or not above:
@@ -223,15 +195,12 @@ def _candidates(t: np.ndarray, y: np.ndarray, sigma: np.ndarray, bar: _Bar, know
                 skip[a + 1 : b + 1] = False
         return e, skip
 
-    h = np.empty(m)
-    z = np.empty(m)
-    r = np.empty(m)
+    h, z, r = np.empty(m), np.empty(m), np.empty(m)
     for i in range(m):
         e, skip = view(i, i)
         h[i], z[i] = _shift(e, i, i, sigma, window, skip)
         r[i] = e[i + 1] - e[i]
-    from scipy.signal import find_peaks  # here: scipy.signal takes most of a second to import, which every
-    # command would pay at its start (bad input, --help) where only a search needs it
+    from scipy.signal import find_peaks  # here: its import takes most of a second, which every command would pay
 
     spans: list[tuple[int, int, int]] = []
     for sign in (1, -1):
@@ -272,35 +241,19 @@ def _merge(candidates: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]
 
 def paired_step(low: int, high: int, before_ms: float, after_ms: float, effect: PairedEffect,
                 significance: float) -> Step:
-    """The `Step` between `low` and `high` tokens that a paired measurement confirmed (latency at
-    `low` over latency at `high`), its levels from the pooled curve."""
+    """The `Step` between `low` and `high` tokens that a paired measurement confirmed, its levels from the pooled
+    curve."""
     saving, interval = effect.saving_pct
-    return Step(
-        tokens=low,
-        upper_tokens=high,
-        before_ms=before_ms,
-        after_ms=after_ms,
-        drop_ms=before_ms - after_ms,
-        drop_pct=100.0 * (before_ms - after_ms) / before_ms if before_ms else 0.0,
-        significance=significance,
-        kind="drop" if saving > 0 else "rise",
-        excess_ms=before_ms * saving / 100.0,
-        paired_pct=saving,
-        paired_ci_pct=interval,
-        p_value=effect.p_value,
-        pairs=effect.pairs,
-    )
+    return Step(tokens=low, upper_tokens=high, before_ms=before_ms, after_ms=after_ms, drop_ms=before_ms - after_ms,
+                drop_pct=100.0 * (before_ms - after_ms) / before_ms if before_ms else 0.0, significance=significance,
+                kind="drop" if saving > 0 else "rise", excess_ms=before_ms * saving / 100.0, paired_pct=saving,
+                paired_ci_pct=interval, p_value=effect.p_value, pairs=effect.pairs)
 
 
-def steps_in_trace(
-    visits: Sequence[Visit], *, min_step: float = 0.05, alpha: float = 1e-3, widths: Sequence[int] = (1, 2)
-) -> list[Step]:
-    """Steps a dense trace confirms by paired measurement: for each pair of counts `width` apart, the
-    visits of both in the same pass are paired (each corrected for the drift at its time), and the
-    paired log-ratio less the trend's is tested (t-test at `alpha`, which is small because every
-    interval of the grid is tested). Accepted when significant and at least `min_step`; overlapping
-    findings keep the larger. This is the ground truth the search is scored against.
-    """
+def steps_in_trace(visits: Sequence[Visit], *, min_step: float = 0.05, alpha: float = 1e-3,
+                   widths: Sequence[int] = (1, 2)) -> list[Step]:
+    """Steps a dense trace confirms by paired measurement of counts `width` apart in the same passes (t-test at a
+    small `alpha`: every interval is tested), at least `min_step`: the ground truth the search is scored against."""
     levels, drift_log = drift_profile(visits)
     tokens = np.array(sorted(levels), dtype=float)
     curve = np.exp([levels[int(n)] for n in tokens])

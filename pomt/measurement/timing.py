@@ -1,9 +1,8 @@
 """Honest latency measurement: warm-up, fixed threads, synchronised timing, robust statistics, and profiles.
 
 Statistics of per-call latencies are computed in one place (`summarise`). On CUDA every call is timed with CUDA
-events; elsewhere with the synchronised wall clock. `profile_forward` counts the operators (CPU) or kernels (CUDA)
-per forward and the time the device spends in them (`torch.profiler`): set against the wall latency, that shows
-how much of a forward is launch and framework overhead.
+events; elsewhere with the synchronised wall clock. `profile_forward` counts the operators or kernels per forward
+and the device time in them: against the wall latency, how much of a forward is launch and framework overhead.
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-# torch.utils.benchmark imports cpp_extension, which logs "No CUDA runtime is found" on CUDA builds of
-# torch without a GPU: import-time noise that would turn a one-line CLI error into two lines.
+# torch.utils.benchmark imports cpp_extension, which logs "No CUDA runtime is found" on CUDA builds without a GPU.
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 from torch.utils import benchmark  # noqa: E402
 
@@ -51,14 +49,8 @@ def summarise(times_ms: list[float] | np.ndarray) -> Stats:
     if t.size == 0:
         raise ValueError("no timing samples")
     q10, q25, q50, q75 = np.percentile(t, [10, 25, 50, 75])
-    return Stats(
-        median_ms=float(q50),
-        iqr_ms=float(q75 - q25),
-        min_ms=float(t.min()),
-        p10_ms=float(q10),
-        mean_ms=float(t.mean()),
-        samples=int(t.size),
-    )
+    return Stats(median_ms=float(q50), iqr_ms=float(q75 - q25), min_ms=float(t.min()), p10_ms=float(q10),
+                 mean_ms=float(t.mean()), samples=int(t.size))
 
 
 @contextlib.contextmanager
@@ -109,9 +101,8 @@ def _timer_times(fn: Callable[[], object], threads: int, min_run_s: float, devic
 
 
 def time_calls(fn: Callable[[], object], device: str, reps: int, threads: int | None = None) -> list[float]:
-    """`reps` per-call latencies (ms) of `fn`, back to back: CUDA events around each call on CUDA, the
-    synchronised wall clock elsewhere (`torch.utils.benchmark.Timer.timeit` would add two hidden warm-up
-    calls to every reading). No warm-up: the caller decides."""
+    """`reps` per-call latencies (ms) of `fn`, back to back: CUDA events on CUDA, the synchronised wall clock
+    elsewhere (`Timer.timeit` would add two hidden warm-up calls to every reading). No warm-up: the caller decides."""
     if reps < 1:
         raise ValueError("reps must be >= 1")
     if device.startswith("cuda"):
@@ -120,14 +111,9 @@ def time_calls(fn: Callable[[], object], device: str, reps: int, threads: int | 
         return [_time_block(fn, device, 1) for _ in range(reps)]
 
 
-def time_callable(
-    fn: Callable[[], object],
-    device: str = "cpu",
-    threads: int | None = None,
-    warmup: int = DEFAULT_WARMUP,
-    min_run_s: float = DEFAULT_MIN_RUN_S,
-    min_samples: int = 5,
-) -> tuple[Stats, int]:
+def time_callable(fn: Callable[[], object], device: str = "cpu", threads: int | None = None,
+                  warmup: int = DEFAULT_WARMUP, min_run_s: float = DEFAULT_MIN_RUN_S,
+                  min_samples: int = 5) -> tuple[Stats, int]:
     """Time `fn` after warm-up; returns statistics over per-call latencies and the thread count used."""
     with fixed_threads(threads) as used_threads, torch.inference_mode():
         for _ in range(warmup):
@@ -152,14 +138,8 @@ class InterleavedResult:
     stats: dict[str, Stats]
 
 
-def interleaved(
-    variants: dict[str, Callable[[], object]],
-    device: str = "cpu",
-    threads: int | None = None,
-    rounds: int = 20,
-    calls_per_round: int = 1,
-    warmup: int = DEFAULT_WARMUP,
-) -> InterleavedResult:
+def interleaved(variants: dict[str, Callable[[], object]], device: str = "cpu", threads: int | None = None,
+                rounds: int = 20, calls_per_round: int = 1, warmup: int = DEFAULT_WARMUP) -> InterleavedResult:
     """Time several callables round-robin, reversing the order every round to cancel position bias."""
     names = list(variants)
     times: dict[str, list[float]] = {name: [] for name in names}
@@ -226,20 +206,14 @@ def _quiet_kineto() -> Iterator[None]:
             os.dup2(saved, fd)
             os.close(saved)
             sink.seek(0)
-            kept = [
-                line
-                for line in sink.read().decode(errors="replace").splitlines()
-                if line.strip() and not _KINETO_CHATTER.match(line)
-            ]
+            kept = [line for line in sink.read().decode(errors="replace").splitlines()
+                    if line.strip() and not _KINETO_CHATTER.match(line)]
             if kept:
                 print("\n".join(kept), file=sys.stderr)
 
 
-def profile_forward(
-    fn: Callable[[], object], device: str, forwards: int = 3, warmup: int = 2
-) -> ProfileSummary:
-    """Profile `forwards` back-to-back calls of `fn` after `warmup` unprofiled ones (both timed and
-    synchronised by `pomt.measurement.timing`)."""
+def profile_forward(fn: Callable[[], object], device: str, forwards: int = 3, warmup: int = 2) -> ProfileSummary:
+    """Profile `forwards` back-to-back synchronised calls of `fn` after `warmup` unprofiled ones."""
     cuda = device.startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")
@@ -254,11 +228,7 @@ def profile_forward(
     if cuda:
         gpu = [e for e in events if e.device_type == DeviceType.CUDA]
         busy_us = sum(e.time_range.elapsed_us() for e in gpu)
-        return ProfileSummary(
-            len(gpu) / forwards, busy_us / 1e3 / forwards, wall_ms, GPU_PROFILE, forwards
-        )
+        return ProfileSummary(len(gpu) / forwards, busy_us / 1e3 / forwards, wall_ms, GPU_PROFILE, forwards)
     aten = [e for e in events if e.name.startswith("aten::")]
     self_us = sum(e.self_cpu_time_total for e in events if e.device_type == DeviceType.CPU)
-    return ProfileSummary(
-        len(aten) / forwards, self_us / 1e3 / forwards, wall_ms, CPU_PROFILE, forwards
-    )
+    return ProfileSummary(len(aten) / forwards, self_us / 1e3 / forwards, wall_ms, CPU_PROFILE, forwards)

@@ -1,12 +1,10 @@
 """Level-shift windows over the counts within reach: the steps the visits show, the smallest step they could have
 shown (the run's detection limit), and the power passes that spend visits where a window needs them.
 
-The counts within reach and the MARGIN grid counts below it (`window_span`) are cut into overlapping windows of
-WINDOW_COUNTS counts, each tested for a jump at the positions within reach (`pomt.measurement.level_shift`),
-Bonferroni-corrected over windows and positions, on values with the curve's robust trend divided out. A position's
-limit is the smallest step its best window would show with 80% power; the run's limit is the largest, so "steps of
-L% or more would have been found" holds wherever such a step lies. Power passes visit the windows whose limit is
-above the target, widest first, while the budget leaves room.
+The counts within reach and the MARGIN grid counts below it are cut into overlapping windows of WINDOW_COUNTS
+counts, each tested for a jump at the positions within reach, Bonferroni-corrected over windows and positions. A
+position's limit is the smallest step its best window would show with 80% power; the run's limit is the largest.
+Power passes visit the windows whose limit is above the target, widest first, while the budget leaves room.
 """
 
 from __future__ import annotations
@@ -53,8 +51,8 @@ class WindowTest:
 
 @dataclass(frozen=True)
 class WindowShift:
-    """A jump a window shows beyond its line, significant after the correction for every window and
-    position tried: between `low` (the highest measured count below it) and `high` tokens."""
+    """A jump between `low` (the highest measured count below it) and `high` tokens that a window shows, significant
+    after the correction for every window and position tried."""
 
     low: int
     high: int
@@ -69,8 +67,7 @@ class WindowShift:
 
 @dataclass(frozen=True)
 class WindowScan:
-    """Every window's limit over the counts within reach, and the shifts found. `limit_pct` is None when the
-    reach holds too few measured counts for any window."""
+    """Every window's limit over the counts within reach, and the shifts found."""
 
     reach: tuple[int, int]
     regions: tuple[tuple[int, int, float], ...]  # (first count, last count, limit %) per window
@@ -93,16 +90,13 @@ class WindowScan:
         return [(lo, hi) for lo, hi, limit in sorted(self.regions, key=lambda r: -r[2]) if limit > target_pct]
 
     def short_of(self, target_pct: float, stopped: str) -> WindowScan:
-        """This scan with the target the power passes aimed at and why they `stopped`, where its limit is still
-        above it."""
+        """This scan with the target the power passes aimed at, and why they `stopped` where it is not reached."""
         short = self.limit_pct is None or self.limit_pct > target_pct
         return replace(self, stopped=stopped if short else "", target_pct=target_pct)
 
     def visits_factor(self, target_pct: float) -> float:
         """How many times the visits within reach the windows would need for every position to show a step of
-        `target_pct` (`level_shift.visits_factor`; a position counts at the best of the windows that test it,
-        as in the regions): 1 when reached, inf when the counts' own scatter keeps some position out of reach (in a
-        window whose scatter is more than chance, `scatter_shown`, as the line names it)."""
+        `target_pct`: 1 when reached, inf when the counts' own scatter keeps some position out of reach."""
         best = best_by_position({fit.position: visits_factor(fit, alpha, shift.positions, target_pct,
                                                              scattered=scatter_shown(shift))
                                  for fit in shift.profile} for shift, alpha in self.profiles)
@@ -113,8 +107,7 @@ class WindowScan:
         return best_by_position(limits_of(shift, alpha, self.min_step_pct / 100.0) for shift, alpha in self.profiles)
 
     def sentence(self, found: int, target_pct: float | None = None, spent: tuple[int, int] | None = None) -> str:
-        """What the run could see, in one line: "within reach (150-197 tokens), steps of 6% or more would have
-        been found; none was", and the target it missed, if any, with what would reach it (`_more`; `spent`:
+        """What the run could see, in one line, and the target it missed, if any, with what would reach it (`spent`:
         the run's visits and its full grid's, to say it as a --budget). The target: `target_pct`, else the run's."""
         lo, hi = self.reach
         target_pct = self.target_pct if target_pct is None else target_pct
@@ -134,9 +127,8 @@ class WindowScan:
         return f" within the visit budget{self._scatter()}{self._more(target_pct, spent)}"
 
     def _more(self, target_pct: float, spent: tuple[int, int] | None) -> str:
-        """What the target would take: at least about how many times the visits the windows tested (`visits_factor`),
-        as a --budget where the run's visits are known, or that no number of visits would. At least: the factor counts
-        on the counts' scatter averaging away where it is not shown to be more than chance."""
+        """What the target would take: at least about how many times the visits the windows tested, as a --budget
+        where the run's visits are known, or that no number of visits would."""
         if target_pct < self.min_step_pct:
             return f"; no limit is stated below the minimum step, {self.min_step_pct:g}%"
         factor = self.visits_factor(target_pct)
@@ -153,8 +145,7 @@ class WindowScan:
         return line
 
     def _scatter(self) -> str:
-        """The counts' own scatter beyond a visit's noise, where there is enough to name: more visits of the same
-        counts do not average it away."""
+        """The counts' own scatter beyond a visit's noise, where there is enough to name."""
         if self.shown_scatter_pct < max(0.5, 0.5 * self.noise_pct):  # too little to matter, or chance
             return ""
         return f"; the counts there scatter {self.shown_scatter_pct:.1f}% from one to the next, beyond a visit's noise"
@@ -168,8 +159,7 @@ class WindowScan:
 
 
 def windows(counts: Sequence[int], size: int = WINDOW_COUNTS) -> list[list[int]]:
-    """Overlapping runs of `size` consecutive measured counts, each starting half a window after the last;
-    the last ends at the highest count. One window when there are fewer counts than `size`."""
+    """Overlapping runs of `size` consecutive measured counts, half a window apart, the last ending at the highest."""
     counts = sorted(counts)
     if len(counts) < LEAST_COUNTS:
         return []
@@ -182,8 +172,7 @@ def windows(counts: Sequence[int], size: int = WINDOW_COUNTS) -> list[list[int]]
     return [counts[s:s + size] for s in starts]
 
 
-def window_visits(values_by_count: Mapping[int, Sequence[float]], counts: Sequence[int],
-                  noise: float) -> WindowVisits:
+def window_visits(values_by_count: Mapping[int, Sequence[float]], counts: Sequence[int], noise: float) -> WindowVisits:
     """The log of every visit value (ms, drift corrected) of `counts`, each with the variance noise^2."""
     tokens = [n for n in counts for _ in values_by_count[n]]
     values = [math.log(v) for n in counts for v in values_by_count[n]]
@@ -191,21 +180,16 @@ def window_visits(values_by_count: Mapping[int, Sequence[float]], counts: Sequen
 
 
 def window_span(grid: Sequence[int], reach: tuple[int, int]) -> tuple[int, int]:
-    """(first, last) of the counts the windows over `reach` take in: the reach and the MARGIN grid counts below it.
-    A step at the reach's low edge needs counts below it as much as above, or the reach's first positions go
-    untested."""
+    """(first, last) of the counts the windows over `reach` take in: the reach and the MARGIN grid counts below it."""
     below = [n for n in grid if n < reach[0]]
     return (below[-MARGIN] if len(below) >= MARGIN else (below[0] if below else reach[0])), reach[1]
 
 
 def scan(values_by_count: Mapping[int, Sequence[float]], reach: tuple[int, int], noise: float, test: WindowTest, *,
          below: int | None = None) -> WindowScan:
-    """Test every window over the counts from `below` (default: the reach's first) to the reach's last that have a
-    visit, and state each window's detection limit, both at `test.alpha` corrected for the number of windows. Jumps
-    are tried and limits stated only at positions within `reach` (a jump whose low side is a count of the reach:
-    landing below it keeps a count the policy can reach). The values are flat but for steps (the trend divided
-    out); `test.line` fits each window a slope as well. A count with a value at or below zero (no latency: a trend bent
-    below zero divided it) is left out."""
+    """Test every window over the counts from `below` (default: the reach's first) to the reach's last, and state
+    each window's detection limit, at `test.alpha` corrected for the windows; jumps are tried only at positions within
+    `reach`. The values are flat but for steps (the trend divided out); counts with a value at or below zero are out."""
     alpha, min_step = test.alpha, test.min_step
     lo, hi = reach
     first = lo if below is None else min(below, lo)
@@ -223,7 +207,7 @@ def scan(values_by_count: Mapping[int, Sequence[float]], reach: tuple[int, int],
         profiles.append((shift, share))
         scatter = max(scatter, scatter_pct(shift))
         shown = max(shown, scatter_pct(shift) if scatter_shown(shift) else 0.0)
-        if shift.p_value * len(spans) < alpha and _large_enough(shift, min_step):
+        if shift.p_value * len(spans) < alpha and abs(shift.saving_pct) >= 100.0 * min_step:
             best = shift.best
             shifts.append(WindowShift(best.low, best.position, shift.saving_pct,
                                       min(1.0, shift.p_value * len(spans)), best.z))
@@ -234,11 +218,8 @@ def scan(values_by_count: Mapping[int, Sequence[float]], reach: tuple[int, int],
 
 def _regions(by_window: list[tuple[list[int], dict[int, float]]],
              ends: tuple[int, int]) -> list[tuple[int, int, float]]:
-    """(first count, last count, limit) per window: a step at a position is found by whichever window
-    tests it best, so a position's limit is the lowest of the windows that test it, and a window's the
-    largest of its positions' (the edges of one window are the middle of the next). The lowest and the highest
-    region reach to the `ends` of the counts the windows take in, measured or not, so that the power passes visit
-    them (the coarse scan does not measure the reach's first counts and the margin below it)."""
+    """(first count, last count, limit) per window, a window's limit the largest of its positions' best; the outer
+    regions reach to the `ends` of the counts the windows take in, so that the power passes visit them."""
     best = best_by_position(limits for _, limits in by_window)
     regions = [[span[0], span[-1], max(best[position] for position in limits)] for span, limits in by_window if limits]
     if regions:
@@ -247,8 +228,7 @@ def _regions(by_window: list[tuple[list[int], dict[int, float]]],
 
 
 def best_by_position(per_window: Iterable[Mapping[int, float]]) -> dict[int, float]:
-    """{position: the least of the windows' values there}: a step at a position is found by whichever window tests
-    it best (the edges of one window are the middle of the next)."""
+    """{position: the least of the windows' values there}: a step is found by whichever window tests it best."""
     best: dict[int, float] = {}
     for values in per_window:
         for position, value in values.items():
@@ -257,9 +237,7 @@ def best_by_position(per_window: Iterable[Mapping[int, float]]) -> dict[int, flo
 
 
 def _supports(pin: Confirmation, shift: WindowShift, min_step: float) -> bool:
-    """The paired second look backs the window: same sign, at least the minimum step (a step is reported at the
-    pair it pins, with the pair's size: a window's shift spread over a few counts of smaller steps is no step of
-    the minimum at any one of them), and not far from significant on its own (p < SECOND_LOOK_P)."""
+    """The paired second look backs the window: same sign, at least the minimum step itself, and p < SECOND_LOOK_P."""
     paired = pin.paired_pct or 0.0
     return (paired * shift.saving_pct > 0 and abs(paired) >= 100.0 * min_step
             and pin.effect is not None and pin.effect.p_value < SECOND_LOOK_P)
@@ -267,19 +245,13 @@ def _supports(pin: Confirmation, shift: WindowShift, min_step: float) -> bool:
 
 def scan_visits(visits: Sequence[Visit], points: list[CurvePoint], confirmed: list[Confirmation],
                 reach: tuple[int, int], test: WindowTest, *, below: int | None = None) -> WindowScan:
-    """`scan` on a search's visits: drift divided out, the `confirmed` steps and the curve's trend (its bend,
-    `expected_levels` of the pooled `points`) taken out, so that the windows fit what is left. A count whose
-    trend reads at or below zero (sub-millisecond noise can bend a tiny model's trend there) has no level to
-    test and is left out."""
+    """`scan` on a search's visits with drift, the `confirmed` steps and the trend of `points` taken out; a count whose
+    trend reads at or below zero is left out."""
     values = corrected_values(visits)
     factor = dict(zip(values, confirmed_factor(list(values), confirmed), strict=True))
     expected = expected_levels(points)
     values = {n: [v * factor[n] / expected[n] for v in vs] for n, vs in values.items() if expected.get(n, 0.0) > 0.0}
     return scan(values, reach, relative_noise(values), test, below=below)
-
-
-def _large_enough(shift: LevelShift, min_step: float) -> bool:
-    return abs(shift.saving_pct) >= 100.0 * min_step
 
 
 def _distinct(shifts: list[WindowShift]) -> list[WindowShift]:
@@ -293,10 +265,8 @@ def _distinct(shifts: list[WindowShift]) -> list[WindowShift]:
 
 def counts_to_strengthen(grid: Sequence[int], regions: Sequence[tuple[int, int]],
                          windowed: tuple[int, int]) -> list[int]:
-    """The grid counts a power pass visits, among those the windows take in (`windowed`, first and last:
-    `window_span`): every count of the regions above the target (the unmeasured ones among them too), region by
-    region in the order given (the widest limit first, so that a pass the budget cuts short strengthens those),
-    or, while no window exists yet, every count the windows take in."""
+    """The grid counts a power pass visits among the `windowed` ones (first, last): every count of `regions`, in the
+    order given, or, while no window exists yet, all of them."""
     lo, hi = windowed
     inside = [n for n in grid if lo <= n <= hi]
     chosen = {n: None for a, b in regions for n in inside if a <= n <= b}
@@ -305,9 +275,8 @@ def counts_to_strengthen(grid: Sequence[int], regions: Sequence[tuple[int, int]]
 
 def window_verdicts(shifts: Sequence[WindowShift], judged: Mapping[tuple[int, int], Confirmation],
                     min_step: float) -> list[Confirmation]:
-    """Steps the windows show and the paired rounds did not confirm on their own: for each shift with no
-    accepted verdict inside its span, the paired verdict inside it whose effect agrees in sign with the
-    window (`_supports`; the largest such), accepted on the window's evidence. The paired rounds pin the count."""
+    """Steps the windows show and the paired rounds did not confirm on their own: for each shift with no accepted
+    verdict inside its span, the largest paired verdict inside it that `_supports` it, accepted."""
     out = []
     for shift in shifts:
         inside = [c for c in judged.values() if shift.low <= c.low and c.high <= shift.high]
@@ -329,22 +298,16 @@ NOISY_VISIT = 0.04  # a visit's noise (unbiased, `drift.visit_noise`) above whic
 
 
 def passes_first(grid: Sequence[int], windowed: tuple[int, int], left: float, noise: float) -> bool:
-    """Whether power passes come before the candidates: on a noisy machine (the coarse scan's visits scatter
-    more than NOISY_VISIT) and where a pass over the counts the windows take in (`windowed`, first and last:
-    `window_span`) and the reference costs at most half the `left` budget.
-    On a noisy machine the paired rounds of one candidate cost as much as such a pass and confirm far less; on a
-    quiet one they confirm in a few rounds and the candidates need the budget. Where one pass would take most of
-    the budget (a reach over the whole grid), the candidates come first."""
+    """Whether power passes come before the candidates: on a noisy machine (visits scatter more than NOISY_VISIT),
+    where a pass over the `windowed` counts and the reference costs at most half the `left` budget."""
     inside = sum(windowed[0] <= n <= windowed[1] for n in grid)
     return noise > NOISY_VISIT and inside + 1 <= left / 2
 
 
 def power_passes(measurer: Measurer, grid: Sequence[int], windowed: tuple[int, int], target_pct: float,
                  reserve: int, scan: Callable[[], WindowScan]) -> WindowScan:
-    """Visit the counts the windows take in (`windowed`, first and last) of the windows that could miss a step of
-    `target_pct`, one pass at a time, while the budget leaves `reserve` visits after the pass; `scan` states the
-    windows on every visit so far.
-    Returns the last scan, with why the passes stopped short of the target (`WindowScan.stopped`) where they did."""
+    """Visit the counts of the windows that could miss a step of `target_pct`, a pass at a time, while the budget
+    leaves `reserve` visits after the pass; returns the last `scan`, with why the passes stopped short, if they did."""
     while True:
         found = scan()
         limit = found.limit_pct

@@ -1,2 +1,1 @@
-"""The model: timm names and creation (`registry`), token geometry read from the model (`geometry`), and
-forwards that keep only n tokens after embedding (`tokens`)."""
+"""The model: timm names and creation (`registry`), token geometry (`geometry`), token-truncated forwards."""

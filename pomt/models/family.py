@@ -1,6 +1,5 @@
-"""Whether pomt can patch a model: a ViT-family transformer with patch tokens whose blocks and attention
-layers are of the classes pomt's pruning forwards run. Told by the name before anything is built (timm's
-entrypoint built on the meta device, which allocates nothing), else by the model once it is built."""
+"""Whether pomt can patch a model: a ViT-family transformer whose blocks and attention layers are of the classes
+pomt's pruning forwards run; told by the name before anything is built (on the meta device), else by the model."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ def check_family(model: nn.Module, name: str | None = None) -> nn.Module:
 
 
 def check_family_by_name(name: str) -> None:
-    """Raise UnsupportedModelError when the timm model `name` (resolved, without its tag) is not one pomt can
-    patch; silent where its meta-device build fails (`check_family` then tells once the model is built)."""
+    """Raise UnsupportedModelError when the timm model `name` is not one pomt can patch (silent if not buildable)."""
     model = _meta_model(name)
     if model is not None:
         check_family(model, name)
@@ -86,8 +84,7 @@ def _attention_classes(attn: nn.Module) -> tuple[type, ...]:
 
 
 def check_block(block: nn.Module) -> None:
-    """Raise PatchError unless `block` (or the block a pomt pruning block was) and its attention are of the
-    classes pomt's pruning forwards run."""
+    """Raise PatchError unless `block` and its attention are of the classes pomt's pruning forwards run."""
     original = vars(type(block)).get(PATCHED_FROM, type(block))
     if original not in _block_classes(block):
         raise PatchError(

@@ -40,9 +40,7 @@ class Geometry:
     def check_tokens(self, n: int) -> int:
         """Raise GridError unless P + 1 <= n <= N."""
         if not self.min_tokens <= n <= self.num_tokens:
-            raise GridError(
-                f"token count {n} is outside the model's range [{self.min_tokens}, {self.num_tokens}]"
-            )
+            raise GridError(f"token count {n} is outside the model's range [{self.min_tokens}, {self.num_tokens}]")
         return n
 
 
@@ -88,13 +86,7 @@ def model_geometry(model: nn.Module) -> Geometry:
     blocks = transformer_blocks(model)
     prefix = prefix_token_count(model)
     return Geometry(
-        model=model_name(model),
-        input_size=input_size,
-        patch_size=patch,
-        grid=grid,
-        prefix_tokens=prefix,
-        num_tokens=prefix + grid[0] * grid[1],
-        depth=len(blocks),
-        embed_dim=int(model.embed_dim),
+        model=model_name(model), input_size=input_size, patch_size=patch, grid=grid, prefix_tokens=prefix,
+        num_tokens=prefix + grid[0] * grid[1], depth=len(blocks), embed_dim=int(model.embed_dim),
         num_heads=int(blocks[0].attn.num_heads),
     )

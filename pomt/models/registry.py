@@ -45,8 +45,7 @@ class PomtWarning(UserWarning):
 
 
 def resolve_model_name(name: str) -> str:
-    """Alias or timm name (optionally with a `.tag`, one of timm's pretrained tags of it) → the registered timm
-    architecture name."""
+    """Alias or timm name (optionally with a pretrained `.tag`) → the registered timm architecture name."""
     if not isinstance(name, str):
         raise UnknownModelError(f"a model name must be a string, got {type(name).__name__} {name!r}")
     base, _, tag = name.strip().partition(".")
@@ -67,8 +66,7 @@ def architecture(name: str) -> str:
 
 
 def normalise_input_size(input_size: int | tuple[int, int] | None) -> tuple[int, int] | None:
-    """An int or (H, W) → (H, W); rejects what is not one or two whole numbers of pixels in
-    [1, MAX_INPUT_SIZE]."""
+    """An int or (H, W) → (H, W); rejects what is not one or two whole numbers of pixels in [1, MAX_INPUT_SIZE]."""
     if input_size is None:
         return None
     size = (input_size, input_size) if isinstance(input_size, int) else input_size
@@ -124,21 +122,13 @@ def _load_state(model: nn.Module, state: dict, path: Path) -> None:
         raise WeightsError(f"checkpoint {path} does not fit {type(model).__name__}: {detail}") from exc
 
 
-def create_model(
-    name: str,
-    input_size: int | tuple[int, int] | None = None,
-    pretrained: bool = False,
-    checkpoint: str | Path | None = None,
-    num_classes: int | None = None,
-) -> nn.Module:
+def create_model(name: str, input_size: int | tuple[int, int] | None = None, pretrained: bool = False,
+                 checkpoint: str | Path | None = None, num_classes: int | None = None) -> nn.Module:
     """Create a timm model in eval mode at `input_size`, with weights from the hub, a file, or random init.
 
-    When pretrained weights cannot be fetched, falls back to random init with one `PomtWarning`. Random init
-    is seeded (RANDOM_INIT_SEED): the same model in every process, so what depends on its weights (agreement
-    with the unpruned model, the tokens a reducer keeps) repeats from run to run.
-    A checkpoint's classifier size is read from the checkpoint, so fine-tuned heads load as they are.
-    A model pomt cannot patch is refused (UnsupportedModelError) before it is built.
-    """
+    Where pretrained weights cannot be fetched, falls back to random init with one `PomtWarning`; random init is
+    seeded (RANDOM_INIT_SEED), so the same model is built in every process. A checkpoint's classifier size is read
+    from the checkpoint. A model pomt cannot patch is refused (UnsupportedModelError) before it is built."""
     resolved = resolve_model_name(name)
     check_family_by_name(architecture(resolved))
     size = normalise_input_size(input_size) or default_input_size(resolved)
@@ -186,9 +176,7 @@ def check_divisible(size: tuple[int, int], model: nn.Module) -> None:
     """Raise when the input size is not a multiple of the model's patch size."""
     patch = _patch_size(model)
     if size[0] % patch[0] or size[1] % patch[1]:
-        raise InputSizeError(
-            f"input size {size[0]}x{size[1]} is not divisible by the patch size {patch[0]}x{patch[1]}"
-        )
+        raise InputSizeError(f"input size {size[0]}x{size[1]} is not divisible by the patch size {patch[0]}x{patch[1]}")
 
 
 def _patch_size(model: nn.Module) -> tuple[int, int]:
@@ -197,9 +185,7 @@ def _patch_size(model: nn.Module) -> tuple[int, int]:
 
 
 def geometry_of(name: str, input_size: int | tuple[int, int] | None = None) -> Geometry:
-    """The token geometry of timm's model `name` at `input_size`, built on the meta device: no weights, no
-    memory, nothing left behind in a process that times models afterwards (built for real only where an
-    entrypoint cannot run there)."""
+    """The token geometry of timm's model `name` at `input_size`, built on the meta device where it can be."""
     try:
         with torch.device("meta"):
             return model_geometry(create_model(name, input_size))

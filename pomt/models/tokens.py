@@ -1,11 +1,6 @@
-"""Run a model with only n tokens kept right after patch + position embedding (as POMT measures), or with only
-its last few blocks.
-
-Tokens are dropped by a forward pre-hook on a block, so every variant still runs through the model's
-own `model(x)` path; prefix tokens (class, distillation, registers) are always kept. `last_blocks` runs the
-embedding, the last blocks and the head: what a reducer costs at a block is a fraction of a millisecond, which
-the other blocks' jitter would drown in a whole forward.
-"""
+"""Run a model with only n tokens kept right after patch + position embedding (by a forward pre-hook, through the
+model's own `model(x)`; prefix tokens always kept), or with only its last few blocks, where what a reducer costs at a
+block would drown in the other blocks' jitter."""
 
 from __future__ import annotations
 
@@ -21,9 +16,8 @@ from pomt.models.geometry import model_geometry, transformer_blocks
 Selection = Literal["first", "random"]
 
 
-def random_patch_indices(
-    batch: int, patch_tokens: int, keep: int, generator: torch.Generator, device: torch.device | str = "cpu"
-) -> torch.Tensor:
+def random_patch_indices(batch: int, patch_tokens: int, keep: int, generator: torch.Generator,
+                         device: torch.device | str = "cpu") -> torch.Tensor:
     """Per-sample uniform random subset of `keep` patch indices, in ascending order (B, keep)."""
     noise = torch.rand(batch, patch_tokens, generator=generator)
     return noise.argsort(dim=1)[:, :keep].sort(dim=1).values.to(device)
@@ -41,21 +35,12 @@ def gather_tokens(x: torch.Tensor, prefix: int, patch_indices: torch.Tensor) -> 
 
 
 @contextlib.contextmanager
-def truncate_tokens(
-    model: nn.Module,
-    n: int,
-    selection: Selection = "first",
-    seed: int = 0,
-    indices: torch.Tensor | None = None,
-    at_block: int = 0,
-) -> Iterator[nn.Module]:
-    """Truncate the model's token stream for the forwards inside the context: `model(x)` carries only
-    n tokens from block `at_block` on.
+def truncate_tokens(model: nn.Module, n: int, selection: Selection = "first", seed: int = 0,
+                    indices: torch.Tensor | None = None, at_block: int = 0) -> Iterator[nn.Module]:
+    """Inside the context `model(x)` carries only n tokens from block `at_block` on.
 
-    selection: "first" keeps the first n tokens; "random" a seeded per-sample subset that changes from
-    call to call (reproducibly); `indices` (patch positions, (K,) or (B, K)) overrides both.
-    At n = N the model is left untouched, so outputs equal the model's own exactly.
-    """
+    selection: "first" keeps the first n tokens; "random" a seeded per-sample subset that changes from call to call
+    (reproducibly); `indices` (patch positions, (K,) or (B, K)) overrides both. At n = N the model is left untouched."""
     geometry = model_geometry(model)
     geometry.check_tokens(n)
     prefix, keep = geometry.prefix_tokens, n - geometry.prefix_tokens
@@ -84,14 +69,8 @@ def truncate_tokens(
         handle.remove()
 
 
-def forward_at_tokens(
-    model: nn.Module,
-    x: torch.Tensor,
-    n: int,
-    selection: Selection = "first",
-    seed: int = 0,
-    indices: torch.Tensor | None = None,
-) -> torch.Tensor:
+def forward_at_tokens(model: nn.Module, x: torch.Tensor, n: int, selection: Selection = "first", seed: int = 0,
+                      indices: torch.Tensor | None = None) -> torch.Tensor:
     """The model's output on `x` when only n tokens go through its blocks."""
     with truncate_tokens(model, n, selection=selection, seed=seed, indices=indices):
         return model(x)
@@ -99,8 +78,7 @@ def forward_at_tokens(
 
 @contextlib.contextmanager
 def dropped_to(model: nn.Module, counts: Sequence[int]) -> Iterator[nn.Module]:
-    """Inside the context block b receives the first counts[b] tokens (`truncate_tokens` wherever the count
-    falls): the token counts of a pruning schedule with no reducer's work."""
+    """Inside the context block b receives the first counts[b] tokens (a schedule's counts, no reducer's work)."""
     with contextlib.ExitStack() as stack:
         previous = model_geometry(model).num_tokens
         for block, tokens in enumerate(counts):
@@ -112,8 +90,7 @@ def dropped_to(model: nn.Module, counts: Sequence[int]) -> Iterator[nn.Module]:
 
 @contextlib.contextmanager
 def last_blocks(model: nn.Module, count: int) -> Iterator[nn.Module]:
-    """Inside the context `model` runs only its last `count` blocks (DINOv2's chunks flattened); the
-    blocks are the model's own modules, and the original container is put back on leaving."""
+    """Inside the context `model` runs only its last `count` blocks; the original container is put back on leaving."""
     blocks = transformer_blocks(model)
     if not 1 <= count <= len(blocks):
         raise ValueError(f"count must lie in [1, {len(blocks)}], got {count}")

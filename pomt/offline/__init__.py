@@ -1,7 +1,6 @@
-"""The offline computation in six stages, each a module returning its product: `config` (what is asked, checked
-before anything is built), `measure` (the run, the latency curve, A(n)), `choose` (a policy's ranking or the
-frontier search), `verify` (the patched model against the unpruned one, here and in a fresh process), `write`
-(the schedule and the run's files) and `pipeline` (`run_offline`, the stages strung together)."""
+"""The offline computation in six stages, each a module returning its product: `config`, `measure` (the run,
+the latency curve, A(n)), `choose` (a policy's ranking or the frontier search), `verify` (the patched model against
+the unpruned one), `write` (the schedule and the run's files) and `pipeline` (`run_offline`)."""
 
 from pomt.offline.config import OfflineConfig
 from pomt.offline.pipeline import OfflineResult, run_offline

@@ -1,8 +1,6 @@
 """Stage 3, choose, with one of two choosers: a policy ranking removals at one block on the measured curve
-(`pomt.policies`: step, budget, utility), or the frontier search across blocks and reducers (its calibration
-split and accuracy journal made ready before anything is measured; each reducer's own cost measured; the
-schedules that may ship, best first, with their held-out accuracy). A decision is built as the schedule it
-would ship as (`build_schedule`; a frontier candidate's reducer and removal at each block, `as_schedule`)."""
+(`pomt.policies`), or the frontier search across blocks and reducers. A decision is built as the schedule it would
+ship as (`build_schedule`, `as_schedule`)."""
 
 from __future__ import annotations
 
@@ -65,8 +63,7 @@ from pomt.workload.prepare import Workload
 
 @dataclass(frozen=True)
 class Ranking:
-    """The setting the policy ranked in, its candidates that remove something (best first), and the
-    search it ranked from."""
+    """The setting the policy ranked in, its candidates that remove something (best first), and its search."""
 
     setting: Setting
     ranked: tuple[Decision, ...]
@@ -114,8 +111,7 @@ def nothing(config: OfflineConfig, ranking: Ranking, reason: str | None = None, 
 
 
 def verification_removals(ranked: Sequence[Decision], count: int) -> list[int]:
-    """What verification measures: the best-ranked removals, and the other side of the step the first one
-    lands below (its higher count kept), so the step is checked on the patched model too."""
+    """The best-ranked removals, and the other side of the step the first one lands below (checked too)."""
     removals = [d.remove for d in ranked[:count]]
     target = ranked[0].target if ranked else None
     if target is not None:
@@ -141,16 +137,14 @@ def journal_path(output_dir: str | Path, stem: str) -> Path:
 
 
 def goal_of(config: OfflineConfig) -> Goal:
-    """The goal the options ask: a drop (default 1 point, none with only a latency budget), a budget, a floor,
-    and the confidence the accuracy goals are met at."""
+    """The goal the options ask: a drop (default 1 point, none with only a budget), a budget, a floor, a confidence."""
     only_budget = config.latency_budget_ms is not None and config.max_accuracy_drop is None
     return Goal(None if only_budget else max_accuracy_drop(config), config.latency_budget_ms, config.min_accuracy,
                 config.accuracy_confidence)
 
 
 def check_folder_resolves(config: OfflineConfig, images: int, max_drop_points: float, seed: int) -> None:
-    """Raise CalibrationError where the search split of `images` calibration images cannot resolve the drop
-    asked (`pomt.checks.check_drop_resolution`), saying what the sample holds and so what it allows."""
+    """Raise CalibrationError where the search split of `images` calibration images cannot resolve the drop asked."""
     search = len(split_indices(images, config.held_out, seed)[SEARCH])
     try:
         check_drop_resolution(search, max_drop_points)
@@ -188,9 +182,7 @@ COSTS = "reducer-costs.json"
 
 @dataclass(frozen=True)
 class FrontierFound:
-    """The search's result (held-out accuracies added), the latency model it priced schedules with, the
-    schedules that may ship (best first), the best uniform one, those to measure on the patched model
-    (`to_verify`, in the order of fallback), and where the time went (s)."""
+    """The search's result with held-out accuracies, its latency model, what may ship and what to verify, the times."""
 
     result: FrontierResult
     latency: LatencyModel
@@ -210,10 +202,8 @@ def costs_path(output_dir: str | Path, stem: str) -> Path:
 
 
 def reducer_costs(request: Request, run: Run) -> tuple[dict[str, ReducerCost], MixedCounts | None, tuple[str, ...]]:
-    """Each reducer's own cost inside the model and the calibration of mixed counts (live runs, in the runtime
-    measured where it runs the live model: eager or CUDA graphs), kept beside the outputs so that a resumed run
-    prices every schedule as the killed one did (and so takes the same decisions); elsewhere none, with a
-    note."""
+    """Each reducer's own cost and the calibration of mixed counts (live runs in `IN_PROCESS` runtimes), kept
+    beside the outputs so that a resumed run prices every schedule as the killed one did; else none and a note."""
     workload = request.workload
     if run.replay is not None or run.prepared.x is None:
         return {}, None, ("replayed trace: reducer costs not measured, schedules priced from the curve alone",)
@@ -247,8 +237,7 @@ def find_frontier(request: Request, run: Run, setup: FrontierSetup, latency: Lat
     settings = FrontierSettings(
         max_evals=config.max_evals, latency_budget_ms=config.latency_budget_ms,
         max_accuracy_drop=goal.max_drop_points if goal.max_drop_points is not None else DEFAULT_DROP,
-        confidence=goal.confidence,
-        steps=tuple(sorted({s.fast_tokens for s in latency.search.steps})),
+        confidence=goal.confidence, steps=tuple(sorted({s.fast_tokens for s in latency.search.steps})),
     )
     started = time.perf_counter()
     # past what the search tells apart an accuracy stops early, unless the goal reads accuracies that low
@@ -272,8 +261,7 @@ def find_frontier(request: Request, run: Run, setup: FrontierSetup, latency: Lat
 
 
 def mixed_note(latency: LatencyModel) -> tuple[str, ...]:
-    """What the latency model charges schedules for counts that change from block to block (`LatencyModel.kappa`);
-    none where it charges nothing."""
+    """What the latency model charges for counts that change from block to block; none where it charges nothing."""
     if latency.mixed is None or not latency.kappa:
         return ()
     mixed = latency.mixed
@@ -283,8 +271,7 @@ def mixed_note(latency: LatencyModel) -> tuple[str, ...]:
 
 
 def stopped_note(result: FrontierResult, images: int, beyond: float) -> tuple[str, ...]:
-    """A note on the schedules whose search-split accuracy stopped early (`Calibration.measure`'s
-    `stop_above`), and the share of the images not run; none where none stopped."""
+    """A note on the schedules whose search-split accuracy stopped early; none where none stopped."""
     short = [e.search.trials for e in result.evaluated if e.search.trials < images]
     if not short:
         return ()
@@ -295,8 +282,7 @@ def stopped_note(result: FrontierResult, images: int, beyond: float) -> tuple[st
 
 @dataclass(frozen=True)
 class Evidence:
-    """What a schedule reports beside its decision: the confirmed steps, A(n) (None: unknown), how the
-    curve was measured and what the patched model measured."""
+    """What a schedule reports beside its decision: steps, A(n) (None: unknown), measurement and verification."""
 
     steps: Sequence[Step] = ()
     accuracy: AccuracyCurve | None = None
@@ -308,50 +294,31 @@ def build_schedule(run: Run, config: OfflineConfig, decision: Decision, evidence
     """The schedule that applies `decision` to the run's model, as measured on the run's device."""
     geometry, fingerprint, live = run.geometry, run.setup.fingerprint, run.replay is None
     return Schedule(
-        model=geometry.model,
-        input_size=geometry.input_size,
-        batch_size=run.setup.batch_size,
-        num_tokens=geometry.num_tokens,
-        prefix_tokens=geometry.prefix_tokens,
-        depth=geometry.depth,
-        method=config.method,
-        prune=(BlockRemoval(decision.block, decision.remove),) if decision.remove > 0 else (),
+        model=geometry.model, input_size=geometry.input_size, batch_size=run.setup.batch_size,
+        num_tokens=geometry.num_tokens, prefix_tokens=geometry.prefix_tokens, depth=geometry.depth,
+        method=config.method, prune=(BlockRemoval(decision.block, decision.remove),) if decision.remove > 0 else (),
         policy=policy_record(config, decision, max_remove(config, geometry, evidence.accuracy is not None)),
-        predicted=prediction(decision, evidence.accuracy),
-        steps=[rounded(step.to_dict()) for step in evidence.steps],
-        device=fingerprint,
-        curve=f"{run.setup.stem}.curve.csv",
-        created=utc_now(),
+        predicted=prediction(decision, evidence.accuracy), steps=[rounded(step.to_dict()) for step in evidence.steps],
+        device=fingerprint, curve=f"{run.setup.stem}.curve.csv", created=utc_now(),
         dtype=fingerprint.dtype or "float32",  # a replayed trace's, when its sidecar says
-        backend=fingerprint.backend if live else None,
-        measurement=evidence.measurement,
-        verified=evidence.verified,
+        backend=fingerprint.backend if live else None, measurement=evidence.measurement, verified=evidence.verified,
     )
 
 
 def policy_record(config: OfflineConfig, decision: Decision, limit: int) -> SchedulePolicy:
     """The policy that decided, its settings (`limit`: the most it could remove) and its reason."""
     return SchedulePolicy(
-        name=decision.policy,
-        alpha=config.alpha if decision.policy == "utility" else None,
-        max_remove=limit,
-        min_gain=config.min_gain,
-        latency_budget_ms=config.latency_budget_ms,
-        min_accuracy=config.min_accuracy,
-        prune_block=config.prune_block,
-        reason=decision.reason,
-        reason_code=decision.code,
+        name=decision.policy, alpha=config.alpha if decision.policy == "utility" else None, max_remove=limit,
+        min_gain=config.min_gain, latency_budget_ms=config.latency_budget_ms, min_accuracy=config.min_accuracy,
+        prune_block=config.prune_block, reason=decision.reason, reason_code=decision.code,
     )
 
 
 def prediction(decision: Decision, accuracy: AccuracyCurve | None) -> Prediction:
     """The decision's predicted latencies and gain, rounded as the schedule keeps them, and its A(n)."""
     return Prediction(
-        baseline_ms=round(decision.baseline_ms, 4),
-        pruned_ms=round(decision.predicted_ms, 4),
-        gain=round(decision.gain, 5),
-        accuracy=decision.accuracy,
-        accuracy_kind=accuracy.kind if accuracy else None,
+        baseline_ms=round(decision.baseline_ms, 4), pruned_ms=round(decision.predicted_ms, 4),
+        gain=round(decision.gain, 5), accuracy=decision.accuracy, accuracy_kind=accuracy.kind if accuracy else None,
     )
 
 
@@ -363,9 +330,7 @@ def effective_removal(latency: LatencyModel, candidate: Candidate) -> dict[int, 
 
 def frontier_decision(latency: LatencyModel, point: Evaluated | None, reason: str, code: str,
                       config: OfflineConfig, accuracy: float | None) -> Decision:
-    """The decision naming `point` (None: remove nothing): `remove` is the total removed, `block` the first
-    pruning block (the prune block asked when nothing is removed), `kept_tokens` the count leaving the last
-    block."""
+    """The decision naming `point` (None: remove nothing), its block the first pruning one."""
     baseline = latency.baseline
     if point is None:
         return Decision(0, config.prune_block, latency.num_tokens, baseline, baseline, 0.0, accuracy, FRONTIER,

@@ -1,5 +1,4 @@
-"""Stage 1, configure: what the offline computation is asked to do besides measuring (`OfflineConfig`, whose
-fields are its CLI options), the checks of it before anything is built, and the limits it sets on a schedule."""
+"""Stage 1, configure: what the offline computation is asked to do besides measuring, and its checks and limits."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ BLIND_SHARE = 0.25  # of the patch tokens: the most a schedule removes by defaul
 
 @dataclass(frozen=True)
 class OfflineConfig:
-    """What the offline computation does with a workload (`pomt.workload.prepare.Workload`) besides measuring it
-    (`SearchSettings`); each field is also the CLI option of its name (`pomt.options`)."""
+    """What the offline computation does with a workload besides measuring it; each field is also a CLI option."""
 
     search: str = option("adaptive", "Coarse grid refined at candidate steps (adaptive), or every count.",
                          choices=SEARCHES, panel=MEASUREMENT)
@@ -87,8 +85,7 @@ class OfflineConfig:
                                        "schedule).", min=1, panel=VERIFICATION)
     verify_fresh: bool = option(True, "Measure the confirmed steps within reach, and the removals that qualified, "
                                       "once more in a fresh process (a step near N can sit elsewhere there); "
-                                      "keep only what holds in both.",
-                                negatable=True, panel=VERIFICATION)
+                                      "keep only what holds in both.", negatable=True, panel=VERIFICATION)
     latency_only: bool = option(False, "Measure latency only (no accuracy).", panel=OUTPUTS)
     accuracy_only: bool = option(False, "Estimate accuracy only; write its CSV.", panel=OUTPUTS)
     verbose: bool = option(False, "Print every step, rejected candidate, verified variant, note and file.",
@@ -97,12 +94,11 @@ class OfflineConfig:
 
     def rounds_for(self, forward_ms: float, reps: int, variants: int) -> int:
         """Rounds of a verification of `variants` (the unpruned model included) of `reps` forwards of about
-        `forward_ms`: `--verify-rounds`, more where they would not fill `--verify-seconds` (`verify_rounds`)."""
+        `forward_ms`: `--verify-rounds`, more where they would not fill `--verify-seconds`."""
         return verify_rounds(self.verify_rounds, self.verify_seconds, forward_ms, reps, variants)
 
     def check(self) -> OfflineConfig:
-        """Raise for settings no run can honour, before anything is resolved or built: ranges
-        (`pomt.checks.check_options`), settings that exclude each other, and what a policy needs."""
+        """Raise for settings no run can honour, before anything is resolved or built."""
         check_method(self.method)
         if self.search not in SEARCHES:
             raise GridError(f"unknown search {self.search!r}; choose one of {', '.join(SEARCHES)}")
@@ -168,8 +164,8 @@ def check_pruning(config: OfflineConfig, geometry: Geometry) -> None:
 
 
 def max_remove(config: OfflineConfig, geometry: Geometry, accuracy_known: bool) -> int:
-    """The most tokens a schedule may remove: the setting, else all but one patch token when accuracy is
-    known, else a quarter of the patch tokens (`BLIND_SHARE`)."""
+    """The most tokens a schedule may remove: the setting, else all but one patch token when accuracy is known,
+    else a quarter of the patch tokens (`BLIND_SHARE`)."""
     if config.max_remove is not None:
         return config.max_remove
     limit = geometry.patch_tokens - 1 if accuracy_known else int(BLIND_SHARE * geometry.patch_tokens)
@@ -182,8 +178,7 @@ def needs_accuracy_model(config: OfflineConfig) -> bool:
 
 
 def policy_name(config: OfflineConfig, accuracy_known: bool) -> str:
-    """The policy asked for, else frontier with a dataset measured here, budget with a budget, utility with
-    accuracy, step without."""
+    """The policy asked for, else frontier with a dataset, budget with a budget, utility with accuracy, else step."""
     return config.policy or (FRONTIER if needs_accuracy_model(config) else
                              "budget" if config.latency_budget_ms is not None else
                              "utility" if accuracy_known else "step")

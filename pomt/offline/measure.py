@@ -1,7 +1,6 @@
-"""Stage 2, measure: the run made concrete (the live workload with its journal, or a recorded trace with
-`--replay`), the latency curve searched over kept-token counts, the confirmed steps within reach measured again
-in a fresh process, and A(n) (read from `--accuracy-curve`, or measured on the `--dataset-root` sample in a
-worker process, its labels checked before anything is timed)."""
+"""Stage 2, measure: the run made concrete (the live workload with its journal, or a trace with `--replay`), the
+latency curve searched over kept-token counts, the confirmed steps within reach measured again in a fresh process,
+and A(n) (read from `--accuracy-curve`, or measured on the `--dataset-root` sample in a worker process)."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ from pomt.workload.prepare import (
 
 @dataclass(frozen=True)
 class Run:
-    """A prepared run: the workload made concrete, and where its latency comes from (None: nowhere, as
-    for --accuracy-only); `replay` is the trace a replay analyses."""
+    """A prepared run and where its latency comes from (None: nowhere, as for --accuracy-only; `replay`: a trace)."""
 
     prepared: Prepared
     measuring: MeasurementRun | None
@@ -95,9 +93,8 @@ def prepare_replay(workload: Workload, config: OfflineConfig) -> Run:
 
 
 def check_replayed_workload(workload: Workload, meta: dict, name: str) -> None:
-    """Raise SettingError where the workload asks for another model, batch, input size, device kind, thread
-    count, dtype or runtime than the trace's (a setting left at its default asks nothing): a replay analyses
-    what was recorded, and would otherwise answer another question than the one asked."""
+    """Raise SettingError where the workload asks for another model, batch, input size, device kind, thread count,
+    dtype or runtime than the trace's (a setting left at its default asks nothing)."""
     recorded, default = meta.get("device") if isinstance(meta.get("device"), dict) else {}, Workload()
     asked = {
         "--model": (None if workload.model is None else architecture(workload.model), architecture(name)),
@@ -119,8 +116,7 @@ def check_replayed_workload(workload: Workload, meta: dict, name: str) -> None:
 
 
 def replayed_fingerprint(meta: dict, path: Path) -> Fingerprint:
-    """The fingerprint a trace's sidecar recorded (the few facts of an older sidecar without one), and
-    where it was replayed from."""
+    """The fingerprint a trace's sidecar recorded (the few facts of an older sidecar without one)."""
     recorded = meta.get("device") if isinstance(meta.get("device"), dict) else {
         "kind": "cpu", "name": meta.get("cpu"), "threads": meta.get("threads"), "torch": meta.get("torch"),
         "timm": meta.get("timm"),
@@ -130,8 +126,7 @@ def replayed_fingerprint(meta: dict, path: Path) -> Fingerprint:
 
 @dataclass(frozen=True)
 class Latency:
-    """The search's result, the seconds it took, its journal (None on a replay), and the record of each
-    confirmed step within reach measured again in a fresh process (`check_steps_in_fresh_process`)."""
+    """The search's result, its seconds, its journal (None on a replay), and the fresh checks of its steps."""
 
     search: SearchResult
     seconds: float
@@ -140,8 +135,7 @@ class Latency:
 
 
 def measure_latency(request: Request, run: Run, reach: int) -> Latency:
-    """Search the run's grid; candidate steps at `reach` kept tokens or more (those a schedule may land
-    below) are examined first."""
+    """Search the run's grid; candidate steps at `reach` kept tokens or more are examined first."""
     workload, config, settings = request.workload, request.config, request.settings
     started = time.perf_counter()
     scope = SearchScope(run.prepared.grid, run.geometry.num_tokens, adaptive=config.search == "adaptive",
@@ -156,12 +150,8 @@ def measure_latency(request: Request, run: Run, reach: int) -> Latency:
     return Latency(search, seconds, journal.path)
 
 
-def check_steps_in_fresh_process(workload: Workload, settings: SearchSettings, latency: Latency,
-                                 reach: int) -> Latency:
-    """The latency with its confirmed steps at `reach` kept tokens or more measured again in a fresh process;
-    a step that does not hold there is rejected, its reason saying both measurements, and every check is
-    recorded (`Latency.fresh_steps`). The other policies choose from the curve, not from its steps: their
-    removal is checked in the fresh process by the verification alone."""
+def check_steps_in_fresh_process(workload: Workload, settings: SearchSettings, latency: Latency, reach: int) -> Latency:
+    """The latency with its confirmed steps at `reach` kept tokens or more checked in a fresh process (recorded)."""
     search = latency.search
     within = [c for c in search.candidates if c.accepted and c.effect is not None and c.low >= reach]
     if not within:
@@ -185,8 +175,7 @@ def fresh_record(step: Confirmation, fresh: PairedEffect, held: bool) -> dict:
     """What the schedule's measurement records of one step's check: both effects, and whether it held."""
     here_pct, fresh_pct = step.effect.saving_pct[0], fresh.saving_pct
     return {"low": step.low, "high": step.high, "held": held, "paired_pct": round(here_pct, 3),
-            "fresh_pct": round(fresh_pct[0], 3),
-            "fresh_ci_pct": [round(fresh_pct[1][0], 3), round(fresh_pct[1][1], 3)],
+            "fresh_pct": round(fresh_pct[0], 3), "fresh_ci_pct": [round(fresh_pct[1][0], 3), round(fresh_pct[1][1], 3)],
             "fresh_p_value": float(f"{fresh.p_value:.3g}"), "rounds": fresh.pairs}
 
 
@@ -209,8 +198,7 @@ def given_accuracy(config: OfflineConfig, run: Run) -> acc.AccuracyCurve | None:
 
 
 def accuracy_sample(workload: Workload, config: OfflineConfig, run: Run) -> Sample | None:
-    """The seeded sample A(n) is measured on, its labels checked against the model's classifier
-    (`pomt.accuracy.check_labels`; `--agreement` needs none); None where this run measures no A(n)."""
+    """The seeded sample A(n) is measured on, its labels checked; None where this run measures no A(n)."""
     if not (needs_accuracy_model(config) or config.accuracy_only) or config.dataset_root is None:
         return None
     model, geometry = run.prepared.model, run.geometry
@@ -222,8 +210,7 @@ def accuracy_sample(workload: Workload, config: OfflineConfig, run: Run) -> Samp
 
 def estimate_accuracy(workload: Workload, config: OfflineConfig, run: Run, sample: Sample,
                       steps: Sequence[Step] = ()) -> acc.AccuracyCurve:
-    """A(n) on the sample (at evenly spread counts and both sides of each step), with random pruning after
-    embedding."""
+    """A(n) on the sample (at evenly spread counts and both sides of each step), random pruning after embedding."""
     geometry, (subset, kind) = run.geometry, sample
     extra = [s.tokens for s in steps] + [s.upper_tokens for s in steps]
     counts = acc.accuracy_token_counts(geometry.min_tokens, geometry.num_tokens, config.accuracy_points, extra)

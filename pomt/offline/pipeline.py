@@ -1,5 +1,4 @@
-"""Stage 6, `run_offline`: the stages strung together (configure, measure, choose, verify, write), one
-pipeline with two choosers, and what a run found and wrote (`OfflineResult`)."""
+"""Stage 6, `run_offline`: the stages strung together, one pipeline with two choosers, and `OfflineResult`."""
 
 from __future__ import annotations
 
@@ -37,14 +36,7 @@ from pomt.offline.measure import (
     prepare_run,
 )
 from pomt.offline.verify import FrontierVerdict, decide, decide_frontier, here_only_note, with_gpu_work
-from pomt.offline.write import (
-    Findings,
-    final_schedule,
-    frontier_record,
-    output_names,
-    prepare_outputs,
-    write_outputs,
-)
+from pomt.offline.write import Findings, final_schedule, frontier_record, output_names, prepare_outputs, write_outputs
 from pomt.policies import Decision
 from pomt.verification.verify import Verification
 from pomt.workload.prepare import Workload, journalled
@@ -73,10 +65,7 @@ class OfflineResult:
 
 def run_offline(workload: Workload, config: OfflineConfig | None = None,
                 settings: SearchSettings | None = None) -> OfflineResult:
-    """Run every stage the configuration asks for and write the outputs (see `pomt.offline`).
-
-    Settings and the output folder are checked before anything is built, the accuracy data's labels before
-    anything is measured; Ctrl-C raises `Interrupted`, saying how many visits the journals keep."""
+    """Run every stage the configuration asks for and write the outputs; Ctrl-C raises `Interrupted`."""
     request = Request(workload, config or OfflineConfig(), settings or SearchSettings())
     config, settings = request.config, request.settings
     validate(config, settings)
@@ -91,8 +80,7 @@ def run_offline(workload: Workload, config: OfflineConfig | None = None,
 
 
 def measure_and_choose(request: Request, run: Run, sample: Sample | None) -> OfflineResult:
-    """The frontier policy (its accuracy measured in a worker process, `pomt.frontier.calibration`), else
-    the step or utility policy (`measure_and_rank`); the outputs written."""
+    """The frontier policy, else the step or utility policy (`measure_and_rank`); the outputs written."""
     workload, config = request.workload, request.config
     accuracy = given_accuracy(config, run)
     known = accuracy is not None or sample is not None

@@ -1,8 +1,6 @@
-"""Stage 4, verify: the chosen candidates measured on the patched model (through `pomt.apply_schedule`)
-against the unpruned one in paired shuffled rounds (journal `<stem>.verify.csv`), and those that qualified once
-more in a fresh process; a schedule ships only where it qualified in both. For a policy, the reducer's own cost
-at its block is measured first and the ranking redone with it; for the frontier, its best schedules, each
-reducer's best and the best uniform one are verified, and the fastest measured ships."""
+"""Stage 4, verify: the chosen candidates measured on the patched model against the unpruned one in paired
+shuffled rounds (journal `<stem>.verify.csv`), then once more in a fresh process; a schedule ships only where it
+qualified in both. A policy's ranking is first redone with the reducer's own cost measured at its block."""
 
 from __future__ import annotations
 
@@ -54,8 +52,7 @@ COST_PASSES = 3  # rankings redone with the method's cost measured where the las
 
 @dataclass(frozen=True)
 class Verdict:
-    """The decision to ship and what it rests on: the verification here (narrowed to the shipped
-    candidate), the one in a fresh process, the method's cost by removal, the verification's journal."""
+    """The decision to ship and what it rests on (verifications here, narrowed to what ships, and fresh)."""
 
     decision: Decision
     verification: Verification | None = None
@@ -67,8 +64,7 @@ class Verdict:
 
 @dataclass(frozen=True)
 class FreshCheck:
-    """The candidates that qualified here, measured in a fresh process: the one that qualified in both
-    (None: none did), the fresh verdict in a sentence, this process's verification narrowed to it."""
+    """The candidate that qualified here and in a fresh process (None: none did), and both verifications."""
 
     chosen: CandidateResult | None
     reason: str
@@ -77,8 +73,7 @@ class FreshCheck:
 
 
 def decide(request: Request, run: Run, ranking: Ranking) -> Verdict:
-    """Nothing when no removal is ranked; the first one, unverified, on a replay or with --no-verify; else
-    the one the patched model's measurements allow (`verify_ranked`)."""
+    """Nothing when nothing is ranked; the first, unverified, on a replay or with --no-verify; else the verified one."""
     config = request.config
     if not ranking.ranked:
         return Verdict(nothing(config, ranking))
@@ -116,9 +111,7 @@ def verify_ranked(request: Request, run: Run, ranking: Ranking) -> Verdict:
 
 def charge_method_cost(request: Request, run: Run,
                        ranking: Ranking) -> tuple[dict[int, float], Ranking, tuple[str, ...]]:
-    """Where the live model runs (eager, CUDA graphs: `IN_PROCESS`), the method's cost at its block for the
-    removals verification would measure, in that runtime, and the ranking redone with it (`priced`); elsewhere
-    no cost and a note (the verification measures the patched model)."""
+    """The method's cost and the ranking redone with it where the live model runs; elsewhere none and a note."""
     workload, config = request.workload, request.config
     if workload.backend not in IN_PROCESS:
         return {}, ranking, (f"method cost not measured on {workload.backend} (only where the live model runs: "
@@ -134,11 +127,7 @@ def charge_method_cost(request: Request, run: Run,
 
 def priced(config: OfflineConfig, ranking: Ranking, measure: Callable[[list[int]], dict[int, float]],
            passes: int = COST_PASSES) -> tuple[dict[int, float], Ranking]:
-    """The method's cost measured (`measure`) at the removals verification would take, and the ranking redone
-    with it. Where the cost moves the ranking to removals it was not measured at (beyond them it is only held
-    at the last value), it is measured there too and the ranking redone, at most `passes` times: on an H100 the
-    budget policy's ToMe cost, measured at 29 and 30 removed, sent verification to 76 and 77, priced there 8-14%
-    slow."""
+    """The method's cost at the removals verification would take and the ranking redone, up to `passes` times."""
     cost: dict[int, float] = {}
     unpriced = ranking.setting
     for _ in range(passes):
@@ -151,19 +140,15 @@ def priced(config: OfflineConfig, ranking: Ranking, measure: Callable[[list[int]
 
 
 def candidate_schedules(run: Run, config: OfflineConfig, ranking: Ranking) -> dict[int, Schedule]:
-    """The schedules verification patches the model with, by kept tokens: the first-ranked decision at
-    each removal `verification_removals` picks."""
+    """The schedules verification patches the model with, by kept tokens."""
     n, first = run.geometry.num_tokens, ranking.ranked[0]
     evidence = Evidence(steps=ranking.search.steps)
     return {n - r: build_schedule(run, config, replace(first, remove=r, kept_tokens=n - r), evidence)
             for r in verification_removals(ranking.ranked, config.verify_candidates)}
 
 
-def verify_fresh(request: Request, ranking: Ranking, here: Verification,
-                 schedules: dict[int, Schedule]) -> FreshCheck:
-    """The candidates that qualified here measured once more in a fresh process (`pomt.verification.fresh`); this
-    process's verification is narrowed to the candidate that ships (or to none), so the schedule's
-    `verified` speaks of what ships."""
+def verify_fresh(request: Request, ranking: Ranking, here: Verification, schedules: dict[int, Schedule]) -> FreshCheck:
+    """What qualified here measured in a fresh process; this process's verification narrowed to what ships."""
     config, settings = request.config, request.settings
     n = ranking.setting.num_tokens
     qualified = [c.remove for c in here.candidates if c.qualifies]
@@ -181,8 +166,7 @@ def verify_fresh(request: Request, ranking: Ranking, here: Verification,
 
 
 def shipped(config: OfflineConfig, ranking: Ranking, here: Verification, fresh: FreshCheck | None) -> Decision:
-    """The decision the verification allows (`here` narrowed by `fresh` where a fresh process measured): the
-    candidate that qualified, its reason saying what was measured; else nothing, saying why."""
+    """The decision the verification allows, its reason saying what was measured; else nothing, saying why."""
     if here.chosen is None and fresh is None:
         return nothing(config, ranking, here.reason, "not_faster")
     if fresh is not None and fresh.chosen is None:
@@ -199,8 +183,7 @@ def shipped(config: OfflineConfig, ranking: Ranking, here: Verification, fresh: 
 
 
 def here_only_note(fingerprint: Fingerprint, latency: Latency, verdict: Verdict) -> str | None:
-    """The allocator advice (`placement_hint`) where steps within reach, or the removal, held in this process
-    but not in the fresh one; None where none failed there or the advice does not apply."""
+    """The allocator advice where something held here but not in the fresh process; None where it does not apply."""
     steps = [f for f in latency.fresh_steps if not f["held"]]
     what = [f"{len(steps)} of {len(latency.fresh_steps)} steps within reach"] if steps else []
     if verdict.fresh_verification is not None and verdict.verification is not None \
@@ -210,8 +193,7 @@ def here_only_note(fingerprint: Fingerprint, latency: Latency, verdict: Verdict)
 
 
 def with_gpu_work(request: Request, run: Run, schedule: Schedule) -> tuple[Schedule, str | None]:
-    """On a GPU, eager, where a schedule ships verified: the schedule with its GPU work against its verified
-    latency (`pomt.verification.verify.GpuWork`) and a note where it was launch-bound here; elsewhere as it was."""
+    """The schedule with its GPU work where it ships verified on an eager GPU run, and a note if launch-bound."""
     verified = schedule.verified
     if not schedule.prune or verified is None or request.workload.backend != Backend.EAGER.value:
         return schedule, None
@@ -226,8 +208,7 @@ PREDICTION_TOLERANCE = 0.03  # the latency model's goal for multi-block schedule
 
 @dataclass(frozen=True)
 class FrontierVerdict:
-    """The verdict (decision, verification narrowed to what ships), the schedule that ships (None: nothing),
-    and every verified candidate's result here."""
+    """The verdict, the schedule that ships (None: nothing), and every verified candidate's result here."""
 
     verdict: Verdict
     chosen: Evaluated | None = None
@@ -240,8 +221,7 @@ def reported_accuracy(point: Evaluated) -> float:
 
 
 def decide_frontier(request: Request, run: Run, found: FrontierFound, goal: str) -> FrontierVerdict:
-    """Nothing when no frontier schedule meets the goal (`goal`: in words); the first, unverified, on a
-    replay or with --no-verify; else the first that measures faster here and in a fresh process."""
+    """Nothing when no frontier schedule meets `goal` (words); unverified on a replay or --no-verify; else verified."""
     config, latency = request.config, found.latency
     if not found.shippable:
         reason = (f"no schedule on the frontier is predicted faster than the unpruned model and {goal} "
@@ -260,8 +240,7 @@ def decide_frontier(request: Request, run: Run, found: FrontierFound, goal: str)
 
 
 def verify_shippable(request: Request, run: Run, found: FrontierFound) -> FrontierVerdict:
-    """Verify the best `--verify-candidates` shippable schedules, each reducer's best and the best uniform one
-    (`found.to_verify`, chosen by `pomt.frontier.choice.to_verify`; module docstring)."""
+    """Verify `found.to_verify`: the best shippable schedules, each reducer's best and the best uniform one."""
     workload, config, settings = request.workload, request.config, request.settings
     n, latency = run.geometry.num_tokens, found.latency
     points = list(found.to_verify)
@@ -284,8 +263,7 @@ def verify_shippable(request: Request, run: Run, found: FrontierFound) -> Fronti
                        Criterion(config.min_gain, settings.min_step, settings.step_alpha))
         fresh = verify_in_fresh_process(job)
         held = {c.remove for c in fresh.candidates if c.qualifies}
-    index = verified_choice(shippable, {i: c.speedup for i, c in by_index.items()}, qualified, held,
-                            goal_of(config))
+    index = verified_choice(shippable, {i: c.speedup for i, c in by_index.items()}, qualified, held, goal_of(config))
     relabelled = relabel(here, points, found)
     fresh_record = None if fresh is None else relabel(fresh, [points[i - 1] for i in qualified], found, qualified)
     if index is None:
@@ -314,9 +292,7 @@ def verify_shippable(request: Request, run: Run, found: FrontierFound) -> Fronti
 
 
 def prediction_note(measured: Sequence[CandidateResult], fingerprint: Fingerprint) -> str | None:
-    """A note where the latency model missed a verified schedule by more than PREDICTION_TOLERANCE (the
-    measured speedups decide what ships; the frontier's order among the others rests on the prediction),
-    with the allocator advice on a CPU under glibc's defaults, where this is most often why."""
+    """A note where the latency model missed a verified schedule by more than PREDICTION_TOLERANCE; else None."""
     errors = [c.pruned_ms / c.predicted_ms - 1 for c in measured if c.predicted_ms]
     if not errors or max(map(abs, errors)) <= PREDICTION_TOLERANCE:
         return None
@@ -341,9 +317,7 @@ def relabel(verification: Verification, points: list[Evaluated], found: Frontier
 
 @dataclass(frozen=True)
 class ToVerify:
-    """What a verification measures: the patched schedules by candidate number (tokens = N - number for the
-    frontier, tokens kept for a policy), each number's predicted latency over the unpruned one, the unpruned
-    latency and forwards per visit that size its rounds, and what its journal records."""
+    """What a verification measures: schedules by candidate number, their predicted latency ratio, what sizes rounds."""
 
     schedules: Mapping[int, Schedule]
     predicted: Mapping[int, float]
@@ -354,8 +328,7 @@ class ToVerify:
 
 
 def verify_here(request: Request, run: Run, job: ToVerify) -> tuple[Verification, Path, tuple[str, ...]]:
-    """The candidates verified in this process through the `verify` journal: the verification, the journal's
-    path, and a note where a resumed run's candidates changed (the verification then starts afresh)."""
+    """The verification here, its journal's path, and a note where a resumed run's candidates changed."""
     workload, config, settings = request.workload, request.config, request.settings
     rounds = config.rounds_for(job.baseline_ms, job.reps, len(job.predicted) + 1)
     keys, notes = {**job.keys, "rounds": rounds, "reps": job.reps}, ()

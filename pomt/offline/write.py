@@ -1,7 +1,6 @@
 """Stage 5, write: the schedule that ships with everything the run recorded beside it (how the curve was
-measured, what verified it, and for the frontier where the schedule came from), and the run's files written
-as one set (`pomt.io.staged_set`): the curve CSV, the schedule JSON, the plot, the accuracy CSV or the
-frontier's CSV, JSON and plot. A run killed at any moment leaves the previous set or the new one."""
+measured, what verified it, and for the frontier where the schedule came from), and the run's files written as
+one set (`pomt.io.staged_set`): a run killed at any moment leaves the previous set or the new one."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ DESIGN = "shuffled passes, reference in every pass, drift-corrected pooling, pai
 
 @dataclass(frozen=True)
 class Findings:
-    """The products of the stages a schedule reports: the latency curve, A(n) (None: unknown), the
-    policy's ranking and the verdict; `measured_accuracy`: A(n) was measured by this run (not read)."""
+    """The stages' products a schedule reports; `measured_accuracy`: A(n) was measured by this run (not read)."""
 
     latency: Latency
     accuracy: AccuracyCurve | None
@@ -55,39 +53,28 @@ def final_schedule(run: Run, config: OfflineConfig, settings: SearchSettings, fi
 
 def measurement_record(run: Run, config: OfflineConfig, settings: SearchSettings, latency: Latency,
                        decision: Decision) -> MeasurementRecord:
-    """How the curve was measured and its steps judged; the drift warning weighs the steps' effects and
-    the decision's predicted gain."""
+    """How the curve was measured and its steps judged, with the drift warning."""
     search, adaptive = latency.search, config.search == "adaptive"
     effects = [abs(s.paired_pct) for s in search.steps] + ([100 * decision.gain] if decision.remove else [])
     limit = None if search.detection is None else search.detection.limit_pct
     return MeasurementRecord(
-        design=DESIGN,
-        search=config.search,
-        passes=settings.passes,
-        coarse_passes=settings.coarse_passes if adaptive else None,
-        reps=search.reps,
-        visits=search.visits,
-        full_grid_visits=search.full_grid_visits,
-        evaluation_ratio=round(search.evaluation_ratio, 4),
-        budget_visits=search.budget_visits,
-        noise_pct=round(100 * search.noise, 3),
-        drift=None if search.drift is None else search.drift.to_dict(),
-        confirmed=len(search.steps),
+        design=DESIGN, search=config.search, passes=settings.passes,
+        coarse_passes=settings.coarse_passes if adaptive else None, reps=search.reps, visits=search.visits,
+        full_grid_visits=search.full_grid_visits, evaluation_ratio=round(search.evaluation_ratio, 4),
+        budget_visits=search.budget_visits, noise_pct=round(100 * search.noise, 3),
+        drift=None if search.drift is None else search.drift.to_dict(), confirmed=len(search.steps),
         rejected=[{"low": c.low, "high": c.high, "reason": c.reason} for c in search.rejected_candidates],
-        fresh_process_steps=list(latency.fresh_steps) or None,
-        align=settings.align if adaptive else None,
+        fresh_process_steps=list(latency.fresh_steps) or None, align=settings.align if adaptive else None,
         screened_edges=[[c.low, c.high] for c in search.screened],
         detection_limit_pct=None if limit is None else round(limit, 2),
         detection=None if search.detection is None else search.detection.to_dict(),
-        warning=search.drift_exceeds(effects),
-        replay=None if run.replay is None else str(run.replay),
+        warning=search.drift_exceeds(effects), replay=None if run.replay is None else str(run.replay),
         trace=None if run.replay is not None else f"{run.setup.stem}.trace.csv",
     )
 
 
 def verified_record(fingerprint: Fingerprint, verdict: Verdict) -> Verified | None:
-    """The schedule's `verified` object: the verification here, the method's cost, the fresh process's
-    verification; None where the patched model was not measured."""
+    """The schedule's `verified` object; None where the patched model was not measured."""
     if verdict.verification is None:
         return None
     here = fingerprint_hash(fingerprint)
@@ -108,9 +95,7 @@ def verified_record(fingerprint: Fingerprint, verdict: Verdict) -> Verified | No
 def frontier_record(file: str, kind: str, goal: Goal, baseline: Evaluated, chosen: Evaluated | None,
                     uniform: Evaluated | None, measured: Mapping[Candidate, CandidateResult], evals: int,
                     unresolved: Unresolved | None = None) -> dict:
-    """The schedule's `frontier` object (see the module docstring); speedups are the verification's, measured
-    in the same paired rounds, where the schedules were verified. `unresolved`: the faster schedules the
-    search split was too small to tell (`pomt.frontier.choice.unresolved`)."""
+    """The schedule's `frontier` object; speedups are the verification's where the schedules were verified."""
 
     def accuracies(point: Evaluated | None) -> dict | None:
         if point is None:
@@ -130,8 +115,7 @@ def frontier_record(file: str, kind: str, goal: Goal, baseline: Evaluated, chose
     if uniform is not None:
         ours, theirs = speedup(chosen), speedup(uniform)
         beat = {"family": uniform.family, **uniform.candidate.to_dict(), "key": uniform.candidate.key,
-                "predicted_ms": round(uniform.predicted_ms, 4), **accuracies(uniform),
-                "verified_speedup": theirs,
+                "predicted_ms": round(uniform.predicted_ms, 4), **accuracies(uniform), "verified_speedup": theirs,
                 "speedup_over": None if ours is None or theirs is None else round(ours / theirs, 4),
                 "predicted_speedup_over": None if chosen is None else
                 round(uniform.predicted_ms / chosen.predicted_ms, 4)}
@@ -142,13 +126,11 @@ def frontier_record(file: str, kind: str, goal: Goal, baseline: Evaluated, chose
             {"family": chosen.family, "key": chosen.candidate.key, **accuracies(chosen),
              "search_drop_bound_points": drop_bound(chosen), "verified_speedup": speedup(chosen),
              "held_out_drop_points": None if (d := held_out_drop(chosen, baseline)) is None else round(d, 3),
-             "held_out_inside_search_interval": held_out_inside(chosen)},
-            "best_uniform": beat,
+             "held_out_inside_search_interval": held_out_inside(chosen)}, "best_uniform": beat,
             "unresolved": None if unresolved is None else unresolved.to_dict(baseline, goal.confidence)}
 
 
-SET = {"curve": "curve.csv", "accuracy": "accuracy.csv", "plot": "png", "schedule": "schedule.json",
-       **FRONTIER_SET}
+SET = {"curve": "curve.csv", "accuracy": "accuracy.csv", "plot": "png", "schedule": "schedule.json", **FRONTIER_SET}
 
 
 def output_names(stem: str) -> dict[str, str]:
@@ -157,8 +139,7 @@ def output_names(stem: str) -> dict[str, str]:
 
 
 def prepare_outputs(folder: Path, stem: str) -> None:
-    """Before anything is measured: finish or remove what a killed run of this stem left in `folder`
-    (`pomt.io.clear_stale`), and refuse a folder standing where one of the set's files must go."""
+    """Before measuring: finish or remove what a killed run left in `folder`; refuse a folder in a file's place."""
     clear_stale(folder, stem)
     for name in output_names(stem).values():
         check_output_file(folder / name, "output file")
@@ -166,9 +147,7 @@ def prepare_outputs(folder: Path, stem: str) -> None:
 
 def write_outputs(folder: Path, run: Run, config: OfflineConfig, findings: Findings,
                   schedule: Schedule, frontier: FrontierReport | None = None) -> dict[str, Path]:
-    """`<stem>.curve.csv`, `<stem>.schedule.json`, `<stem>.png` (and `<stem>.accuracy.csv` where A(n) was
-    measured, `<stem>.frontier.csv/.json/.png` where a frontier was searched) in `folder` as one set, the
-    schedule moved into place last; by kind."""
+    """The run's files (`output_names`) written in `folder` as one set, the schedule last; their paths by kind."""
     search, accuracy = findings.latency.search, findings.accuracy
     names = output_names(run.setup.stem)
     with staged_set(folder, run.setup.stem, last=[names["schedule"]]) as staging:

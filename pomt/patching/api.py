@@ -28,15 +28,8 @@ def patch_state(model: nn.Module) -> blocks.PatchState | None:
     return model.__dict__.get(STATE_ATTR)
 
 
-def patch(
-    model: nn.Module,
-    method: str,
-    prune: Mapping[int, int] | int,
-    *,
-    seed: int = 0,
-    batch_size: int | None = None,
-    strict: bool = False,
-) -> nn.Module:
+def patch(model: nn.Module, method: str, prune: Mapping[int, int] | int, *, seed: int = 0,
+          batch_size: int | None = None, strict: bool = False) -> nn.Module:
     """Patch `model` in place so that block b removes prune[b] tokens with `method`; returns it.
 
     `prune` maps block index -> tokens to remove there; an int removes that many at every block

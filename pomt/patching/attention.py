@@ -1,8 +1,5 @@
-"""The pieces of a ViT self-attention layer, so a pruning block can see what timm's fused path hides.
-
-Works on timm's `Attention` (q_norm/k_norm, scale norm, optional gate) and the DINOv2 authors'
-`Attention`/`MemEffAttention` (plain qkv -> softmax -> proj). Tensors are (B, H, N, d) per head.
-"""
+"""The pieces of a ViT self-attention layer, so a pruning block can see what timm's fused path hides: timm's
+`Attention` and the DINOv2 authors' `Attention`/`MemEffAttention`. Tensors are (B, H, N, d) per head."""
 
 from __future__ import annotations
 
@@ -20,8 +17,7 @@ _CHUNKED_FOR: ContextVar[str | None] = ContextVar("chunked_for", default=None)  
 
 
 def call_layer(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`layer(x)`, skipping the module call where the layer returns x itself (`nn.Identity`, dropout in
-    eval mode or with p = 0): at small workloads a block's Python module calls cost as much as its ops."""
+    """`layer(x)`, skipping the module call where the layer returns x itself (`nn.Identity`, inactive dropout)."""
     if type(layer) is nn.Identity or (type(layer) is nn.Dropout and (layer.p == 0 or not layer.training)):
         return x
     return layer(x)
@@ -47,12 +43,8 @@ def probabilities(attn: nn.Module, q: torch.Tensor, k: torch.Tensor) -> torch.Te
 
 
 def probs_budget(q: torch.Tensor) -> int:
-    """Bytes of explicit probabilities a patched block holds at once, for queries q (B, H, N, d).
-
-    On the CPU PROBS_BYTES: small chunks cost it nothing. On a GPU small chunks make small, slow matrix
-    products, so a chunk there may take as much as a (B, N, MLP_RATIO x C) activation, which the block's MLP
-    holds anyway: MLP_RATIO x d query rows (256 for 64-dimensional heads), one chunk at 224 px, about N / 256
-    at larger inputs. The device is q's, unless `chunked_for` names the one the model will run on."""
+    """Bytes of explicit probabilities a patched block holds at once for queries q (B, H, N, d): PROBS_BYTES on the
+    CPU, the MLP's (B, N, MLP_RATIO x C) activation on a GPU (or on the device `chunked_for` names)."""
     if (_CHUNKED_FOR.get() or q.device.type) == "cpu":
         return PROBS_BYTES
     batch, heads, tokens, dim = q.shape
@@ -61,8 +53,7 @@ def probs_budget(q: torch.Tensor) -> int:
 
 @contextlib.contextmanager
 def chunked_for(device_type: str) -> Iterator[None]:
-    """Chunk explicit attention for `device_type` (cpu, cuda, mps) whatever device the tensors are on: an
-    export traced on the CPU for a GPU runtime then carries the GPU's chunks (`probs_budget`)."""
+    """Chunk explicit attention for `device_type` whatever device the tensors are on (an export for a GPU)."""
     token = _CHUNKED_FOR.set(device_type)
     try:
         yield
@@ -71,9 +62,7 @@ def chunked_for(device_type: str) -> Iterator[None]:
 
 
 def query_chunks(q: torch.Tensor, keys: int, budget: int | None = None) -> list[tuple[int, int]]:
-    """Ranges of query rows whose explicit probabilities (B, H, rows, keys) take at most `budget` bytes each
-    (default `probs_budget(q)`): one range where the whole matrix fits, as at 224 px; at 448 px and a large
-    batch the (B, H, N, N) matrix alone would take hundreds of MB more than the fused attention beside it."""
+    """Ranges of query rows whose probabilities take at most `budget` bytes each (default `probs_budget(q)`)."""
     batch, heads, queries, _ = q.shape
     per_row = max(1, batch * heads * keys * q.element_size())
     rows = max(1, (probs_budget(q) if budget is None else budget) // per_row)
@@ -87,9 +76,8 @@ def apply_probabilities(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return out.view(batch, heads, -1, dim)
 
 
-def fused(
-    attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
+def fused(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+          bias: torch.Tensor | None = None) -> torch.Tensor:
     """Attention output per head via `F.scaled_dot_product_attention`; `bias` is added to the logits."""
     if bias is not None and bias.dtype != q.dtype:
         bias = bias.to(q.dtype)

@@ -1,12 +1,10 @@
 """The patched blocks: the removal plan, the pruning forwards, and the class swaps that install them.
 
-A patched block becomes an instance of a subclass of its own class (timm `Block`, the DINOv2 authors'
-`Block`/`NestedTensorBlock`) whose forward runs the block's own modules and removes tokens after the
-attention residual, before the MLP. Token order after a pruning block: prefix tokens, the kept patch tokens
-in their original order, then (pomt only) the fused token; after a ToMe block the order of `tome.py`, and
-every block after the first merge runs proportional attention (log token size added to its logits). ToMe
-on a timm model that averages its tokens also swaps the model's class, to pool by token size.
-"""
+A patched block becomes an instance of a subclass of its own class whose forward runs the block's own modules and
+removes tokens after the attention residual, before the MLP. Token order after a pruning block: prefix tokens,
+the kept patch tokens in their original order, then (pomt only) the fused token; after a ToMe block the order of
+`tome.py`, and every block after the first merge runs proportional attention. ToMe on a timm model that averages
+its tokens also swaps the model's class, to pool by token size."""
 
 from __future__ import annotations
 
@@ -27,11 +25,8 @@ AVERAGING = ("avg", "avgmax")  # timm's global_pool values that average tokens, 
 
 
 def removed_at(method: str, patch_tokens: int, remove: int) -> int:
-    """Tokens actually removed by one block that sees `patch_tokens` patch tokens.
-
-    ToMe clamps to the published cap, (tokens - protected) // 2 with every prefix token protected,
-    i.e. half the patch tokens; every other method raises PatchError when no patch token would be left.
-    """
+    """Tokens actually removed by one block that sees `patch_tokens` patch tokens: ToMe clamps to half the patch
+    tokens (its published cap); every other method raises PatchError when no patch token would be left."""
     if method == "tome":
         return min(remove, max_merge(patch_tokens))
     if remove >= patch_tokens:
@@ -42,9 +37,7 @@ def removed_at(method: str, patch_tokens: int, remove: int) -> int:
     return remove
 
 
-def token_counts(
-    num_tokens: int, prefix_tokens: int, depth: int, method: str, removal: Mapping[int, int]
-) -> list[int]:
+def token_counts(num_tokens: int, prefix_tokens: int, depth: int, method: str, removal: Mapping[int, int]) -> list[int]:
     """Tokens entering each block, then the count leaving the last one (depth + 1 values)."""
     counts = [num_tokens]
     for block in range(depth):
@@ -115,8 +108,7 @@ def _kept(x: torch.Tensor, plan: BlockPlan) -> int:
 
 
 def run_pomt(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
-    """Explicit attention, over chunks of query rows where the whole matrix would be large
-    (`attention.query_chunks`); keep the best patch tokens, fuse the other R + 1 into their mean."""
+    """Explicit attention in chunks of query rows; keep the best patch tokens, fuse the other R + 1 into their mean."""
     prefix, attn = plan.state.prefix_tokens, block.attn
     keep = _kept(x, plan) - 1
     y = block.norm1(x)
@@ -164,9 +156,7 @@ def run_random(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tens
     return _mlp_residual(block, scores.gather_kept(x, prefix, scores.best_indices(noise, keep)))
 
 
-def _tome_attention(
-    block: nn.Module, x: torch.Tensor, state: PatchState
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _tome_attention(block: nn.Module, x: torch.Tensor, state: PatchState) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention residual with proportional attention (log token size added to the logits); returns keys."""
     attn = block.attn
     y = block.norm1(x)
@@ -176,8 +166,7 @@ def _tome_attention(
 
 
 def run_tome(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
-    """Merge up to `remove` token pairs after the attention residual (bipartite soft matching on the
-    keys, mean over heads; prefix tokens protected; size-weighted average)."""
+    """Merge up to `remove` token pairs after the attention residual (bipartite soft matching on the keys)."""
     state, prefix = plan.state, plan.state.prefix_tokens
     if plan.resets:
         state.size = state.bias = None
@@ -222,9 +211,7 @@ def build_plans(state: PatchState, depth: int) -> dict[int, BlockPlan]:
 def _pruning_forward(self, x, attn_mask=None, is_causal=False):
     """Forward of a patched block: one (B, N, C) tensor in, fewer tokens out."""
     if not isinstance(x, torch.Tensor) or attn_mask is not None or is_causal:
-        raise PatchError(
-            "a pruning block takes one (B, N, C) tensor: attention masks and nested lists are unsupported"
-        )
+        raise PatchError("a pruning block takes one (B, N, C) tensor: attention masks and nested lists are unsupported")
     plan = self._pomt_plan
     if plan.first:
         plan.state.check_batch(x.shape[0])
@@ -264,8 +251,7 @@ _POOLED_CLASSES: dict[type, type] = {}
 
 
 def _size_weighted_pool(self, x: torch.Tensor, pool_type: str | None = None) -> torch.Tensor:
-    """timm's `pool` with the token mean weighted by the token sizes of the last ToMe forward (a merged token
-    stands for `size` tokens, as ToMe's paper pools); class-token, max and attention pooling stay timm's."""
+    """timm's `pool` with the token mean weighted by the sizes of the last ToMe forward."""
     pool_type = self.global_pool if pool_type is None else pool_type
     size = self.__dict__[STATE_ATTR].size
     if size is None or pool_type not in AVERAGING or self.attn_pool is not None or size.shape[1] != x.shape[1]:
@@ -288,8 +274,7 @@ def averages_tokens(model: nn.Module) -> bool:
 
 
 def install_pooling(model: nn.Module) -> type | None:
-    """Swap `model` to its size-weighted pooling subclass when its head averages tokens; returns the
-    original class, or None when nothing was changed."""
+    """Swap `model` to its size-weighted pooling subclass; returns the original class, or None if unchanged."""
     if not averages_tokens(model):
         return None
     original = type(model)

@@ -65,9 +65,7 @@ def merge_sum(x: torch.Tensor, matching: Matching) -> torch.Tensor:
     return torch.cat([x[:, :prefix], unmerged[:, (prefix + 1) // 2 :], b[:, prefix // 2 :]], dim=1)
 
 
-def merge_weighted(
-    x: torch.Tensor, size: torch.Tensor, matching: Matching
-) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_weighted(x: torch.Tensor, size: torch.Tensor, matching: Matching) -> tuple[torch.Tensor, torch.Tensor]:
     """Size-weighted average merge of x (B, T, C) with token sizes (B, T, 1); returns (x, size)."""
     total = merge_sum(x * size, matching)
     size = merge_sum(size, matching)

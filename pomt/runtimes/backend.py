@@ -1,8 +1,8 @@
 """The runtimes and dtypes pomt measures in: their names, whether they run here, their versions, and eager.
 
-A latency curve holds for one runtime and one precision only, so both are named once here and checked
-before any model is built; their versions go into the schedule and the device fingerprint. Eager runs the
-model itself, its kept-token count a hook on the model (`pomt.models.tokens.truncate_tokens`).
+A latency curve holds for one runtime and one precision only, so both are named once here and checked before any
+model is built; their versions go into the schedule and the device fingerprint. Eager runs the model itself, its
+kept-token count a hook on the model (`pomt.models.tokens.truncate_tokens`).
 """
 
 from __future__ import annotations
@@ -35,17 +35,14 @@ class Backend(str, Enum):
 
 
 BACKENDS = tuple(b.value for b in Backend)
-# The runtimes that run the live model in this process, patched, cut or truncated as it stands: eager, and its
-# forward replayed as a CUDA graph. A schedule measured there is served there (`pomt.apply_schedule`, then
-# `pomt.cuda_graph`), and the reducers' own costs are measured there (`pomt.frontier.reducer_costs`); the others
-# run a static program exported per token count.
+# The runtimes that run the live model in this process as it stands (eager, and its forward replayed as a CUDA
+# graph): a schedule measured there is served there, and the reducers' own costs are measured there; the others run
+# a static program exported per token count.
 IN_PROCESS = (Backend.EAGER.value, Backend.CUDAGRAPH.value)
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # The Python packages each backend imports (the first is the runtime itself).
 PACKAGES: dict[Backend, tuple[str, ...]] = {
-    Backend.EAGER: (),
-    Backend.COMPILE: (),
-    Backend.CUDAGRAPH: (),
+    Backend.EAGER: (), Backend.COMPILE: (), Backend.CUDAGRAPH: (),
     Backend.ONNXRUNTIME: ("onnxruntime", "onnx", "onnxscript"),
     Backend.OPENVINO: ("openvino", "onnx", "onnxscript"),
     Backend.TENSORRT: ("tensorrt", "onnx", "onnxscript"),
@@ -54,10 +51,8 @@ DISTRIBUTIONS = {"tensorrt": ("tensorrt", "tensorrt-cu13", "tensorrt-cu12", "ten
 
 
 def settles_every_visit(device: str, backend: str) -> bool:
-    """Whether a timed visit begins with an untimed forward every time (True), or only at its shape's first
-    visit in the process (False: eager on the CPU, where what a new shape's first forward sets up is kept by the
-    process; GPU kernel selection, the caching allocator and every compiled, exported or captured program are
-    set up per visit)."""
+    """Whether a timed visit begins with an untimed forward every time (True), or only at its shape's first visit in
+    the process (False: eager on the CPU, where the process keeps what a new shape's first forward sets up)."""
     return not (device == "cpu" and backend == Backend.EAGER.value)
 
 
@@ -115,10 +110,8 @@ def _import(package: str, backend: Backend):
     try:
         return importlib.import_module(package)
     except ImportError:
-        if package == "tensorrt":
-            hint = "NVIDIA's tensorrt package (pip install tensorrt-cu12 or tensorrt-cu13, matching your CUDA)"
-        else:
-            hint = f"the {package} package: {DEPLOY_EXTRA}"
+        hint = ("NVIDIA's tensorrt package (pip install tensorrt-cu12 or tensorrt-cu13, matching your CUDA)"
+                if package == "tensorrt" else f"the {package} package: {DEPLOY_EXTRA}")
         raise BackendError(f"the {backend.value} backend needs {hint}") from None
 
 
@@ -183,9 +176,8 @@ def inference(model: nn.Module | Callable, example: torch.Tensor) -> Callable[[]
     return run
 
 
-def eager_run(
-    model: nn.Module, example: torch.Tensor, tokens: int | None
-) -> tuple[Callable[[], object], Callable[[], None]]:
+def eager_run(model: nn.Module, example: torch.Tensor, tokens: int | None
+              ) -> tuple[Callable[[], object], Callable[[], None]]:
     """(run, release): one forward of `model` keeping `tokens` tokens (None: all), and what removes its hook."""
     stack = contextlib.ExitStack()
     if tokens is not None:

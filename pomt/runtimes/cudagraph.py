@@ -1,10 +1,9 @@
 """CUDA graphs: a forward captured once and replayed, so the host issues one launch, not one per kernel.
 
-A pruned ViT on a GPU can be launch-bound (`pomt.verification.verify`): its speed is then the host's, and
-a replayed graph takes the host out. The graph is captured from the eager model as it is (patched with a
-schedule, or truncated to a token count) after warm-up forwards on a side stream, as PyTorch asks. Its input is
-static: a new batch is copied into the captured example first (`GraphedForward(x)`). A forward that waits on
-the host (a data-dependent shape, `.item()`) cannot be captured: one BackendError line.
+A pruned ViT on a GPU can be launch-bound: its speed is then the host's, and a replayed graph takes the host out.
+The graph is captured from the eager model as it is (patched, or truncated to a token count) after warm-up
+forwards on a side stream. Its input is static: a new batch is copied into the captured example first. A forward
+that waits on the host (a data-dependent shape, `.item()`) cannot be captured: one BackendError line.
 """
 
 from __future__ import annotations
@@ -62,10 +61,8 @@ class GraphedForward:
 
 def cudagraph_run(model: nn.Module, example: torch.Tensor, tokens: int | None) -> GraphedForward:
     """One forward of `model` keeping `tokens` tokens (None: as it is, e.g. patched), captured as a graph; the
-    token hook is gone once captured (the graph keeps the truncated kernels)."""
-    with contextlib.ExitStack() as stack:
-        if tokens is not None:
-            stack.enter_context(truncate_tokens(model, tokens))
+    token hook is gone once captured."""
+    with contextlib.nullcontext() if tokens is None else truncate_tokens(model, tokens):
         return GraphedForward(model, example)
 
 

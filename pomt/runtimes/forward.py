@@ -28,10 +28,9 @@ from pomt.runtimes.tensorrt import tensorrt_run
 
 @dataclass(frozen=True)
 class ProgramFiles:
-    """Where exported programs are kept between runs (None: a temporary folder per program), and what stands
-    for the weights in their key: None, a fingerprint of the parameters, so a cached program computes this
-    model's outputs; a fixed string such as "latency" reuses programs across models that differ only in
-    weights, for timing alone (a resumed search on fresh random weights)."""
+    """Where exported programs are kept between runs (None: a temporary folder per program), and what stands for
+    the weights in their key: None, a fingerprint of the parameters; a fixed string such as "latency" reuses
+    programs across models that differ only in weights, for timing alone."""
 
     folder: str | Path | None = None
     weights: str | None = None
@@ -39,21 +38,10 @@ class ProgramFiles:
 
 class Forward:
     """One forward of a model in one runtime: call it to run it; `close()` (or a with block) releases it.
+    `cache_hit`: the program came from the cache; `artifact`: the cached file it runs, when there is one."""
 
-    `cache_hit` says whether the program came from the cache (no export or compile this time);
-    `artifact` is the cached file it runs, when there is one.
-    """
-
-    def __init__(
-        self,
-        run: Callable[[], object],
-        backend: Backend,
-        tokens: int | None,
-        *,
-        cache_hit: bool = False,
-        artifact: Path | None = None,
-        release: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, run: Callable[[], object], backend: Backend, tokens: int | None, *, cache_hit: bool = False,
+                 artifact: Path | None = None, release: Callable[[], None] | None = None) -> None:
         self._run, self.backend, self.tokens = run, backend, tokens
         self.cache_hit, self.artifact, self._release = cache_hit, artifact, release
 
@@ -78,27 +66,15 @@ def _closed() -> object:
     raise RuntimeError("this Forward is closed")
 
 
-def build_forward(
-    model: nn.Module,
-    example: torch.Tensor,
-    *,
-    backend: Backend | str,
-    tokens: int | None = None,
-    threads: int | None = None,
-    files: ProgramFiles | None = None,
-) -> Forward:
-    """A callable that runs ONE forward of `model` on `example` in `backend` (synchronous; warm-up is yours),
-    on the example's device, where `pomt.runtimes.check_backend` says the backend runs.
-
-    `tokens`: keep that many tokens right after patch + position embedding (static for non-eager
-    backends: one export per count), or None to run the model as it is (e.g. patched with a schedule).
-    Model and example must already be in the dtype to measure. `threads`: the runtime's intra-op threads
-    (default torch's current count). `files`: where programs are kept and keyed (`ProgramFiles`). Eager leaves
-    the token hook on `model` until the Forward is closed.
-    """
-    device = str(example.device)
-    backend = parse_backend(backend)
-    _check_dtype(model, example)
+def build_forward(model: nn.Module, example: torch.Tensor, *, backend: Backend | str, tokens: int | None = None,
+                  threads: int | None = None, files: ProgramFiles | None = None) -> Forward:
+    """A callable that runs ONE forward of `model` on `example` in `backend` (synchronous; warm-up is yours).
+    `tokens`: keep that many tokens after the position embedding (one export per count), or None to run the model
+    as it is. Model and example must already be in the dtype to measure. `threads`: the runtime's intra-op threads
+    (default torch's). Eager leaves the token hook on `model` until the Forward is closed."""
+    device, backend = str(example.device), parse_backend(backend)
+    if (dtype := parameter_dtype(model)) is not None and dtype != example.dtype:
+        raise ValueError(f"model parameters are {dtype} but the example is {example.dtype}; cast both")
     if backend == Backend.ONNXRUNTIME and example.dtype == torch.bfloat16 and not device.startswith("cuda"):
         raise BackendError("onnxruntime on the CPU takes numpy inputs and numpy has no bfloat16; use openvino")
     if tokens is not None:
@@ -136,12 +112,6 @@ def parameter_dtype(model: nn.Module) -> torch.dtype | None:
     """The dtype of the model's weights, which its inputs must match; None for a model without any."""
     parameter = next(model.parameters(), None)
     return None if parameter is None else parameter.dtype
-
-
-def _check_dtype(model: nn.Module, example: torch.Tensor) -> None:
-    dtype = parameter_dtype(model)
-    if dtype is not None and dtype != example.dtype:
-        raise ValueError(f"model parameters are {dtype} but the example is {example.dtype}; cast both")
 
 
 class ProgramCache:

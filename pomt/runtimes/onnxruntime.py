@@ -14,12 +14,9 @@ _ONNX_TO_TORCH = {"tensor(float)": torch.float32, "tensor(float16)": torch.float
 
 
 def onnxruntime_session(path: Path, device: str, threads: int):
-    """An ORT session at full graph optimisation, `threads` intra-op threads, sequential execution; on CUDA
-    through the CUDA execution provider on torch's current stream.
-
-    Its threads do not spin-wait after a run: pomt alternates programs (one session per token count,
-    unpruned and pruned, other runtimes), and a pool left spinning takes the cores from the next one.
-    """
+    """An ORT session at full graph optimisation, `threads` intra-op threads, sequential execution; on CUDA through
+    the CUDA execution provider on torch's current stream. Its threads do not spin-wait after a run: pomt
+    alternates programs, and a pool left spinning takes the cores from the next one."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -49,8 +46,7 @@ def onnxruntime_run(path: Path, example: torch.Tensor, device: str, threads: int
         feed = {session.get_inputs()[0].name: np.ascontiguousarray(example.numpy())}
         return lambda: session.run(None, feed)
     index = torch.device(device).index or 0
-    binding = session.io_binding()
-    source = example.contiguous()
+    binding, source = session.io_binding(), example.contiguous()
     _bind(binding.bind_input, session.get_inputs()[0].name, source, index)
     outputs = []
     for meta in session.get_outputs():

@@ -25,11 +25,8 @@ def openvino_compiled(path: Path, dtype: torch.dtype, threads: int):
     """An OpenVINO CPU model (ONNX or IR) compiled at `dtype` (OpenVINO would otherwise pick bf16 on CPUs
     that have it), latency hint, `threads` inference threads."""
     core = _openvino_core()
-    config = {
-        "INFERENCE_PRECISION_HINT": OPENVINO_PRECISION[dtype],
-        "PERFORMANCE_HINT": "LATENCY",
-        "INFERENCE_NUM_THREADS": threads,
-    }
+    config = {"INFERENCE_PRECISION_HINT": OPENVINO_PRECISION[dtype], "PERFORMANCE_HINT": "LATENCY",
+              "INFERENCE_NUM_THREADS": threads}
     try:
         return core.compile_model(core.read_model(str(path)), "CPU", config)
     except Exception as exc:
@@ -48,10 +45,5 @@ def openvino_tensor(x: torch.Tensor):
 def openvino_run(path: Path, example: torch.Tensor, device: str, threads: int) -> Callable[[], object]:
     """A synchronous `infer()` of one request bound to the example."""
     request = openvino_compiled(path, example.dtype, threads).create_infer_request()
-    source = example.contiguous()
-    request.set_input_tensor(openvino_tensor(source))
-
-    def run() -> object:
-        return request.infer()
-
-    return run
+    request.set_input_tensor(openvino_tensor(example.contiguous()))
+    return request.infer

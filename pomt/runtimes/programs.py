@@ -1,10 +1,9 @@
 """A model's static program: `torch.export` of one forward, its ONNX export, torch.compile of it, and the cache.
 
-Non-eager runtimes run a static program, one per kept-token count, with the token hook
-(`pomt.models.tokens.truncate_tokens`) and the pruning patches traced through; an export failure is one
-ExportError naming the aten operation it failed on. A program's key names everything that changes it (model,
-input, dtype, tokens, patch, exporter versions, pomt's tracing code, the weights), so a resumed run finds it again
-and never runs a stale one; ONNX weights go to content-addressed files shared by the programs of one model.
+Non-eager runtimes run a static program, one per kept-token count, with the token hook and the pruning patches
+traced through; an export failure is one ExportError naming the aten operation it failed on. A program's key names
+everything that changes it (model, input, dtype, tokens, patch, exporter versions, pomt's tracing code, the
+weights), so a resumed run finds it again and never runs a stale one; ONNX weights go to content-addressed files.
 """
 
 from __future__ import annotations
@@ -56,8 +55,7 @@ def _failed_operation(exc: BaseException) -> str | None:
         exc = exc.__cause__ or exc.__context__
     for pattern in _OP_PATTERNS:
         for text in texts:
-            match = pattern.search(text)
-            if match:
+            if match := pattern.search(text):
                 return ".".join(part for part in match.groups() if part).replace("::", ".")
     return None
 
@@ -71,8 +69,7 @@ def _innermost(exc: BaseException) -> BaseException:
 
 
 def _export_failure(exc: BaseException, stage: str) -> ExportError:
-    operation = _failed_operation(exc)
-    reason = first_line(_innermost(exc))
+    operation, reason = _failed_operation(exc), first_line(_innermost(exc))
     what = f"operation {operation} " if operation else ""
     return ExportError(f"{stage} failed (torch {torch.__version__}): {what}cannot be exported: {reason}")
 
@@ -103,10 +100,8 @@ def onnx_program(model: nn.Module, example: torch.Tensor):
     program = export_program(model, example)
     try:
         with _quiet():
-            return torch.onnx.export(
-                program, (example,), dynamo=True, verbose=False, optimize=True,
-                custom_translation_table=_translations(),
-            )
+            return torch.onnx.export(program, (example,), dynamo=True, verbose=False, optimize=True,
+                                     custom_translation_table=_translations())
     except Exception as exc:
         raise _export_failure(exc, "ONNX export") from exc
 
@@ -134,8 +129,7 @@ def _source_digest() -> str:
 
 
 def program_key(model: nn.Module, example: torch.Tensor, tokens: int | None, weights: str | None = None) -> dict:
-    """Everything that changes the exported program: model, input, dtype, tokens, patches, exporter, and
-    the weights (their fingerprint, or the caller's `weights` string in its place)."""
+    """Everything that changes the exported program, the weights as their fingerprint or the caller's `weights`."""
     geometry, state = model_geometry(model), patch_state(model)
     patch = None if state is None else {
         "method": state.method, "removal": {str(b): r for b, r in state.removal.items()},
@@ -167,15 +161,13 @@ def key_name(key: dict) -> str:
     b, _, h, w = key["input_shape"]
     tokens = "full" if key["tokens"] is None else f"n{key['tokens']}"
     patch = key["patch"]
-    patched = ""
-    if patch is not None:
-        patched = f"_{patch['method']}" + "".join(f"-{blk}r{r}" for blk, r in patch["removal"].items())
+    patched = "" if patch is None else f"_{patch['method']}" + "".join(f"-{b}r{r}" for b, r in patch["removal"].items())
     return f"{key['model']}_bs{b}_is{h}x{w}_{key['dtype']}_{tokens}{patched}_{digest}"
 
 
 def externalise_weights(proto, folder: Path, blobs: str = "blobs") -> None:
-    """Move large initializers into content-addressed files under folder/blobs, shared by every program
-    exported from the same weights (a curve's programs differ in graph, not in weights)."""
+    """Move large initializers into content-addressed files under folder/blobs, shared by every program exported
+    from the same weights."""
     import onnx
     from onnx.external_data_helper import set_external_data
 
@@ -191,17 +183,14 @@ def externalise_weights(proto, folder: Path, blobs: str = "blobs") -> None:
         tensor.ClearField("raw_data")
 
 
-def cached_onnx(
-    model: nn.Module, example: torch.Tensor, tokens: int | None, cache: Path, key: dict
-) -> tuple[Path, bool]:
+def cached_onnx(model: nn.Module, example: torch.Tensor, tokens: int | None, cache: Path, key: dict
+                ) -> tuple[Path, bool]:
     """The ONNX file of the program `key` names under cache/onnx, exported only when absent."""
     folder = cache / "onnx"
     path = folder / f"{key_name(key)}.onnx"
     if path.is_file():
         return path, True
-    with contextlib.ExitStack() as stack:
-        if tokens is not None:
-            stack.enter_context(truncate_tokens(model, tokens))
+    with contextlib.nullcontext() if tokens is None else truncate_tokens(model, tokens):
         proto = onnx_program(model, example).model_proto
     externalise_weights(proto, folder)
     atomic_write_json(path.with_suffix(".json"), key)
@@ -209,19 +198,15 @@ def cached_onnx(
     return path, False
 
 
-def compile_run(
-    model: nn.Module, example: torch.Tensor, tokens: int | None, cache: Path | None
-) -> tuple[Callable[[], object], bool]:
-    """(run, cache hit): the compiled program of `model(example)` at `tokens`, run once to compile it; a hit
-    when inductor found every graph in cache/inductor."""
+def compile_run(model: nn.Module, example: torch.Tensor, tokens: int | None, cache: Path | None
+                ) -> tuple[Callable[[], object], bool]:
+    """(run, cache hit): the compiled program of `model(example)` at `tokens`, run once to compile it; a hit when
+    inductor found every graph in cache/inductor."""
     from torch._dynamo.utils import counters
 
-    with contextlib.ExitStack() as stack:
-        if tokens is not None:
-            stack.enter_context(truncate_tokens(model, tokens))
+    with contextlib.nullcontext() if tokens is None else truncate_tokens(model, tokens):
         graph = export_program(model, example).module()
     run = inference(torch.compile(graph, dynamic=False), example)
-
     before = dict(counters["inductor"])
     with _inductor_cache(cache):
         try:

@@ -1,9 +1,8 @@
 """TensorRT on an NVIDIA GPU: a static-shape engine built from the program's ONNX, cached per GPU.
 
-Strongly typed: the ONNX types decide the precision, so a float32 model builds a float32 engine (TF32
-off, as torch's default matmul) and a float16 model a float16 one. Engines are GPU-specific: their key
-adds the GPU's name and TensorRT's version. Written for TensorRT 10+; pomt's CI has no GPU, so this
-path is not run by its tests.
+Strongly typed: the ONNX types decide the precision, so a float32 model builds a float32 engine (TF32 off, as
+torch's default matmul) and a float16 model a float16 one. Engines are GPU-specific: their key adds the GPU's name
+and TensorRT's version. Written for TensorRT 10+; pomt's CI has no GPU, so its tests do not run this path.
 """
 
 from __future__ import annotations
@@ -19,11 +18,10 @@ from pomt.io import atomic_write_bytes, atomic_write_json
 from pomt.runtimes.programs import cached_onnx, key_name
 
 
-def tensorrt_run(
-    model: nn.Module, example: torch.Tensor, tokens: int | None, cache: Path, key: dict, device: str
-) -> tuple[Callable[[], object], Path, bool]:
-    """(run, engine file, cache hit): the engine of the program `key` names (built only when absent) with
-    torch CUDA tensors bound as its input and outputs."""
+def tensorrt_run(model: nn.Module, example: torch.Tensor, tokens: int | None, cache: Path, key: dict, device: str
+                 ) -> tuple[Callable[[], object], Path, bool]:
+    """(run, engine file, cache hit): the engine of the program `key` names (built only when absent) with torch
+    CUDA tensors bound as its input and outputs."""
     import tensorrt as trt
 
     logger = trt.Logger(trt.Logger.ERROR)
@@ -52,8 +50,7 @@ def tensorrt_run(
         outputs.append(output)
     stream = torch.cuda.current_stream(index)
 
-    def run() -> list[torch.Tensor]:
-        # Enqueued on torch's current stream, so CUDA events and synchronize time it as they time torch.
+    def run() -> list[torch.Tensor]:  # on torch's current stream: CUDA events time it as they time torch
         if not context.execute_async_v3(stream.cuda_stream):
             raise RuntimeError("TensorRT execution failed")
         return outputs

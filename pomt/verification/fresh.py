@@ -1,10 +1,8 @@
 """The verification again, in a fresh process: the promise must hold where the schedule is served.
 
-A step near N can move from one process to the next, so a removal verified in the measuring process may rest
-on a step the serving process lacks. The candidates are measured once more in a new interpreter (`spawn`: the
-model built afresh from the workload, same input seed, same paired rounds and criterion as
-`pomt.verification.verify.verify`); a removal ships only when it qualified in both. The confirmed steps within
-the policy's reach are checked the same way before the policy sees them.
+A step near N can move from one process to the next, so the candidates are measured once more in a new interpreter
+(`spawn`, the model rebuilt from the workload, same seed, rounds and criterion); a removal ships only when it
+qualified in both. The confirmed steps within the policy's reach are checked the same way.
 """
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ Answer = TypeVar("Answer")
 
 @dataclass(frozen=True)
 class FreshJob:
-    """What the fresh process needs: the workload to rebuild, the candidate schedules (by kept tokens: the
-    removals verified), the verification's rounds (their seed: the workload's) and its criterion."""
+    """What the fresh process needs: the workload, the candidate schedules by kept tokens, rounds and criterion."""
 
     workload: Workload
     schedules: dict[int, Schedule]
@@ -62,8 +59,7 @@ class FreshJob:
 
 @dataclass(frozen=True)
 class StepJob:
-    """The steps to check in a fresh process: the workload to rebuild, each step's (low, high) counts and the
-    paired rounds per step."""
+    """The steps to check in a fresh process: the workload, each step's (low, high) counts and the rounds."""
 
     workload: Workload
     pairs: tuple[Pair, ...]
@@ -71,11 +67,8 @@ class StepJob:
 
 
 class FreshWorker:
-    """A new interpreter (`spawn`) that runs work sent to it, one call at a time, keeping what a call leaves in
-    its module globals for the next; errors there are raised here. Ctrl-C stops it from here: the new
-    interpreter ignores SIGINT from its start (and its warnings, given here already), so it ends without a
-    traceback of its own. As a context manager it is closed and joined on the way out, terminated where an
-    error left, so nothing leaks at exit; a parent killed outright takes it along (`_quiet_child`)."""
+    """A new interpreter (`spawn`) running work sent to it one call at a time, its globals kept, its errors raised
+    here; it ignores SIGINT and dies with its parent; as a context manager, joined on exit (terminated on error)."""
 
     def __init__(self) -> None:
         context = multiprocessing.get_context("spawn")
@@ -91,8 +84,7 @@ class FreshWorker:
             raise
 
     def run_copied(self, work: Callable[[Job], Answer], job: Job) -> Answer:
-        """`work(job)` there on a copy of `job` (`by_value`: for jobs that carry tensors), with this process's
-        thread count."""
+        """`work(job)` there on a copy of `job` (`by_value`), with this process's thread count."""
         return self.run(_copied_call, (work, by_value(job), torch.get_num_threads()))
 
     def __enter__(self) -> FreshWorker:
@@ -101,27 +93,25 @@ class FreshWorker:
     def __exit__(self, kind: type | None, *_: object) -> None:
         if kind is None:
             self._pool.close()
-        else:
+        else:  # raised or interrupted: the worker may be mid-work
             self._pool.terminate()
         self._pool.join()
 
 
 def by_value(job: object) -> bytes:
-    """`job` pickled with its tensors' data copied (`FreshWorker.run_copied`): sent as it is, torch's
-    multiprocessing pickling moves a tensor's storage to shared memory that both processes map, and the parent's
-    forwards on a model held that way run slower while the worker lives."""
+    """`job` pickled with its tensors' data copied: torch's multiprocessing pickling would move their storage to
+    shared memory, where the parent's forwards run slower while the worker lives."""
     return pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _copied_call(packed: tuple[Callable[[Job], Answer], bytes, int]) -> Answer:
-    """The worker's side of `FreshWorker.run_copied`."""
     work, job, threads = packed
     torch.set_num_threads(threads)
     return work(pickle.loads(job))
 
 
 def in_fresh_process(work: Callable[[Job], Answer], job: Job) -> Answer:
-    """`work(job)` in a new interpreter (`FreshWorker`), closed when it answered."""
+    """`work(job)` in a new `FreshWorker`, closed when it answered."""
     with FreshWorker() as worker:
         return worker.run(work, job)
 
@@ -140,8 +130,7 @@ def _sigint_ignored() -> Iterator[None]:
 
 
 def _quiet_child() -> None:
-    """Set up the fresh interpreter: SIGINT ignored (the parent stops it), warnings silenced, and on Linux
-    killed with its parent (a worker busy measuring would otherwise finish its call beside a resumed run)."""
+    """SIGINT ignored, warnings silenced, and on Linux killed with its parent (not left measuring beside a resume)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     warnings.simplefilter("ignore")
     with suppress(OSError, AttributeError):  # not Linux: the worker ends when it next reads its closed pipe
@@ -149,7 +138,7 @@ def _quiet_child() -> None:
 
 
 def verify_in_fresh_process(job: FreshJob) -> Verification:
-    """The candidates' verification, run in a new interpreter."""
+    """The job's schedules verified against the unpruned model in a new process."""
     return in_fresh_process(_verify_here, job)
 
 
@@ -165,9 +154,8 @@ def _prepared_here(workload: Workload) -> tuple[Workload, Prepared]:
 
 
 def _step_rounds_here(job: StepJob) -> dict[Pair, list[tuple[Visit, Visit]]]:
-    """The fresh process's side of a step check: the model with tokens truncated after embedding (as the
-    search measured it), each step's two counts visited back to back, every step once per round in a seeded
-    order, the order within a pair reversed every other round."""
+    """The fresh process's side of a step check: each step's two counts visited back to back, every step once
+    per round in a seeded order, the order within a pair reversed every other round."""
     workload, prepared = _prepared_here(job.workload)
     measuring = live_run(workload, prepared)
     rng = np.random.default_rng(job.rounds.seed)
@@ -184,11 +172,8 @@ def _step_rounds_here(job: StepJob) -> dict[Pair, list[tuple[Visit, Visit]]]:
 
 def step_holds(here: PairedEffect, rounds: list[tuple[Visit, Visit]], alpha: float,
                min_step: float) -> tuple[PairedEffect, bool]:
-    """The step's paired effect in the fresh process's `rounds` (the trend offset of its verdict here), and
-    whether it holds there: in the direction confirmed here, significant at `alpha` one-sided (the direction
-    is known before these rounds: a replication), and at least half of `min_step`. The full minimum is not
-    asked again, as the verdict here decided the size and a real step near it reads under it about half the
-    time; half of it keeps out a step that is real there but too small to matter."""
+    """The step's paired effect in the fresh `rounds` and whether it holds: in the direction confirmed here,
+    significant at `alpha` one-sided, at least half of `min_step` (a real step near it reads under half the time)."""
     fresh = paired_effect([b.median_ms for _, b in rounds], [a.median_ms for a, _ in rounds], offset=here.offset)
     change, confirmed = fresh.excess - 1.0, here.excess - 1.0
     same_side = math.copysign(1.0, change) == math.copysign(1.0, confirmed)
@@ -196,7 +181,6 @@ def step_holds(here: PairedEffect, rounds: list[tuple[Visit, Visit]], alpha: flo
 
 
 def _verify_here(job: FreshJob) -> Verification:
-    """The fresh process's side: build the workload, patch through each candidate schedule, verify."""
     workload, prepared = _prepared_here(job.workload)
     n = prepared.geometry.num_tokens
     timed = TimedModel(prepared.model, prepared.x, prepared.setup.device, workload.threads, workload.backend)
@@ -207,8 +191,7 @@ def _verify_here(job: FreshJob) -> Verification:
 
 
 def held_in_both(here: Verification, fresh: Verification, criterion: Criterion) -> tuple[CandidateResult | None, str]:
-    """The candidate to ship among those that qualified in both processes (chosen on the fresh process's
-    measurements, as `pomt.verification.verify.choose` chooses), and the fresh process's verdict in one sentence."""
+    """The candidate to ship of those that qualified in both processes (on the fresh measurements), and why."""
     qualified_here = {c.remove for c in here.candidates if c.qualifies}
     both = [c for c in fresh.candidates if c.remove in qualified_here]
     if not both:
@@ -218,9 +201,8 @@ def held_in_both(here: Verification, fresh: Verification, criterion: Criterion) 
 
 
 def placement_hint(fingerprint: Fingerprint, what: str = "the removal") -> str | None:
-    """What to tell a CPU user whose removal, or step within reach, did not hold in a fresh process while the
-    host allocator ran with its defaults (`--allocator inherit`, or off glibc); None elsewhere (why:
-    `pomt.device.allocator`, measured by `benchmarks/allocator.py` and `benchmarks/placement.py`)."""
+    """What to tell a CPU user whose removal, or step within reach, did not hold in a fresh process while the host
+    allocator ran with its defaults (`pomt.device.allocator`); None elsewhere."""
     if fingerprint.kind != "cpu" or fingerprint.allocator:
         return None
     return (f"{what} held in the measuring process, not in a fresh one: on CPU that can be memory placement "

@@ -1,12 +1,9 @@
 """Checks of a schedule on this machine before it ships: a schedule is a promise, so it is measured.
 
 `verify` times the patched model (through `pomt.apply_schedule`) against the unpruned one in seeded, shuffled
-rounds, each visit corrected for the drift at its time; a candidate qualifies when its paired speedup is
-significant and at least 1 + `min_gain`, and the one shipped removes the fewest tokens among those within
-`min_step` of the fastest (prune just enough). `verify_rounds` sets the rounds from the unpruned latency before
-anything is measured, so short forwards get more rounds at an unchanged false-step rate. `measure_gpu_work`
-says whether a schedule on a GPU waits on its host (launch-bound), when its speed is the host's, not the GPU's.
-`TimedModel`, `Rounds` and `Criterion` are the argument groups every measurement of a schedule shares.
+rounds, each visit corrected for drift; a candidate qualifies when its paired speedup is significant and at least
+1 + `min_gain`, and the one shipped removes the fewest tokens among those within `min_step` of the fastest.
+`verify_rounds` gives short forwards more rounds; `measure_gpu_work` says whether a GPU schedule is launch-bound.
 """
 
 from __future__ import annotations
@@ -37,8 +34,7 @@ from pomt.runtimes import Forward, ProgramCache, ProgramFiles, build_forward
 
 @dataclass(frozen=True, eq=False)
 class TimedModel:
-    """A model and the input it is timed on, with where its forwards run: device, CPU threads (None: torch's)
-    and runtime (`pomt.runtimes.BACKENDS`)."""
+    """A model, the input it is timed on, and where its forwards run (threads None: torch's)."""
 
     model: nn.Module
     x: torch.Tensor
@@ -49,8 +45,7 @@ class TimedModel:
 
 @dataclass(frozen=True)
 class Rounds:
-    """How a paired measurement repeats: `rounds` rounds in a seeded order, `reps` timed forwards a visit
-    (None: as many as the measurement calibrates, where it does)."""
+    """`rounds` paired rounds in a seeded order, `reps` timed forwards a visit (None: calibrated, where it is)."""
 
     rounds: int
     reps: int | None = None
@@ -59,8 +54,7 @@ class Rounds:
 
 @dataclass(frozen=True)
 class Criterion:
-    """When a measured candidate qualifies and which ships: speedup at least 1 + `min_gain`, significant at
-    `alpha`; the fewest removed within `min_step` of the fastest."""
+    """A candidate qualifies at a speedup of 1 + `min_gain`, significant at `alpha`; `min_step`: see `choose`."""
 
     min_gain: float = 0.03
     min_step: float = 0.03
@@ -69,9 +63,8 @@ class Criterion:
 
 def schedule_forward_at(timed: TimedModel, schedules: Mapping[int, Schedule],
                         cache_dir: Path | None = None) -> ForwardAt:
-    """`forward_at(kept)`: the unpruned model at N kept tokens, else the model patched with the schedule
-    that keeps that many, through `pomt.apply_schedule`, run in its runtime. Eager runs the patched model
-    itself (unpatched again after the visit); other runtimes export it once per schedule, patched."""
+    """`forward_at(kept)`: the unpruned model at N kept tokens, else the model patched with the schedule keeping
+    that many, in its runtime (eager: unpatched after the visit; others: exported once per schedule)."""
     model, backend = timed.model, timed.backend
     num_tokens = model_geometry(model).num_tokens
 
@@ -100,8 +93,8 @@ ROUNDS_FACTOR = 4
 
 
 def verify_rounds(min_rounds: int, seconds: float, forward_ms: float, reps: int, visits: int) -> int:
-    """Rounds of a verification whose rounds are `visits` visits of `reps` forwards of about `forward_ms`: at
-    least `min_rounds`, as many as fill `seconds`, at most ROUNDS_FACTOR x `min_rounds`."""
+    """Rounds of `visits` visits of `reps` forwards of about `forward_ms`: as many as fill `seconds`, within
+    `min_rounds` and ROUNDS_FACTOR x `min_rounds`."""
     round_ms = forward_ms * max(1, reps) * max(1, visits)
     if not (math.isfinite(round_ms) and round_ms > 0):
         return min_rounds
@@ -121,15 +114,10 @@ class CandidateResult:
     predicted_ms: float | None = None
 
     def to_dict(self) -> dict:
-        return {
-            "remove": self.remove,
-            "pruned_ms": round(self.pruned_ms, 4),
-            "speedup": round(self.speedup, 4),
-            "speedup_ci": [round(self.speedup_ci[0], 4), round(self.speedup_ci[1], 4)],
-            "p_value": float(f"{self.p_value:.3g}"),
-            "qualifies": self.qualifies,
-            "predicted_ms": None if self.predicted_ms is None else round(self.predicted_ms, 4),
-        }
+        return {"remove": self.remove, "pruned_ms": round(self.pruned_ms, 4), "speedup": round(self.speedup, 4),
+                "speedup_ci": [round(self.speedup_ci[0], 4), round(self.speedup_ci[1], 4)],
+                "p_value": float(f"{self.p_value:.3g}"), "qualifies": self.qualifies,
+                "predicted_ms": None if self.predicted_ms is None else round(self.predicted_ms, 4)}
 
 
 @dataclass(frozen=True)
@@ -145,7 +133,7 @@ class Verification:
     drift: Drift | None
 
     def record(self, fingerprint_hash: str) -> VerificationRecord:
-        """What the schedule's `verified` object says of this verification."""
+        """The schedule's `verified` object."""
         chosen = self.chosen
         predicted = chosen.predicted_ms if chosen else None
         return VerificationRecord(
@@ -155,24 +143,15 @@ class Verification:
             speedup_ci=(round(chosen.speedup_ci[0], 4), round(chosen.speedup_ci[1], 4)) if chosen else (1.0, 1.0),
             predicted_ms=None if predicted is None else round(predicted, 4),
             prediction_error=None if predicted is None else round(chosen.pruned_ms / predicted - 1.0, 4),
-            candidates=tuple(c.to_dict() for c in self.candidates),
-            samples=self.rounds * self.reps,
-            rounds=self.rounds,
-            reason=self.reason,
-            drift=None if self.drift is None else self.drift.to_dict(),
-            device_fingerprint_hash=fingerprint_hash,
-        )
+            candidates=tuple(c.to_dict() for c in self.candidates), samples=self.rounds * self.reps,
+            rounds=self.rounds, reason=self.reason, drift=None if self.drift is None else self.drift.to_dict(),
+            device_fingerprint_hash=fingerprint_hash)
 
 
 def verify(measuring: MeasurementRun, num_tokens: int, removals: Mapping[int, float | None], rounds: Rounds,
            criterion: Criterion = Criterion(), *, progress: bool = True) -> Verification:
-    """Measure the candidate removals against the unpruned model and choose (module docstring); `rounds.reps`
-    forwards a visit.
-
-    `removals[remove]`: the latency the prediction promised over the unpruned model's (None: no prediction);
-    a candidate's predicted latency is that ratio times the unpruned latency measured here, so the prediction
-    is judged on the same minute's speed as the measurement.
-    """
+    """Measure the candidate removals against the unpruned model and choose; `removals[remove]`: the predicted
+    latency over the unpruned model's (None: none), judged against the unpruned latency measured here."""
     predicted_ratio = {r: ratio for r, ratio in removals.items() if r > 0}
     removed = sorted(predicted_ratio)
     rng = np.random.default_rng(rounds.seed)
@@ -186,9 +165,8 @@ def verify(measuring: MeasurementRun, num_tokens: int, removals: Mapping[int, fl
                 visits.append(measuring.visit(k, rounds.reps, r + 1))
                 bar.update(1)
     _, drift_log = drift_profile(visits)
-    value: dict[tuple[int, int], float] = {
-        (v.tokens, v.pass_index): v.median_ms / math.exp(g) for v, g in zip(visits, drift_log, strict=True)
-    }
+    value: dict[tuple[int, int], float] = {(v.tokens, v.pass_index): v.median_ms / math.exp(g)
+                                           for v, g in zip(visits, drift_log, strict=True)}
     passes = range(1, rounds.rounds + 1)
     unpruned = [value[(num_tokens, p)] for p in passes]
     unpruned_ms = float(np.median(unpruned))
@@ -197,43 +175,31 @@ def verify(measuring: MeasurementRun, num_tokens: int, removals: Mapping[int, fl
         effect = paired_effect(unpruned, [value[(num_tokens - remove, p)] for p in passes])
         speedup, ci = 1.0 / effect.ratio, (1.0 / effect.ci[1], 1.0 / effect.ci[0])
         ratio = predicted_ratio[remove]
-        results.append(CandidateResult(
-            remove=remove,
-            pruned_ms=unpruned_ms * effect.ratio,
-            speedup=speedup,
-            speedup_ci=ci,
-            p_value=effect.p_value,
-            qualifies=effect.p_value < criterion.alpha and ci[0] > 1.0 and speedup >= 1.0 + criterion.min_gain,
-            predicted_ms=None if ratio is None else unpruned_ms * ratio,
-        ))
+        qualifies = effect.p_value < criterion.alpha and ci[0] > 1.0 and speedup >= 1.0 + criterion.min_gain
+        results.append(CandidateResult(remove, unpruned_ms * effect.ratio, speedup, ci, effect.p_value, qualifies,
+                                       None if ratio is None else unpruned_ms * ratio))
     chosen, reason = choose(results, criterion.min_gain, criterion.min_step)
     return Verification(unpruned_ms, tuple(results), chosen, reason, rounds.rounds, rounds.reps,
                         drift(visits, num_tokens))
 
 
 def choose(results: Sequence[CandidateResult], min_gain: float, min_step: float) -> tuple[CandidateResult | None, str]:
-    """The candidate to ship and the reason, in one sentence (see the module docstring)."""
+    """The candidate to ship and the reason, in one sentence."""
     if not results:
         return None, "no candidate removal to verify"
     qualifying = [c for c in results if c.qualifies]
     if not qualifying:
         best = max(results, key=lambda c: c.speedup)
-        return None, (
-            f"no candidate is measurably faster by {min_gain:.0%} or more: the best, removing {best.remove}, "
-            f"measured {best.speedup:.3f}x (95% CI {best.speedup_ci[0]:.3f}-{best.speedup_ci[1]:.3f})"
-        )
+        return None, (f"no candidate is measurably faster by {min_gain:.0%} or more: the best, removing {best.remove}, "
+                      f"measured {best.speedup:.3f}x (95% CI {best.speedup_ci[0]:.3f}-{best.speedup_ci[1]:.3f})")
     fastest = max(qualifying, key=lambda c: c.speedup)
     chosen = min((c for c in qualifying if c.speedup >= fastest.speedup / (1.0 + min_step)), key=lambda c: c.remove)
-    return chosen, (
-        f"measured {chosen.speedup:.3f}x (95% CI {chosen.speedup_ci[0]:.3f}-{chosen.speedup_ci[1]:.3f}) removing "
-        f"{chosen.remove}" + ("" if chosen is fastest else f", within {min_step:.0%} of the fastest candidate")
-    )
+    return chosen, (f"measured {chosen.speedup:.3f}x (95% CI {chosen.speedup_ci[0]:.3f}-{chosen.speedup_ci[1]:.3f}) "
+                    f"removing {chosen.remove}"
+                    + ("" if chosen is fastest else f", within {min_step:.0%} of the fastest candidate"))
 
 
-# The host issues a forward's kernels while the GPU runs earlier ones; where they take less GPU time than the host
-# takes to issue them, the forward's latency follows the host's speed, and a verified speedup may not hold on
-# another host or a busier minute. Pruning cuts GPU time and reducers add kernels, so a schedule can be launch-bound
-# where the unpruned model is not.
+# where kernels take less GPU time than the host takes to issue them, latency follows the host's speed
 BUSY_FLOOR = 0.85  # below this share of the verified forward spent in GPU work, the forward waits on its host
 
 
@@ -244,8 +210,7 @@ def waits_on_host(gpu_ms: float, wall_ms: float) -> bool:
 
 @dataclass(frozen=True)
 class GpuWork:
-    """GPU time (ms) and kernels a forward of the unpruned model and the shipped schedule, and the schedule's
-    verified wall-clock latency (ms) on this host."""
+    """GPU time (ms) and kernels a forward, unpruned and shipped, and the schedule's verified latency (ms)."""
 
     unpruned_ms: float
     pruned_ms: float
@@ -287,8 +252,8 @@ class GpuWork:
 
 def measure_gpu_work(model: nn.Module, x: torch.Tensor, schedule: Schedule, device: str,
                      wall_ms: float) -> GpuWork | None:
-    """The GPU work of `model` patched with `schedule` (eager) and unpruned, each profiled once after a warm-up;
-    None off CUDA. `wall_ms`: the schedule's verified latency here."""
+    """The GPU work of `model` patched with `schedule` (eager) and unpruned, profiled once after a warm-up; None off
+    CUDA. `wall_ms`: the schedule's verified latency here."""
     if not device.startswith("cuda"):
         return None
     forward_at = schedule_forward_at(TimedModel(model, x, device), {schedule.kept_tokens: schedule})

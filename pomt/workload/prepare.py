@@ -1,11 +1,9 @@
 """What is measured, and how it is set up on this machine, shared by the offline computation, the benchmark and
 `pomt record`.
 
-`prepare_run` resolves and checks the run before any model is built (model name, device and fingerprint, the
-host allocator, batch and input size, the output stem `<model>_<device>_bs<B>_is<S>`); `prepare` builds the model
-in its dtype on its device with a seeded input and the token grid; `open_journal` opens (or, with `resume`,
-continues) the trace a run writes every visit to; `live_run` measures through the runtime into that journal;
-`journalled` turns Ctrl-C into a line saying how many visits the journals keep.
+`prepare_run` resolves and checks the run before any model is built; `prepare` builds the model in its dtype on
+its device with a seeded input and the token grid; `open_journal` opens (or, with `resume`, continues) the trace
+a run writes every visit to; `live_run` measures into it; `journalled` turns Ctrl-C into `Interrupted`.
 """
 
 from __future__ import annotations
@@ -65,9 +63,7 @@ class RunSetup:
         return replace(self, batch_size=check_batch_size(batch_size), input_size=normalise_input_size(input_size))
 
 
-def output_stem(
-    model: str, device: str, batch_sizes: Sequence[int], input_sizes: Sequence[tuple[int, int]]
-) -> str:
+def output_stem(model: str, device: str, batch_sizes: Sequence[int], input_sizes: Sequence[tuple[int, int]]) -> str:
     """`<model>_<device>_bs<B>_is<S>`; a sweep joins its batch and input sizes with "-"."""
     sizes = "-".join(str(h) if h == w else f"{h}x{w}" for h, w in input_sizes)
     batches = "-".join(map(str, batch_sizes))
@@ -76,8 +72,7 @@ def output_stem(
 
 @dataclass(frozen=True)
 class Host:
-    """How the host is held while a run measures: its allocator on a CPU (`pomt.device.allocator`) and whether
-    unlocked clocks are refused."""
+    """How the host is held while a run measures: its CPU allocator, and whether unlocked clocks are refused."""
 
     allocator: str = "steady"
     require_locked_clocks: bool = False
@@ -85,9 +80,8 @@ class Host:
 
 def prepare_run(model: str, device: str = "auto", threads: int | None = None, batch_size: int = 1,
                 input_size: int | tuple[int, int] | None = None, host: Host = Host()) -> RunSetup:
-    """Resolve the model name, sizes and device, set the host allocator on a CPU
-    (`pomt.device.allocator.use_allocator`), and take the device's fingerprint (which records the allocator);
-    with `host.require_locked_clocks`, raise DeviceError unless its clocks are locked."""
+    """Resolve the model name, sizes and device, set the host allocator on a CPU, and take the device's
+    fingerprint; with `host.require_locked_clocks`, raise DeviceError unless its clocks are locked."""
     name = resolve_model_name(model)
     batch = check_batch_size(batch_size)
     size = normalise_input_size(input_size) or default_input_size(name)
@@ -103,8 +97,7 @@ def prepare_run(model: str, device: str = "auto", threads: int | None = None, ba
 
 @dataclass(frozen=True)
 class Workload:
-    """The model, batch, input, device and runtime measured, the token grid, and where outputs go; each
-    field is also the CLI option of its name (`pomt.options`)."""
+    """What is measured, on what, and where outputs go; each field is also the CLI option of its name."""
 
     model: str | None = option(None, f"timm model name or alias (default: {MODEL}; a replay's is its trace's).",
                                panel=WORKLOAD)
@@ -129,8 +122,7 @@ class Workload:
     progress: bool = option(True, "Show progress bars.", negatable=True, panel=OUTPUTS)
 
     def check(self) -> Workload:
-        """Raise for settings outside their ranges (`pomt.checks.check_options`) or an output folder no file
-        can be written in, before anything is resolved or built."""
+        """Raise for settings outside their ranges or an output folder no file can be written in."""
         check_options(self)
         check_threads(self.threads)
         check_output_dir(self.output_dir)
@@ -139,8 +131,7 @@ class Workload:
 
 @dataclass
 class Prepared:
-    """A workload made concrete: the run's setup (fingerprint with runtime and dtype), model and input, and
-    the journals opened for it (`open_journal`)."""
+    """A workload made concrete: setup, model and input, and the journals opened for it (`open_journal`)."""
 
     setup: RunSetup
     geometry: Geometry
@@ -156,24 +147,16 @@ class Prepared:
 
 def workload_grid(workload: Workload, geometry: Geometry) -> list[int]:
     """The token counts to measure, ascending; N is always among them (the reference of every pass)."""
-    grid = token_grid(
-        workload.grid_token_start if workload.grid_token_start is not None else geometry.num_tokens,
-        workload.grid_token_stop if workload.grid_token_stop is not None else geometry.min_tokens,
-        workload.grid_token_stride,
-        min_tokens=geometry.min_tokens,
-        max_tokens=geometry.num_tokens,
-    )
+    grid = token_grid(workload.grid_token_start if workload.grid_token_start is not None else geometry.num_tokens,
+                      workload.grid_token_stop if workload.grid_token_stop is not None else geometry.min_tokens,
+                      workload.grid_token_stride, min_tokens=geometry.min_tokens, max_tokens=geometry.num_tokens)
     return sorted(set(grid) | {geometry.num_tokens})
 
 
-def prepare(
-    workload: Workload, pretrained: bool = False, checkpoint: str | Path | None = None, run: RunSetup | None = None
-) -> Prepared:
-    """Resolve and check the workload (clocks before any model is built), build the model in its dtype.
-
-    `run`: the run already resolved for this workload (a benchmark sweep's cell, `RunSetup.at`); its
-    model, device, batch and input size are then used as they are.
-    """
+def prepare(workload: Workload, pretrained: bool = False, checkpoint: str | Path | None = None,
+            run: RunSetup | None = None) -> Prepared:
+    """Resolve and check the workload (clocks before any model is built), build the model in its dtype; `run`: the
+    run already resolved (a benchmark sweep's cell, `RunSetup.at`), used as it is."""
     setup = run if run is not None else prepare_run(
         MODEL if workload.model is None else workload.model, workload.device, workload.threads,
         BATCH_SIZE if workload.batch_size is None else workload.batch_size, workload.input_size,
@@ -193,20 +176,17 @@ def prepare(
 def trace_meta(prepared: Prepared, workload: Workload, what: str) -> dict:
     """The sidecar of a trace this machine writes (what `pomt.formats.trace.read_sidecar` needs, and more)."""
     geometry, setup = prepared.geometry, prepared.setup
-    return {
-        "format": "pomt.trace", "version": 1, "model": geometry.model, "batch_size": setup.batch_size,
-        "input_size": list(geometry.input_size), "num_tokens": geometry.num_tokens,
-        "prefix_tokens": geometry.prefix_tokens, "depth": geometry.depth, "threads": setup.fingerprint.threads,
-        "dtype": workload.dtype, "backend": workload.backend, "order": "shuffled per pass", "measured": what,
-        "device": setup.fingerprint.to_dict(), "date": utc_now(),
-    }
+    return {"format": "pomt.trace", "version": 1, "model": geometry.model, "batch_size": setup.batch_size,
+            "input_size": list(geometry.input_size), "num_tokens": geometry.num_tokens,
+            "prefix_tokens": geometry.prefix_tokens, "depth": geometry.depth, "threads": setup.fingerprint.threads,
+            "dtype": workload.dtype, "backend": workload.backend, "order": "shuffled per pass", "measured": what,
+            "device": setup.fingerprint.to_dict(), "date": utc_now()}
 
 
 def open_journal(workload: Workload, prepared: Prepared, name: str, what: str, settings: dict) -> TraceWriter:
     """`<output>/<stem>.<name>.csv`: continued when `resume` and its settings match, else started afresh."""
     keys = {"grid": prepared.grid, "seed": workload.seed, "dtype": workload.dtype, "backend": workload.backend,
-            "threads": prepared.setup.fingerprint.threads, "device": prepared.setup.fingerprint.name,
-            **settings}
+            "threads": prepared.setup.fingerprint.threads, "device": prepared.setup.fingerprint.name, **settings}
     path = Path(workload.output_dir) / f"{prepared.setup.stem}.{name}.csv"
     journal = TraceWriter(path, trace_meta(prepared, workload, what), keys, resume=workload.resume)
     prepared.journals.append(journal)
@@ -215,8 +195,7 @@ def open_journal(workload: Workload, prepared: Prepared, name: str, what: str, s
 
 @contextmanager
 def journalled(prepared: Prepared) -> Iterator[Prepared]:
-    """Ctrl-C inside becomes `Interrupted`, saying how many visits the journals opened for `prepared` keep for
-    `--resume` (where none was opened, as on a replay, it stays a plain KeyboardInterrupt: nothing to resume)."""
+    """Ctrl-C inside becomes `Interrupted` (with the visits kept for `--resume`) where a journal was opened."""
     try:
         yield prepared
     except Interrupted:
@@ -228,8 +207,7 @@ def journalled(prepared: Prepared) -> Iterator[Prepared]:
 
 
 def live_run(workload: Workload, prepared: Prepared, journal: TraceWriter | None = None) -> MeasurementRun:
-    """Measure the model at a token count on this machine, through the workload's runtime, into the journal
-    (none: nothing written, as in a fresh process's check)."""
+    """Measure the model at a token count through the workload's runtime, into the journal (None: not written)."""
     forward_at = live_forwards(prepared.model, prepared.x, backend=workload.backend, threads=workload.threads,
                                cache_dir=Path(workload.output_dir) / prepared.cache_dir)
     source = LiveSource(forward_at, prepared.setup.device, workload.threads, start_s=journal_end_s(journal),

@@ -1,12 +1,10 @@
 """`pomt record`: a dense latency trace of one workload on this machine, for the curve bank.
 
 Every grid count is visited in `passes` shuffled passes, the reference N `reference_visits` times in each; each
-multiple of `align` right beside the count below it, as a search's coarse scan visits them, or with `chain`
-every count beside a neighbour (`pomt.measurement.design.chained_units`), so that a replay can serve those
-pairs back to back. Every timed forward is kept with its count, pass and time in `<stem>.record.csv`, the
-device fingerprint in its sidecar; a killed recording continues with `--resume`. The trace is analysed as the
-bank's ground truth is (`pomt.measurement.steps.steps_in_trace`) and drawn; `offline_computation.py --replay`
-runs the whole offline computation on it.
+multiple of `align` right beside the count below it, or with `chain` every count beside a neighbour, so that a
+replay can serve those pairs back to back. Every timed forward is kept in `<stem>.record.csv`, the device
+fingerprint in its sidecar; `--resume` continues a killed recording. The trace is analysed as the bank's ground
+truth is (`steps_in_trace`) and drawn; `offline_computation.py --replay` runs the offline computation on it.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ from pomt.measurement.sources import MeasurementRun
 from pomt.measurement.steps import Step, steps_in_trace
 from pomt.options import ADVANCED, MEASUREMENT, option
 from pomt.plots import OfflinePlot, plot_offline
-from pomt.workload.prepare import Prepared, Workload, journalled, live_run, open_journal, prepare
+from pomt.workload.prepare import Workload, journalled, live_run, open_journal, prepare
 
 
 @dataclass(frozen=True)
@@ -88,40 +86,35 @@ def dense_trace(measuring: MeasurementRun, grid: list[int], reference: int, sett
 
 
 def record(workload: Workload, settings: RecordSettings) -> Recording:
-    """Record the workload's dense trace (see the module docstring); settings and the output folder are checked
-    before anything is built, and Ctrl-C raises `Interrupted`, saying how many visits the journal keeps."""
+    """Record the workload's dense trace, settings checked before anything is built; Ctrl-C raises `Interrupted`."""
     settings.check()
     workload.check()
     prepared = prepare(workload)
     with journalled(prepared):
-        return _record(workload, settings, prepared)
-
-
-def _record(workload: Workload, settings: RecordSettings, prepared: Prepared) -> Recording:
-    folder, stem = Path(workload.output_dir), f"{prepared.setup.stem}.record"
-    clear_stale(folder, stem)
-    for suffix in (".csv", ".json", ".png"):
-        check_output_file(folder / f"{stem}{suffix}", "output file")
-    journal = open_journal(workload, prepared, "record", "whole model, tokens truncated after embedding",
-                           {"passes": settings.passes, "reps": settings.reps, "visit_s": settings.visit_s,
-                            "reference_visits": settings.reference_visits, "align": settings.align,
-                            "chain": settings.chain})
-    measuring = live_run(workload, prepared, journal)
-    started = time.perf_counter()
-    n = prepared.geometry.num_tokens
-    visits, reps = dense_trace(measuring, prepared.grid, n, settings, seed=workload.seed, progress=workload.progress)
-    seconds = time.perf_counter() - started
-    seen = drift(visits, n)
-    journal.update_meta(passes=settings.passes, reps=reps, stride=workload.grid_token_stride,
-                        align=0 if settings.chain else settings.align, chain=settings.chain,
-                        drift=None if seen is None else seen.to_dict())
-    steps = steps_in_trace(visits, min_step=settings.min_step)
-    title = (f"{prepared.geometry.model} on {prepared.setup.fingerprint.name}, batch {prepared.setup.batch_size}"
-             f": {settings.passes} shuffled passes")
-    plot = plot_offline(folder / f"{stem}.png",
-                        OfflinePlot(title, pool_visits(visits, n), corrected_values(visits), steps, drift=seen))
-    return Recording(
-        paths={"trace": journal.path, "sidecar": journal.path.with_suffix(".json"), "plot": plot},
-        visits=measuring.visits, measured=measuring.measured, samples=sum(len(v.samples_ms) for v in visits),
-        seconds=seconds, noise=relative_noise(corrected_values(visits)), drift=seen, steps=steps,
-    )
+        folder, stem = Path(workload.output_dir), f"{prepared.setup.stem}.record"
+        clear_stale(folder, stem)
+        for suffix in (".csv", ".json", ".png"):
+            check_output_file(folder / f"{stem}{suffix}", "output file")
+        journal = open_journal(workload, prepared, "record", "whole model, tokens truncated after embedding",
+                               {"passes": settings.passes, "reps": settings.reps, "visit_s": settings.visit_s,
+                                "reference_visits": settings.reference_visits, "align": settings.align,
+                                "chain": settings.chain})
+        measuring = live_run(workload, prepared, journal)
+        started = time.perf_counter()
+        n = prepared.geometry.num_tokens
+        visits, reps = dense_trace(measuring, prepared.grid, n, settings, seed=workload.seed,
+                                   progress=workload.progress)
+        seconds = time.perf_counter() - started
+        seen = drift(visits, n)
+        journal.update_meta(passes=settings.passes, reps=reps, stride=workload.grid_token_stride,
+                            align=0 if settings.chain else settings.align, chain=settings.chain,
+                            drift=None if seen is None else seen.to_dict())
+        steps = steps_in_trace(visits, min_step=settings.min_step)
+        title = (f"{prepared.geometry.model} on {prepared.setup.fingerprint.name}, batch {prepared.setup.batch_size}"
+                 f": {settings.passes} shuffled passes")
+        plot = plot_offline(folder / f"{stem}.png",
+                            OfflinePlot(title, pool_visits(visits, n), corrected_values(visits), steps, drift=seen))
+        return Recording(paths={"trace": journal.path, "sidecar": journal.path.with_suffix(".json"), "plot": plot},
+                         visits=measuring.visits, measured=measuring.measured,
+                         samples=sum(len(v.samples_ms) for v in visits), seconds=seconds,
+                         noise=relative_noise(corrected_values(visits)), drift=seen, steps=steps)
