@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_one_line_error, run_in_process, verified_record
-from support.bad_files import TRACE, good_schedule, make_bad_files
+from conftest import run_in_process, verified_record
+from support.bad_files import TRACE, assert_refused_writing_nothing, good_schedule, make_bad_files, warning_lines
 
 QUICK_BENCH = ("--rounds", "1", "--warmup", "0", "--accuracy-samples", "0", "--no-profile", "--power-seconds", "0")
 
@@ -114,16 +114,8 @@ SCHEDULES = [
 
 @pytest.mark.parametrize(("args", "fragment"), REPLAY + SCHEDULES)
 def test_a_bad_or_mismatched_file_is_one_line_and_exit_2(args, fragment, bad, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the default output folder (bin/) of a case that names none
-    result = run_in_process(*(a.format(F=bad, T=TRACE, O=tmp_path / "out") for a in args), *(
-        ("--output-dir", str(tmp_path / "out")) if args[0] in ("offline", "bench") and "--output-dir" not in args
-        else ()))
-    assert_one_line_error(result, fragment)
-    assert not any(tmp_path.rglob("*.*"))  # nothing measured, nothing written
-
-
-def _warnings(result) -> list[str]:
-    return [line for line in result.stderr.splitlines() if line.strip()]
+    monkeypatch.chdir(tmp_path)
+    assert_refused_writing_nothing(args, fragment, bad, tmp_path)
 
 
 def test_a_schedule_of_another_model_of_the_same_geometry_is_benchmarked_with_one_warning_line(tmp_path):
@@ -134,7 +126,7 @@ def test_a_schedule_of_another_model_of_the_same_geometry_is_benchmarked_with_on
     result = run_in_process("bench", "--schedule", str(path), "--model", "deit_tiny", *QUICK_BENCH,
                             "--output-dir", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
-    lines = _warnings(result)
+    lines = warning_lines(result)
     assert len(lines) == 1 and "made for vit_tiny_patch16_224" in lines[0], lines
     written = json.loads(next((tmp_path / "out").glob("*.benchmark.json")).read_text())
     assert written["meta"]["model"] == "deit_tiny_patch16_224"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA, assert_one_line_error, run_in_process
-from support.bad_files import TRACE, make_bad_files, make_scene
+from support.bad_files import TRACE, assert_refused_writing_nothing, make_bad_files, make_scene, warning_lines
 
 WORKLOAD = ("--model", "deit_tiny", "--input-size", "64", "--batch-size", "1")
 TINY = (*WORKLOAD, "--no-progress")  # N = 17, built fast
@@ -403,23 +403,15 @@ EXPORT = [
 
 @pytest.mark.parametrize(("args", "fragment"), BENCH + EXPORT)
 def test_a_bad_bench_or_export_setting_is_one_line_and_exit_2(args, fragment, bad, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the default output folder (bin/) of a case that names none
-    result = run_in_process(*(a.format(F=bad, T=TRACE, O=tmp_path / "out") for a in args), *(
-        ("--output-dir", str(tmp_path / "out")) if args[0] in ("offline", "bench") and "--output-dir" not in args
-        else ()))
-    assert_one_line_error(result, fragment)
-    assert not any(tmp_path.rglob("*.*"))  # nothing measured, nothing written
-
-
-def _warnings(result) -> list[str]:
-    return [line for line in result.stderr.splitlines() if line.strip()]
+    monkeypatch.chdir(tmp_path)
+    assert_refused_writing_nothing(args, fragment, bad, tmp_path)
 
 
 def test_float16_on_the_cpu_benchmarks_with_one_warning_line(tmp_path):
     result = run_in_process("bench", "--model", "deit_tiny", "--input-size", "64", "--dtype", "float16",
                             "--methods", "pomt", "--remove", "4", *QUICK_BENCH, "--output-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    lines = _warnings(result)
+    lines = warning_lines(result)
     assert len(lines) == 1 and lines[0].startswith("warning: float16 on the CPU"), lines
 
 

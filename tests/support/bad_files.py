@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from conftest import DATA, schedule_dict, verified_record
+from conftest import DATA, assert_one_line_error, run_in_process, schedule_dict, verified_record
 from support.tiny_data import make_image_folder
 
 TRACE = DATA / "deit_tiny_bs1_shuffled.csv"  # deit_tiny at 224 px, batch 1, 2 threads, float32, eager, on a CPU
@@ -162,3 +162,19 @@ def make_scene(root: Path) -> Path:
     (root / "future.schedule.json").write_text(json.dumps(schedule_dict(version=99)))
     make_image_folder(root / "one_class" / "only_class", per_class=4, labelled=False)  # one class folder
     return root
+
+
+def assert_refused_writing_nothing(args: tuple[str, ...], fragment: str, bad: Path, tmp_path: Path) -> None:
+    """`pomt ARGS` (`{F}`: the bad files, `{T}`: `TRACE`, `{O}`: an output folder; offline and bench write into
+    tmp_path) refuses with one line naming `fragment`, exit 2, and writes nothing. Run from tmp_path, where the
+    default output folder of a case that names none would go."""
+    command = [a.format(F=bad, T=TRACE, O=tmp_path / "out") for a in args]
+    if args[0] in ("offline", "bench") and "--output-dir" not in args:
+        command += ["--output-dir", str(tmp_path / "out")]
+    assert_one_line_error(run_in_process(*command), fragment)
+    assert not any(tmp_path.rglob("*.*"))  # nothing measured, nothing written
+
+
+def warning_lines(result) -> list[str]:
+    """The lines a run printed on stderr."""
+    return [line for line in result.stderr.splitlines() if line.strip()]
