@@ -195,3 +195,17 @@ def entering_counts(model, fn) -> list[int]:
         for hook in hooks:
             hook.remove()
     return counts
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory) -> Path:
+    """A folder of bad files of every kind a command reads (`support.bad_files`), once per test module."""
+    from support.bad_files import make_bad_files  # it imports this module's helpers
+    return make_bad_files(tmp_path_factory.mktemp("bad"))
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory) -> Path:
+    """The bad files with a killed run's journal beside them (`support.bad_files.make_scene`), once per module."""
+    from support.bad_files import make_scene
+    return make_scene(tmp_path_factory.mktemp("scene"))

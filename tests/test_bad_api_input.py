@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import timm
@@ -41,19 +40,9 @@ from pomt.patching.api import patch_state
 from pomt.workload.prepare import Workload
 
 from conftest import DATA, ROOT, run_script, verified_record
-from support.bad_files import good_schedule, make_bad_files, make_scene
+from support.bad_files import good_schedule
 
 SMALL_TRACE = DATA / "deit_small_bs4_amd_shuffled.csv"  # deit_small_patch16_224, batch 4, 224 px
-
-
-@pytest.fixture(scope="module")
-def scene(tmp_path_factory) -> Path:
-    return make_scene(tmp_path_factory.mktemp("scene"))
-
-
-@pytest.fixture(scope="module")
-def bad(tmp_path_factory) -> Path:
-    return make_bad_files(tmp_path_factory.mktemp("bad"))
 
 
 @pytest.fixture(scope="module")

@@ -5,19 +5,13 @@ traceback, nothing written; a schedule that is legal but surprising is benchmark
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from conftest import run_in_process, verified_record
-from support.bad_files import TRACE, assert_refused_writing_nothing, good_schedule, make_bad_files, warning_lines
+from support.bad_files import TRACE, assert_refused_writing_nothing, good_schedule, warning_lines
 
 QUICK_BENCH = ("--rounds", "1", "--warmup", "0", "--accuracy-samples", "0", "--no-profile", "--power-seconds", "0")
-
-
-@pytest.fixture(scope="module")
-def bad(tmp_path_factory) -> Path:
-    return make_bad_files(tmp_path_factory.mktemp("bad"))
 
 
 def case(fragment: str, *args: str, id: str):

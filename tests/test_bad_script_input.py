@@ -9,17 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA, assert_one_line_error, run_script, run_script_in_process
-from support.bad_files import TRACE, make_bad_files, make_scene
-
-
-@pytest.fixture(scope="module")
-def scene(tmp_path_factory) -> Path:
-    return make_scene(tmp_path_factory.mktemp("scene"))
-
-
-@pytest.fixture(scope="module")
-def bad(tmp_path_factory) -> Path:
-    return make_bad_files(tmp_path_factory.mktemp("bad"))
+from support.bad_files import TRACE
 
 
 def _filled(args: list[str], scene: Path, out: Path) -> list[str]:

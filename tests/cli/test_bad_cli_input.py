@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA, assert_one_line_error, run_in_process
-from support.bad_files import TRACE, assert_refused_writing_nothing, make_bad_files, make_scene, warning_lines
+from support.bad_files import TRACE, assert_refused_writing_nothing, make_scene, warning_lines
 
 WORKLOAD = ("--model", "deit_tiny", "--input-size", "64", "--batch-size", "1")
 TINY = (*WORKLOAD, "--no-progress")  # N = 17, built fast
@@ -31,11 +31,6 @@ def scene(tmp_path_factory) -> Path:
     (root / "in_the_way").mkdir()
     (root / "in_the_way" / f"{stem}.schedule.json").mkdir()
     return root
-
-
-@pytest.fixture(scope="module")
-def bad(tmp_path_factory) -> Path:
-    return make_bad_files(tmp_path_factory.mktemp("bad"))
 
 
 # (id, arguments, fragments of the one error line). "{scene}" is the fixture's folder, "{out}" the test's own
