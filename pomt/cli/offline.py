@@ -42,12 +42,17 @@ def report_lines(result: OfflineResult, verbose: bool = False) -> list[str]:
     if verbose:
         lines = _summary(result, True, len(result.search.steps) if result.search else 0)
         return lines + [f"note       {note}" for note in result.notes] + _file_lines(result.paths, True)
-    files = _file_lines(result.paths, False)
-    lines = _summary(result, False, STEPS_SHOWN)
-    if len(lines) + len(files) > MAX_LINES:
-        lines = _summary(result, False, 0)
-    room = max(MAX_LINES - len(lines) - len(files), 1)  # notes on what ships come first
     notes = [f"note       {_one_line(note)}" for note in result.notes]
+    return fit_summary(_summary(result, False, STEPS_SHOWN), _summary(result, False, 0), notes,
+                       _file_lines(result.paths, False))
+
+
+def fit_summary(lines: list[str], without_steps: list[str], notes: list[str], files: list[str]) -> list[str]:
+    """`lines` + `notes` + `files` in at most `MAX_LINES` lines: the steps drop first (`without_steps`), then the
+    notes fold into a count after the first ones (notes on what ships come first)."""
+    if len(lines) + len(files) + min(len(notes), 1) > MAX_LINES:
+        lines = without_steps
+    room = max(MAX_LINES - len(lines) - len(files), 1)
     if len(notes) > room:
         notes = [*notes[:room - 1], f"note       {len(notes) - room + 1} more (--verbose)"]
     return lines + notes + files

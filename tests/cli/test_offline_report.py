@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from pomt.cli.offline import reason_head
+from pomt.cli.offline import MAX_LINES, fit_summary, reason_head
 from pomt.errors import CalibrationError
 from pomt.offline.choose import check_folder_resolves
 from pomt.offline.config import SAMPLE_CAP, OfflineConfig, sample_size
@@ -48,6 +48,19 @@ def test_the_files_are_one_line_by_default_and_each_with_verbose(summaries):
     short, full = summaries
     assert sum(line.startswith("wrote") for line in short) == 1
     assert sum(line.startswith("wrote") for line in full) >= 3  # schedule, curve, plot
+
+
+@pytest.mark.parametrize("summary", range(9, 15))
+@pytest.mark.parametrize("notes", range(4))
+def test_the_summary_fits_whatever_the_count_of_steps_and_notes(summary, notes):
+    lines = [f"line {i}" for i in range(summary)]
+    without_steps = lines[:summary - 3]  # three step rows
+    fitted = fit_summary(lines, without_steps, [f"note {i}" for i in range(notes)], ["wrote"])
+    assert len(fitted) <= MAX_LINES
+    assert fitted[-1] == "wrote" and fitted[0] == "line 0"
+    assert bool(notes) == any(line.startswith("note") for line in fitted)  # a note is never dropped unsaid
+    if summary + notes + 1 <= MAX_LINES:
+        assert fitted == lines + [f"note {i}" for i in range(notes)] + ["wrote"]
 
 
 @pytest.mark.parametrize(("reason", "head"), [
