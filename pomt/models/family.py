@@ -13,8 +13,8 @@ from pomt.errors import PatchError, UnsupportedModelError
 from pomt.models.geometry import transformer_blocks
 
 PATCHED_FROM = "_pomt_original"  # the class attribute naming the class a pomt pruning block class derives from
-SUPPORTED = ("timm's VisionTransformer family (ViT, DeiT, DeiT III, DINOv2, CLIP and SigLIP ViTs, ...) and the "
-             "DINOv2 authors' models")
+SUPPORTED = ("timm's VisionTransformer family (ViT, DeiT, DeiT III, DINOv2, CLIP and SigLIP ViTs, ...), timm's Eva "
+             "(EVA02, DINOv3, RoPE ViTs) and BEiT, and the DINOv2 authors' models")
 
 
 def check_family(model: nn.Module, name: str | None = None) -> nn.Module:
@@ -66,9 +66,11 @@ def _block_classes(block: nn.Module) -> tuple[type, ...]:
         from dinov2.layers.block import NestedTensorBlock
 
         return (DinoBlock, NestedTensorBlock)
+    from timm.models.beit import Block as BeitBlock
+    from timm.models.eva import EvaBlock
     from timm.models.vision_transformer import Block as TimmBlock
 
-    return (TimmBlock,)
+    return (TimmBlock, EvaBlock, BeitBlock)
 
 
 def _attention_classes(attn: nn.Module) -> tuple[type, ...]:
@@ -79,8 +81,11 @@ def _attention_classes(attn: nn.Module) -> tuple[type, ...]:
 
         return (DinoAttention, MemEffAttention)
     from timm.layers import Attention as TimmAttention
+    from timm.layers.attention import AttentionRope
+    from timm.models.beit import Attention as BeitAttention
+    from timm.models.eva import EvaAttention
 
-    return (TimmAttention,)
+    return (TimmAttention, EvaAttention, AttentionRope, BeitAttention)
 
 
 def check_block(block: nn.Module) -> None:
@@ -89,11 +94,12 @@ def check_block(block: nn.Module) -> None:
     if original not in _block_classes(block):
         raise PatchError(
             f"cannot patch block {original.__module__}.{original.__name__}: pomt supports timm "
-            "vision_transformer.Block and the DINOv2 authors' Block/NestedTensorBlock"
+            "vision_transformer.Block, EvaBlock and BEiT's Block, and the DINOv2 authors' Block/NestedTensorBlock"
         )
     attn = block.attn
     if type(attn) not in _attention_classes(attn):
         raise PatchError(
             f"cannot patch attention {type(attn).__module__}.{type(attn).__name__}: pomt supports timm "
-            "Attention and the DINOv2 authors' Attention/MemEffAttention"
+            "Attention, EvaAttention, AttentionRope and BEiT's Attention, and the DINOv2 authors' "
+            "Attention/MemEffAttention"
         )

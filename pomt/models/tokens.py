@@ -5,12 +5,13 @@ block would drown in the other blocks' jitter."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Literal
 
 import torch
 from torch import nn
 
+from pomt.models import positions
 from pomt.models.geometry import model_geometry, transformer_blocks
 
 Selection = Literal["first", "random"]
@@ -34,13 +35,17 @@ def gather_tokens(x: torch.Tensor, prefix: int, patch_indices: torch.Tensor) -> 
     return torch.cat([x[:, :prefix], kept], dim=1)
 
 
+Cut = Callable[[torch.Tensor], "int | torch.Tensor"]  # tokens in -> first n kept, or the patch indices kept
+
+
 @contextlib.contextmanager
 def truncate_tokens(model: nn.Module, n: int, selection: Selection = "first", seed: int = 0,
                     indices: torch.Tensor | None = None, at_block: int = 0) -> Iterator[nn.Module]:
     """Inside the context `model(x)` carries only n tokens from block `at_block` on.
 
     selection: "first" keeps the first n tokens; "random" a seeded per-sample subset that changes from call to call
-    (reproducibly); `indices` (patch positions, (K,) or (B, K)) overrides both. At n = N the model is left untouched."""
+    (reproducibly); `indices` (patch positions, (K,) or (B, K)) overrides both. At n = N the model is left untouched.
+    Rotary embeddings and relative position biases are gathered with the tokens (`pomt.models.positions`)."""
     geometry = model_geometry(model)
     geometry.check_tokens(n)
     prefix, keep = geometry.prefix_tokens, n - geometry.prefix_tokens
@@ -51,22 +56,15 @@ def truncate_tokens(model: nn.Module, n: int, selection: Selection = "first", se
         return
     generator = torch.Generator().manual_seed(seed)
 
-    def drop(_module: nn.Module, args: tuple) -> tuple:
-        x, *rest = args
+    def cut(x: torch.Tensor) -> int | torch.Tensor:
         if indices is not None:
-            x = gather_tokens(x, prefix, indices)
-        elif selection == "first":
-            x = x[:, :n]
-        else:
-            picked = random_patch_indices(x.shape[0], x.shape[1] - prefix, keep, generator, x.device)
-            x = gather_tokens(x, prefix, picked)
-        return (x, *rest)
+            return indices.to(x.device)
+        if selection == "first":
+            return n
+        return random_patch_indices(x.shape[0], x.shape[1] - prefix, keep, generator, x.device)
 
-    handle = transformer_blocks(model)[at_block].register_forward_pre_hook(drop, prepend=True)
-    try:
+    with cut_tokens(model, {at_block: cut}):
         yield model
-    finally:
-        handle.remove()
 
 
 def forward_at_tokens(model: nn.Module, x: torch.Tensor, n: int, selection: Selection = "first", seed: int = 0,
@@ -79,13 +77,77 @@ def forward_at_tokens(model: nn.Module, x: torch.Tensor, n: int, selection: Sele
 @contextlib.contextmanager
 def dropped_to(model: nn.Module, counts: Sequence[int]) -> Iterator[nn.Module]:
     """Inside the context block b receives the first counts[b] tokens (a schedule's counts, no reducer's work)."""
-    with contextlib.ExitStack() as stack:
-        previous = model_geometry(model).num_tokens
-        for block, tokens in enumerate(counts):
-            if tokens < previous:
-                stack.enter_context(truncate_tokens(model, tokens, at_block=block))
-            previous = tokens
+    cuts: dict[int, Cut] = {}
+    previous = model_geometry(model).num_tokens
+    for block, tokens in enumerate(counts):
+        if tokens < previous:
+            cuts[block] = lambda _x, tokens=tokens: tokens
+        previous = tokens
+    with cut_tokens(model, cuts):
         yield model
+
+
+def _hidden_states(args: tuple, kwargs: dict) -> tuple[torch.Tensor, Callable[[torch.Tensor], tuple[tuple, dict]]]:
+    """A block's token tensor, wherever its caller put it, and how to put a new one in its place."""
+    if args:
+        return args[0], lambda x: ((x, *args[1:]), kwargs)
+    return kwargs["hidden_states"], lambda x: (args, {**kwargs, "hidden_states": x})
+
+
+@contextlib.contextmanager
+def cut_tokens(model: nn.Module, cuts: Mapping[int, Cut]) -> Iterator[nn.Module]:
+    """Inside the context block b's input is cut by `cuts[b]` (forward pre-hooks, run before any other); later
+    blocks see the rotary embedding or relative position bias of the tokens that are left."""
+    if not cuts:
+        yield model
+        return
+    blocks, prefix = transformer_blocks(model), model_geometry(model).prefix_tokens
+    kind = positions.position_kind(model)
+    now: dict[str, torch.Tensor | None] = {"index": None}
+
+    def hook_for(block: int) -> Callable:
+        def hook(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            x, put = _hidden_states(args, kwargs)
+            if block == first:
+                now["index"] = None  # a new forward
+            if block in cuts:
+                tokens, choice = x.shape[1], cuts[block](x)
+                if isinstance(choice, int):
+                    kept = torch.arange(choice - prefix, device=x.device) if kind else None
+                    x = x[:, :choice]
+                else:
+                    kept, x = choice, gather_tokens(x, prefix, choice)
+                if kind:
+                    now["index"] = positions.select(now["index"], prefix, kept, tokens)
+            args, kwargs = put(x)
+            if kind == "rope" and kwargs.get("rope") is not None:
+                kwargs = {**kwargs, "rope": positions.gather_rope(kwargs["rope"], now["index"], prefix)}
+            if kind == "relative" and kwargs.get("shared_rel_pos_bias") is not None:
+                kwargs = {**kwargs, "shared_rel_pos_bias": positions.gather_bias(kwargs["shared_rel_pos_bias"],
+                                                                                 now["index"])}
+            return args, kwargs
+
+        return hook
+
+    first = min(cuts)
+    with contextlib.ExitStack() as stack:
+        for block in range(first, len(blocks)) if kind else sorted(cuts):
+            handle = blocks[block].register_forward_pre_hook(hook_for(block), prepend=True, with_kwargs=True)
+            stack.callback(handle.remove)
+            if kind == "relative" and blocks[block].attn.relative_position_bias_table is not None:
+                stack.enter_context(_relative_bias_follows(blocks[block].attn, now))
+        yield model
+
+
+@contextlib.contextmanager
+def _relative_bias_follows(attn: nn.Module, now: dict[str, torch.Tensor | None]) -> Iterator[None]:
+    """Inside the context a BEiT attention layer's own relative position bias is that of the current tokens."""
+    own = type(attn)._get_rel_pos_bias
+    attn.__dict__["_get_rel_pos_bias"] = lambda: positions.gather_bias(own(attn), now["index"])
+    try:
+        yield
+    finally:
+        del attn.__dict__["_get_rel_pos_bias"]
 
 
 @contextlib.contextmanager

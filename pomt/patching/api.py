@@ -1,8 +1,9 @@
-"""patch / unpatch: put pruning blocks into a timm or DINOv2 ViT and take them out.
+"""patch / unpatch: put pruning blocks into a ViT and take them out.
 
-Only the blocks that remove tokens are patched (plus, for ToMe, the blocks after the first merge, which
-need proportional attention, and the pooling of timm models that average their tokens, which ToMe
-weights by token size); every other block keeps its class and timm's fused attention. A block
+Only the blocks that remove tokens are patched, plus the blocks after the first removal where they must follow it
+(ToMe's proportional attention; the rotary embedding or relative position bias of the tokens left) and, for ToMe,
+the pooling of models that average their tokens or pool them by attention, which ToMe weights by token size;
+every other block keeps its class and its model's fused attention. A block
 asked to remove 0 tokens is left alone, so the outputs equal the unpatched model's exactly.
 Patching a model that is already patched first unpatches it (the new plan replaces the old one).
 """
@@ -17,7 +18,8 @@ from torch import nn
 from pomt.checks import check_batch_size, check_method, check_prune_block, check_seed
 from pomt.errors import PatchError
 from pomt.models.geometry import model_geometry, transformer_blocks
-from pomt.patching import blocks
+from pomt.models.positions import position_kind
+from pomt.patching import blocks, pooling
 from pomt.patching.blocks import token_counts
 
 STATE_ATTR = blocks.STATE_ATTR
@@ -44,12 +46,11 @@ def patch(model: nn.Module, method: str, prune: Mapping[int, int] | int, *, seed
     geometry = model_geometry(model)
     removal = resolve_removal(prune, geometry.depth)
     token_counts(geometry.num_tokens, geometry.prefix_tokens, geometry.depth, method, removal)
-    if method == "topk" and geometry.prefix_tokens == 0 and removal:
-        raise PatchError("topk scores tokens by class-token attention, but this model has no class token")
     model_blocks = transformer_blocks(model)
     state = blocks.PatchState(
         method=method, removal=removal, prefix_tokens=geometry.prefix_tokens, seed=seed,
-        batch_size=batch_size, strict=strict,
+        batch_size=batch_size, strict=strict, positions=position_kind(model),
+        class_token=geometry.prefix_tokens > 0 and getattr(model, "cls_token", True) is not None,
     )
     plans = blocks.build_plans(state, geometry.depth)
     unpatch(model)
@@ -57,7 +58,7 @@ def patch(model: nn.Module, method: str, prune: Mapping[int, int] | int, *, seed
         for index, plan in plans.items():
             state.originals[index] = blocks.install(model_blocks[index], plan)
         if method == "tome" and plans:
-            state.model_class = blocks.install_pooling(model)
+            state.model_class = pooling.install_pooling(model)
     except BaseException:
         _restore(model, model_blocks, state)
         raise
@@ -70,7 +71,7 @@ def _restore(model: nn.Module, model_blocks: list[nn.Module], state: blocks.Patc
         blocks.uninstall(model_blocks[index], original)
     state.originals.clear()
     if state.model_class is not None:
-        blocks.uninstall_pooling(model, state.model_class)
+        pooling.uninstall_pooling(model, state.model_class)
         state.model_class = None
 
 

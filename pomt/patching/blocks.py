@@ -3,11 +3,12 @@
 A patched block becomes an instance of a subclass of its own class whose forward runs the block's own modules and
 removes tokens after the attention residual, before the MLP. Token order after a pruning block: prefix tokens,
 the kept patch tokens in their original order, then (pomt only) the fused token; after a ToMe block the order of
-`tome.py`, and every block after the first merge runs proportional attention. ToMe on a timm model that averages
-its tokens also swaps the model's class, to pool by token size."""
+`tome.py`. Every block after the first removal follows it where the model needs it: proportional attention after
+a ToMe merge, and the rotary embedding or relative position bias of the tokens left (`pomt.models.positions`)."""
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -16,12 +17,12 @@ import torch
 from torch import nn
 
 from pomt.errors import PatchError, ScheduleError
+from pomt.models import positions
 from pomt.models.family import PATCHED_FROM, check_block
 from pomt.patching import attention, scores
-from pomt.patching.tome import bipartite_matching, max_merge, merge_weighted
+from pomt.patching.tome import bipartite_matching, max_merge, merge_index, merge_weighted
 
 STATE_ATTR = "_pomt_patch"
-AVERAGING = ("avg", "avgmax")  # timm's global_pool values that average tokens, which ToMe weights by size
 
 
 def removed_at(method: str, patch_tokens: int, remove: int) -> int:
@@ -57,10 +58,13 @@ class PatchState:
     seed: int = 0
     batch_size: int | None = None
     strict: bool = False
+    class_token: bool = True  # the first prefix token is a class token (top-k scores by its attention)
     originals: dict[int, type] = field(default_factory=dict)
     model_class: type | None = None  # ToMe: the model's class before its pooling was weighted by size
     size: torch.Tensor | None = None  # ToMe: tokens merged into each token (B, T, 1), prefix included
     bias: torch.Tensor | None = None  # ToMe: log(size) as an attention bias (B, 1, 1, T)
+    positions: positions.Kind | None = None  # what follows the tokens: a rotary embedding, a relative bias
+    index: torch.Tensor | None = None  # the original place of each current token (B, T); None: all in place
     _generators: dict[str, torch.Generator] = field(default_factory=dict, repr=False)
     _batch_warned: bool = False
 
@@ -70,6 +74,11 @@ class PatchState:
         if key not in self._generators:
             self._generators[key] = torch.Generator(device=device).manual_seed(self.seed)
         return self._generators[key]
+
+    def track(self, tokens: int, patches: torch.Tensor) -> None:
+        """Record that the patch tokens at `patches` (B, K) of `tokens` are those left (positional models)."""
+        if self.positions is not None:
+            self.index = positions.select(self.index, self.prefix_tokens, patches, tokens)
 
     def check_batch(self, batch: int) -> None:
         """Warn once (or raise, when strict) if the batch differs from the schedule's."""
@@ -82,24 +91,72 @@ class PatchState:
         warnings.warn(message, stacklevel=4)
 
 
+@dataclass(frozen=True)
+class BlockInputs:
+    """What a block's attention needs besides its tokens: the rotary embedding of its patch tokens and the
+    attention bias between its tokens (relative positions), each for the tokens it now holds."""
+
+    rope: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+
+
+PLAIN = BlockInputs()
+Run = Callable[[nn.Module, torch.Tensor, "BlockPlan", BlockInputs], torch.Tensor]
+
+
 @dataclass(eq=False)
 class BlockPlan:
-    """What one patched block does: `run(block, x, plan)` removing `remove` tokens."""
+    """What one patched block does: `run(block, x, plan, inputs)` removing `remove` tokens."""
 
-    run: Callable[[nn.Module, torch.Tensor, BlockPlan], torch.Tensor]
+    run: Run
     remove: int
     state: PatchState
     first: bool = False
     resets: bool = False
 
 
+def _scaled(block: nn.Module, which: int, out: torch.Tensor) -> torch.Tensor:
+    """A residual branch's layer scale: a module `ls1`/`ls2` (timm, DINOv2) or a vector `gamma_1`/`gamma_2` (Eva,
+    BEiT)."""
+    layer = getattr(block, f"ls{which}", None)
+    if layer is not None:
+        out = attention.call_layer(layer, out)
+    gamma = getattr(block, f"gamma_{which}", None)
+    return out if gamma is None else gamma * out
+
+
 def _mlp_residual(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    out = block.mlp(block.norm2(x))
-    return x + attention.call_layer(block.drop_path2, attention.call_layer(block.ls2, out))
+    return x + attention.call_layer(block.drop_path2, _scaled(block, 2, block.mlp(block.norm2(x))))
 
 
 def _attn_residual(block: nn.Module, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    return x + attention.call_layer(block.drop_path1, attention.call_layer(block.ls1, out))
+    return x + attention.call_layer(block.drop_path1, _scaled(block, 1, out))
+
+
+def _own_attention(block: nn.Module, y: torch.Tensor, inputs: BlockInputs, bias: torch.Tensor | None = None,
+                   keys: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The attention output on normed tokens `y` (fused) with `bias` added, and the keys when computed here; the
+    layer's own forward where neither keys nor a bias are needed, so a plain block keeps its model's path."""
+    if inputs is PLAIN and bias is None and not keys:
+        return block.attn(y), None
+    attn = block.attn
+    q, k, v = attention.heads(attn, y, inputs.rope)
+    total = inputs.bias if bias is None else bias if inputs.bias is None else inputs.bias + bias
+    return attention.project(attn, attention.fused(attn, q, k, v, total), y), k
+
+
+def _explicit_attention(attn: nn.Module, qkv: tuple[torch.Tensor, ...], bias: torch.Tensor | None, prefix: int,
+                        received: Callable[[torch.Tensor, int, int], torch.Tensor]
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention per head in chunks of query rows, and `received(probs, prefix, first_row)` summed over them."""
+    q, k, v = qkv
+    outs, total = [], None
+    for start, stop in attention.query_chunks(q, k.shape[2]):
+        probs = attention.probabilities(attn, q[:, :, start:stop], k, attention.bias_rows(bias, start, stop))
+        outs.append(attention.apply_probabilities(attention.call_layer(attn.attn_drop, probs), v))
+        part = received(probs, prefix, start)
+        total = part if total is None else total + part
+    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), total
 
 
 def _kept(x: torch.Tensor, plan: BlockPlan) -> int:
@@ -107,85 +164,93 @@ def _kept(x: torch.Tensor, plan: BlockPlan) -> int:
     return patch_tokens - removed_at(plan.state.method, patch_tokens, plan.remove)
 
 
-def run_pomt(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
+def run_pomt(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockInputs) -> torch.Tensor:
     """Explicit attention in chunks of query rows; keep the best patch tokens, fuse the other R + 1 into their mean."""
-    prefix, attn = plan.state.prefix_tokens, block.attn
+    prefix, attn, tokens = plan.state.prefix_tokens, block.attn, x.shape[1]
     keep = _kept(x, plan) - 1
     y = block.norm1(x)
-    q, k, v = attention.split_heads(attn, y)
-    outs, received = [], None
-    for start, stop in attention.query_chunks(q, k.shape[2]):
-        probs = attention.probabilities(attn, q[:, :, start:stop], k)
-        outs.append(attention.apply_probabilities(attention.call_layer(attn.attn_drop, probs), v))
-        part = scores.attention_received(probs, prefix, start)
-        received = part if received is None else received + part
-    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    qkv = attention.heads(attn, y, inputs.rope)
+    out, received = _explicit_attention(attn, qkv, inputs.bias, prefix, scores.attention_received)
     x = _attn_residual(block, x, attention.project(attn, out, y))
-    kept, dropped = scores.split_best(scores.pomt_scores(received, v, prefix), keep)
+    kept, dropped = scores.split_best(scores.pomt_scores(received, qkv[2], prefix), keep)
+    plan.state.track(tokens, torch.cat([kept, dropped[:, :1]], dim=1))
     return _mlp_residual(block, scores.keep_and_fuse(x, prefix, kept, dropped))
 
 
-def run_topk(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
-    """Fused attention plus the class-token row computed explicitly; keep the most attended tokens."""
-    prefix, attn = plan.state.prefix_tokens, block.attn
+def run_topk(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockInputs) -> torch.Tensor:
+    """Keep the most attended tokens: by the class token's attention (fused attention plus its one row computed
+    explicitly), or without a class token by the attention each token receives (explicit attention in chunks)."""
+    prefix, attn, tokens = plan.state.prefix_tokens, block.attn, x.shape[1]
     keep = _kept(x, plan)
     y = block.norm1(x)
-    q, k, v = attention.split_heads(attn, y)
-    cls_probs = attention.probabilities(attn, q[:, :, :1], k)
-    x = _attn_residual(block, x, attention.project(attn, attention.fused(attn, q, k, v), y))
-    kept = scores.best_indices(scores.class_attention_scores(cls_probs, prefix), keep)
+    q, k, v = attention.heads(attn, y, inputs.rope)
+    if plan.state.class_token:
+        cls_probs = attention.probabilities(attn, q[:, :, :1], k, attention.bias_rows(inputs.bias, 0, 1))
+        out, importance = attention.fused(attn, q, k, v, inputs.bias), scores.class_attention_scores(cls_probs, prefix)
+    else:
+        out, importance = _explicit_attention(attn, (q, k, v), inputs.bias, prefix, scores.mean_attention_received)
+    x = _attn_residual(block, x, attention.project(attn, out, y))
+    kept = scores.best_indices(importance, keep)
+    plan.state.track(tokens, kept)
     return _mlp_residual(block, scores.gather_kept(x, prefix, kept))
 
 
-def run_l2norm(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
+def run_l2norm(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockInputs) -> torch.Tensor:
     """The block's own attention; keep the patch tokens with the largest feature norm."""
-    prefix = plan.state.prefix_tokens
+    prefix, tokens = plan.state.prefix_tokens, x.shape[1]
     keep = _kept(x, plan)
-    x = _attn_residual(block, x, block.attn(block.norm1(x)))
+    x = _attn_residual(block, x, _own_attention(block, block.norm1(x), inputs)[0])
     kept = scores.best_indices(scores.l2norm_scores(x, prefix), keep)
+    plan.state.track(tokens, kept)
     return _mlp_residual(block, scores.gather_kept(x, prefix, kept))
 
 
-def run_random(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
+def run_random(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockInputs) -> torch.Tensor:
     """The block's own attention; keep a seeded uniform random subset of patch tokens per sample."""
-    state = plan.state
+    state, tokens = plan.state, x.shape[1]
     keep = _kept(x, plan)
-    x = _attn_residual(block, x, block.attn(block.norm1(x)))
+    x = _attn_residual(block, x, _own_attention(block, block.norm1(x), inputs)[0])
     prefix = state.prefix_tokens
     noise = scores.random_scores(x.shape[0], x.shape[1] - prefix, state.generator(x.device), x.device)
-    return _mlp_residual(block, scores.gather_kept(x, prefix, scores.best_indices(noise, keep)))
+    kept = scores.best_indices(noise, keep)
+    state.track(tokens, kept)
+    return _mlp_residual(block, scores.gather_kept(x, prefix, kept))
 
 
-def _tome_attention(block: nn.Module, x: torch.Tensor, state: PatchState) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention residual with proportional attention (log token size added to the logits); returns keys."""
-    attn = block.attn
+def _following_attention(block: nn.Module, x: torch.Tensor, state: PatchState, inputs: BlockInputs
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention residual with ToMe's proportional attention (log token size added to the logits) and what follows
+    the tokens; returns the keys too (as the attention sees them, rotated where the model rotates them)."""
     y = block.norm1(x)
-    q, k, v = attention.split_heads(attn, y)
-    out = attention.fused(attn, q, k, v, state.bias)
-    return _attn_residual(block, x, attention.project(attn, out, y)), k
+    out, k = _own_attention(block, y, inputs, state.bias, keys=True)
+    return _attn_residual(block, x, out), k
 
 
-def run_tome(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
+def run_tome(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockInputs) -> torch.Tensor:
     """Merge up to `remove` token pairs after the attention residual (bipartite soft matching on the keys)."""
     state, prefix = plan.state, plan.state.prefix_tokens
     if plan.resets:
         state.size = state.bias = None
-    x, k = _tome_attention(block, x, state)
+    x, k = _following_attention(block, x, state, inputs)
     r = removed_at("tome", x.shape[1] - prefix, plan.remove)
     if r:
         size = state.size if state.size is not None else torch.ones_like(x[..., :1])
-        x, size = merge_weighted(x, size, bipartite_matching(k.mean(dim=1), r, prefix))
+        matching = bipartite_matching(k.mean(dim=1), r, prefix)
+        if state.positions is not None:
+            state.index = merge_index(state.index, matching, x.shape[0], x.shape[1])
+        x, size = merge_weighted(x, size, matching)
         state.size, state.bias = size, size.log().transpose(1, 2).unsqueeze(1)
     return _mlp_residual(block, x)
 
 
-def run_proportional(block: nn.Module, x: torch.Tensor, plan: BlockPlan) -> torch.Tensor:
-    """A block after a ToMe merge: no removal, but attention weighted by token size."""
-    x, _ = _tome_attention(block, x, plan.state)
+def run_follow(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockInputs) -> torch.Tensor:
+    """A block after a removal that removes nothing: attention weighted by token size after a ToMe merge, with the
+    positions of the tokens left."""
+    x, _ = _following_attention(block, x, plan.state, inputs)
     return _mlp_residual(block, x)
 
 
-RUNS: dict[str, Callable[[nn.Module, torch.Tensor, BlockPlan], torch.Tensor]] = {
+RUNS: dict[str, Run] = {
     "pomt": run_pomt,
     "topk": run_topk,
     "tome": run_tome,
@@ -202,20 +267,47 @@ def build_plans(state: PatchState, depth: int) -> dict[int, BlockPlan]:
     plans = {block: BlockPlan(RUNS[state.method], remove, state) for block, remove in state.removal.items()}
     if state.method == "tome":
         plans[first].resets = True
+    if state.method == "tome" or state.positions is not None:
         for block in range(first + 1, depth):
-            plans.setdefault(block, BlockPlan(run_proportional, 0, state))
+            plans.setdefault(block, BlockPlan(run_follow, 0, state))
     plans[first].first = True
     return dict(sorted(plans.items()))
 
 
-def _pruning_forward(self, x, attn_mask=None, is_causal=False):
+_ARGUMENTS: dict[type, tuple[str, ...]] = {}  # a block class's forward parameters after the tokens
+
+
+def _arguments(block: nn.Module, args: tuple, kwargs: dict) -> dict:
+    """The block's forward arguments after the tokens, by name."""
+    original = vars(type(block))[PATCHED_FROM]
+    if original not in _ARGUMENTS:
+        _ARGUMENTS[original] = tuple(inspect.signature(original.forward).parameters)[2:]
+    return {**dict(zip(_ARGUMENTS[original], args, strict=False)), **kwargs}
+
+
+def _inputs(block: nn.Module, state: PatchState, given: dict) -> BlockInputs:
+    """The rotary embedding and relative position bias of the tokens the block holds now."""
+    if state.positions is None:
+        return PLAIN
+    rope, index = given.get("rope"), state.index
+    if rope is not None and index is not None:
+        rope = positions.gather_rope(rope, index, state.prefix_tokens)
+    bias = positions.relative_bias(block.attn, given.get("shared_rel_pos_bias"))
+    if bias is not None and index is not None:
+        bias = positions.gather_bias(bias, index)
+    return BlockInputs(rope, bias)
+
+
+def _pruning_forward(self, x, *args, **kwargs):
     """Forward of a patched block: one (B, N, C) tensor in, fewer tokens out."""
-    if not isinstance(x, torch.Tensor) or attn_mask is not None or is_causal:
+    given = _arguments(self, args, kwargs) if args or kwargs else {}
+    if not isinstance(x, torch.Tensor) or given.get("attn_mask") is not None or given.get("is_causal"):
         raise PatchError("a pruning block takes one (B, N, C) tensor: attention masks and nested lists are unsupported")
     plan = self._pomt_plan
     if plan.first:
         plan.state.check_batch(x.shape[0])
-    return plan.run(self, x, plan)
+        plan.state.index = None
+    return plan.run(self, x, plan, _inputs(self, plan.state, given))
 
 
 _PATCHED_CLASSES: dict[type, type] = {}
@@ -245,46 +337,3 @@ def uninstall(block: nn.Module, original: type) -> None:
     block.__class__ = original
     if "_pomt_plan" in block.__dict__:
         del block.__dict__["_pomt_plan"]
-
-
-_POOLED_CLASSES: dict[type, type] = {}
-
-
-def _size_weighted_pool(self, x: torch.Tensor, pool_type: str | None = None) -> torch.Tensor:
-    """timm's `pool` with the token mean weighted by the sizes of the last ToMe forward."""
-    pool_type = self.global_pool if pool_type is None else pool_type
-    size = self.__dict__[STATE_ATTR].size
-    if size is None or pool_type not in AVERAGING or self.attn_pool is not None or size.shape[1] != x.shape[1]:
-        return super(type(self), self).pool(x, pool_type)
-    start = 0 if self.pool_include_prefix else self.num_prefix_tokens
-    x, size = x[:, start:], size[:, start:].to(x.dtype)
-    mean = (x * size).sum(dim=1) / size.sum(dim=1)
-    return mean if pool_type == "avg" else 0.5 * (x.amax(dim=1) + mean)
-
-
-def averages_tokens(model: nn.Module) -> bool:
-    """Whether `model` is a timm VisionTransformer whose head averages its tokens."""
-    from timm.models.vision_transformer import VisionTransformer
-
-    return (
-        isinstance(model, VisionTransformer)
-        and getattr(model, "global_pool", None) in AVERAGING
-        and getattr(model, "attn_pool", None) is None
-    )
-
-
-def install_pooling(model: nn.Module) -> type | None:
-    """Swap `model` to its size-weighted pooling subclass; returns the original class, or None if unchanged."""
-    if not averages_tokens(model):
-        return None
-    original = type(model)
-    if original not in _POOLED_CLASSES:
-        name = f"SizePooled{original.__name__}"
-        _POOLED_CLASSES[original] = type(name, (original,), {"pool": _size_weighted_pool})
-    model.__class__ = _POOLED_CLASSES[original]
-    return original
-
-
-def uninstall_pooling(model: nn.Module, original: type) -> None:
-    """Give `model` back its original class."""
-    model.__class__ = original

@@ -16,6 +16,13 @@ def attention_received(probs: torch.Tensor, prefix: int, first_row: int = 0) -> 
     return probs.amax(dim=1)[:, skip:, prefix:].sum(dim=1)
 
 
+def mean_attention_received(probs: torch.Tensor, prefix: int, first_row: int = 0) -> torch.Tensor:
+    """Top-k importance without a class token: the attention each patch token receives from the patch rows of
+    `probs` (B, H, rows, N), mean over heads, summed over rows (the ranking of the mean over all queries)."""
+    skip = max(0, prefix - first_row)
+    return probs.mean(dim=1)[:, skip:, prefix:].sum(dim=1)
+
+
 def pomt_scores(received: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
     """POMT importance: attention received over the sample's largest, plus value magnitude (softmax over N)."""
     received = received / received.amax(dim=-1, keepdim=True)

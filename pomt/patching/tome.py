@@ -70,3 +70,13 @@ def merge_weighted(x: torch.Tensor, size: torch.Tensor, matching: Matching) -> t
     total = merge_sum(x * size, matching)
     size = merge_sum(size, matching)
     return total / size, size
+
+
+def merge_index(index: torch.Tensor | None, matching: Matching, batch: int, tokens: int) -> torch.Tensor:
+    """The original places (B, T) of the tokens after the merge: a merged token keeps its destination's."""
+    if index is None:
+        index = torch.arange(tokens, device=matching.src.device).expand(batch, tokens)
+    index, prefix = index.unsqueeze(-1), matching.prefix
+    unmerged = index[:, ::2].gather(1, matching.unmerged)
+    return torch.cat([index[:, :prefix], unmerged[:, (prefix + 1) // 2 :], index[:, 1::2][:, prefix // 2 :]],
+                     dim=1).squeeze(-1)
