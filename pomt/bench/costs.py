@@ -44,9 +44,19 @@ def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kw
 
 
 def count_flops(model: nn.Module, x: torch.Tensor) -> int:
-    """FLOPs of `model(x)` as counted by `FlopCounterMode` (with CPU attention included)."""
-    with torch.inference_mode(), flop_counter.FlopCounterMode(display=False, custom_mapping=_extra_formulas()) as mode:
-        model(x)
+    """FLOPs of `model(x)` as counted by `FlopCounterMode` (with CPU attention included). Its module tracker hooks
+    every module input that requires grad, which a view of a parameter does even in inference mode (SigLIP's
+    attention-pool latent), so the parameters stop requiring grad while it counts."""
+    learning = [p for p in model.parameters() if p.requires_grad]
+    for parameter in learning:
+        parameter.requires_grad_(False)
+    counter = flop_counter.FlopCounterMode(display=False, custom_mapping=_extra_formulas())
+    try:
+        with torch.inference_mode(), counter as mode:
+            model(x)
+    finally:
+        for parameter in learning:
+            parameter.requires_grad_(True)
     return int(mode.get_total_flops())
 
 

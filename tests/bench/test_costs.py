@@ -47,3 +47,11 @@ def test_match_amount_finds_the_closest_amount():
     assert match_amount(flops.__getitem__, 60.0, 0, 10) == 6  # 58 is closer than 65
     assert match_amount(flops.__getitem__, 1000.0, 0, 10) == 0
     assert match_amount(flops.__getitem__, -5.0, 0, 10) == 10
+
+
+def test_flops_count_through_an_attention_pool_and_leave_the_parameters_learning():
+    """SigLIP's MAP head views a parameter inside its forward, which the counter's module tracker would hook."""
+    model = create_model("vit_base_patch16_siglip_224", input_size=32)
+    counted = count_flops(model, torch.randn(1, 3, 32, 32))
+    assert counted > count_flops(model.attn_pool, torch.randn(1, 4, model.embed_dim)) > 0
+    assert all(p.requires_grad for p in model.parameters())
