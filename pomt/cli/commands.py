@@ -1,10 +1,12 @@
-"""The smaller commands: `pomt model`, `pomt device` and `pomt backend` (what pomt knows about a model, the
-machine and its runtimes), `pomt record` (a dense latency trace of one workload, for the curve bank and
-`--replay`) and `pomt export` (a schedule's pruned model for ONNX Runtime or OpenVINO, checked against PyTorch)."""
+"""The smaller commands: `pomt model`, `pomt models`, `pomt device` and `pomt backend` (what pomt knows about a
+model, which families it can prune with which reducer, the machine and its runtimes), `pomt record` (a dense latency
+trace of one workload, for the curve bank and `--replay`) and `pomt export` (a schedule's pruned model for ONNX
+Runtime or OpenVINO, checked against PyTorch)."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import typer
@@ -14,10 +16,11 @@ from pomt.cli.app import app, interrupted_means
 from pomt.cli.options import config_command
 from pomt.deploy.export import FORMATS, TARGET_DEVICES, ExportOptions, export_schedule
 from pomt.device import device_fingerprint, resolve_device
-from pomt.errors import BackendError
-from pomt.models.geometry import model_geometry
-from pomt.models.registry import create_model, resolve_model_name
+from pomt.errors import BackendError, SettingError
+from pomt.models.registry import geometry_of, resolve_model_name
 from pomt.options import SEED_MAX
+from pomt.patching import METHODS
+from pomt.patching.support import FAMILIES, PROBE_SIZE, Row, model_support, support_table
 from pomt.runtimes import Backend, backend_info, check_backend
 from pomt.workload.prepare import Workload
 from pomt.workload.record import RecordSettings, record
@@ -29,10 +32,12 @@ def model_command(
     input_size: int = typer.Option(None, "--input-size", help="Input size in pixels (default: the model's)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Print the resolved timm name and the token geometry of a model."""
+    """Print the resolved timm name, the token geometry of a model and the reducers that run on it (tried on a
+    random-weight copy at a small input size)."""
     resolved = resolve_model_name(name)
-    geometry = model_geometry(create_model(resolved, input_size=input_size))
-    info = {"name": name, "resolved": resolved, **geometry.to_dict()}
+    geometry = geometry_of(resolved, input_size)
+    reducers = model_support(resolved)
+    info = {"name": name, "resolved": resolved, **geometry.to_dict(), "reducers": reducers}
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return
@@ -40,6 +45,86 @@ def model_command(
     for key, value in geometry.to_dict().items():
         if key != "model":
             typer.echo(f"  {key:14s} {value}")
+    typer.echo(f"  {'reducers':14s} {reducers_line(reducers)}")
+
+
+def reducers_line(reducers: dict[str, str | None]) -> str:
+    """The methods that run, then each refused one with its reason."""
+    runs = ", ".join(method for method, reason in reducers.items() if reason is None) or "none"
+    refused = "".join(f"; {method} refused: {reason}" for method, reason in reducers.items() if reason is not None)
+    return runs + refused
+
+
+SHORT_REASON = 36  # characters of a refusal in a table cell
+_DOTTED = re.compile(r"\b(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*)")
+
+
+def short_reason(line: str, width: int = SHORT_REASON) -> str:
+    """A refusal cut to its first clause (the innermost parenthesis of it where one is open), dotted paths to their
+    last name, at most `width` characters."""
+    clause = line.split("; ")[0].split(": ")[0]
+    if "(" in clause:
+        clause = clause.rsplit("(", 1)[1].rstrip(")")
+    clause = _DOTTED.sub(r"\1", clause).strip()
+    return clause if len(clause) <= width else clause[: width - 1].rstrip() + "…"
+
+
+def support_lines(rows: list[Row], methods: tuple[str, ...] = METHODS, verbose: bool = False) -> list[str]:
+    """The support table: family, model, class, then per method "ok" or a short refusal (one refusal that holds for
+    every method is written once); `verbose` adds each refusal's full line under its row."""
+    cells = []
+    for row in rows:
+        reasons = [row.reducers[m] for m in methods]
+        if all(r is not None for r in reasons) and len(set(reasons)) == 1:
+            cells.append([f"refused: {short_reason(reasons[0], 2 * SHORT_REASON)}"])
+        else:
+            cells.append(["ok" if r is None else short_reason(r) for r in reasons])
+    head = ["family", "model", "class"]
+    fixed = [[row.family, row.model, row.description] for row in rows]
+    widths = [max(len(x) for x in column) for column in zip(head, *fixed, strict=False)]
+    spread = [max([len(m)] + [len(c[i]) for c in cells if len(c) == len(methods)]) for i, m in enumerate(methods)]
+
+    def line(left: list[str], right: list[str]) -> str:
+        parts = [f"{x:<{w}}" for x, w in zip(left, widths, strict=True)]
+        parts += [f"{x:<{w}}" for x, w in zip(right, spread, strict=False)] if len(right) > 1 else right
+        return "  ".join(parts).rstrip()
+
+    lines = [line(head, list(methods))]
+    for row, left, right in zip(rows, fixed, cells, strict=True):
+        lines.append(line(left, right))
+        if verbose:
+            lines += _full_reasons(row, methods)
+    return lines
+
+
+def _full_reasons(row: Row, methods: tuple[str, ...]) -> list[str]:
+    refused = {m: row.reducers[m] for m in methods if row.reducers[m] is not None}
+    if len(refused) == len(methods) and len(set(refused.values())) == 1:
+        return [f"    every reducer: {refused[methods[0]]}"]
+    return [f"    {m}: {reason}" for m, reason in refused.items()]
+
+
+@app.command("models")
+def models_command(
+    family: str = typer.Option(None, "--family", help="Only the families whose label contains this text."),
+    verbose: bool = typer.Option(False, "--verbose", help="Print each refusal's full line."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Which ViT families pomt can prune with which reducer, found now: each representative model (random weights,
+    a small input size) patched with a small removal and run once per reducer."""
+    families = [f for f in FAMILIES if family is None or family.lower() in f.label.lower()]
+    if not families:
+        raise SettingError(f"--family {family!r} matches no family; the families: "
+                           + ", ".join(f.label for f in FAMILIES))
+    rows = support_table(families)
+    if as_json:
+        typer.echo(json.dumps({"methods": list(METHODS), "input_size": PROBE_SIZE,
+                               "rows": [row.to_dict() for row in rows]}, indent=2))
+        return
+    for text in support_lines(rows, verbose=verbose):
+        typer.echo(text)
+    if not verbose and any(reason is not None for row in rows for reason in row.reducers.values()):
+        typer.echo("(--verbose for the full reasons)")
 
 
 @app.command("device")

@@ -39,7 +39,8 @@ CLI_CASES = [
     # 1. a model pomt cannot patch, refused by name at every entry point
     ("model-resnet18", ["model", "resnet18"], ["resnet18", "pomt supports"]),
     ("model-convnext", ["model", "convnext_tiny"], ["convnext_tiny", "pomt supports"]),
-    ("model-eva", ["model", "eva02_tiny_patch14_224"], ["EvaBlock", "pomt supports"]),
+    ("model-parallel-blocks", ["model", "vit_small_patch16_18x2_224"], ["ParallelThingsBlock", "pomt supports"]),
+    ("model-naflex", ["model", "naflexvit_base_patch16_siglip"], ["NaFlexVit", "no patch embedding"]),
     ("offline-resnet18", ["offline", "--model", "resnet18"], ["resnet18", "pomt supports"]),
     ("offline-convnext", ["offline", "--model", "convnext_tiny"], ["convnext_tiny", "pomt supports"]),
     ("bench-resnet18", ["bench", "--model", "resnet18"], ["resnet18", "pomt supports"]),
