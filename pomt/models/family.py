@@ -46,14 +46,14 @@ def _meta_model(name: str) -> nn.Module | None:
 
 def _family_problem(model: nn.Module) -> str | None:
     """What keeps pomt from patching `model`, or None."""
-    if getattr(model, "patch_embed", None) is None:
+    if getattr(model, "patch_embed", None) is None and getattr(model, "conv1", None) is None:
         return "no patch embedding: not a transformer over patch tokens"
     try:
         blocks = transformer_blocks(model)
         if not blocks:
             return "no transformer blocks"
         for block in blocks:
-            check_block(block)
+            block_kind(block)
     except PatchError as exc:
         return str(exc).split(":")[0]
     return None
@@ -86,6 +86,33 @@ def _attention_classes(attn: nn.Module) -> tuple[type, ...]:
     from timm.models.eva import EvaAttention
 
     return (TimmAttention, EvaAttention, AttentionRope, BeitAttention)
+
+
+def _open_clip_problem(block: nn.Module) -> str | None:
+    """What keeps pomt from patching an open_clip block, or None: a ResidualAttentionBlock whose attention is a
+    batch-first `nn.MultiheadAttention` over its own tokens."""
+    if type(block).__name__ != "ResidualAttentionBlock":
+        return f"cannot patch block {type(block).__module__}.{type(block).__name__}: pomt supports open_clip's " \
+               "ResidualAttentionBlock"
+    attn = block.attn
+    if type(attn) is not nn.MultiheadAttention or not attn.batch_first or not attn._qkv_same_embed_dim \
+            or hasattr(block, "ln_1_kv"):
+        return "cannot patch attention of open_clip's ResidualAttentionBlock: pomt supports a batch-first " \
+               "nn.MultiheadAttention over the block's own tokens"
+    return None
+
+
+def block_kind(block: nn.Module) -> str:
+    """The family of `block`'s parts pomt's pruning forwards run ("timm" for timm's Block, EvaBlock and BEiT's Block
+    and the DINOv2 authors' blocks; "open_clip"); PatchError where pomt cannot patch it."""
+    original = vars(type(block)).get(PATCHED_FROM, type(block))
+    if original.__module__.startswith("open_clip."):
+        problem = _open_clip_problem(block)
+        if problem is not None:
+            raise PatchError(problem)
+        return "open_clip"
+    check_block(block)
+    return "timm"
 
 
 def check_block(block: nn.Module) -> None:

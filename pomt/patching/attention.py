@@ -1,6 +1,5 @@
-"""The pieces of a ViT self-attention layer, so a pruning block can see what a fused path hides: timm's `Attention`,
-`EvaAttention`, `AttentionRope` and BEiT's `Attention`, and the DINOv2 authors' `Attention`/`MemEffAttention`.
-Tensors are (B, H, N, d) per head."""
+"""Self-attention on per-head tensors (B, H, N, d), so a pruning block can see what a fused path hides: explicit
+probabilities in chunks of query rows that fit a memory budget, and the fused path with an additive bias."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
-from timm.layers import apply_rot_embed_cat
 from torch import nn
 
 PROBS_BYTES = 16 * 2**20  # explicit attention probabilities a patched block holds at once on the CPU
@@ -25,46 +23,11 @@ def call_layer(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return layer(x)
 
 
-def split_heads(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v per head (B, H, N, d), after q/k normalisation where the layer has it; q unscaled. A fused qkv
-    projection (with BEiT/EVA's separate q/v biases) or separate q/k/v projections (with fewer k/v heads)."""
-    batch, tokens, _ = x.shape
-    if getattr(attn, "qkv", None) is not None:
-        q_bias = getattr(attn, "q_bias", None)
-        qkv = attn.qkv(x) if q_bias is None else F.linear(
-            x, attn.qkv.weight, torch.cat((q_bias, attn.k_bias, attn.v_bias)))
-        q, k, v = qkv.reshape(batch, tokens, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
-    else:
-        kv_heads = getattr(attn, "num_kv_heads", attn.num_heads)
-        q = attn.q_proj(x).reshape(batch, tokens, attn.num_heads, -1).transpose(1, 2)
-        k = attn.k_proj(x).reshape(batch, tokens, kv_heads, -1).transpose(1, 2)
-        v = attn.v_proj(x).reshape(batch, tokens, kv_heads, -1).transpose(1, 2)
-    q_norm = getattr(attn, "q_norm", None)
-    if q_norm is not None:
-        q, k = call_layer(q_norm, q), call_layer(attn.k_norm, k)
-    return q, k, v
-
-
-def heads(attn: nn.Module, x: torch.Tensor, rope: torch.Tensor | None = None
-          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`split_heads`, then the rotary embedding `rope` of the patch tokens applied to q and k (timm Eva: the
-    layer's prefix tokens are not rotated), then k and v repeated to the query heads where the layer has fewer."""
-    q, k, v = split_heads(attn, x)
-    if rope is not None:
-        prefix, half = attn.num_prefix_tokens, getattr(attn, "rotate_half", False)
-        q = torch.cat([q[:, :, :prefix], apply_rot_embed_cat(q[:, :, prefix:], rope, half=half)], dim=2).type_as(v)
-        k = torch.cat([k[:, :, :prefix], apply_rot_embed_cat(k[:, :, prefix:], rope, half=half)], dim=2).type_as(v)
-    groups = getattr(attn, "num_kv_groups", 1)
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    return q, k, v
-
-
-def probabilities(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def probabilities(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q·kᵀ · scale + bias) over keys, computed explicitly (B, H, Nq, N); `bias` (B, H or 1, Nq or 1, N)."""
     batch, heads, queries, dim = q.shape
     q3, k3 = q.reshape(batch * heads, queries, dim), k.reshape(batch * heads, -1, dim)
-    logits = torch.baddbmm(q3.new_empty(()), q3, k3.transpose(1, 2), beta=0, alpha=attn.scale)
+    logits = torch.baddbmm(q3.new_empty(()), q3, k3.transpose(1, 2), beta=0, alpha=scale)
     logits = logits.view(batch, heads, queries, -1)
     if bias is not None:
         logits = logits + bias.to(logits.dtype)
@@ -110,22 +73,9 @@ def apply_probabilities(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return out.view(batch, heads, -1, dim)
 
 
-def fused(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
           bias: torch.Tensor | None = None) -> torch.Tensor:
     """Attention output per head via `F.scaled_dot_product_attention`; `bias` is added to the logits."""
     if bias is not None and bias.dtype != q.dtype:
         bias = bias.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=attn.scale)
-
-
-def project(attn: nn.Module, heads_out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Merge heads and apply the layer's output path (scale norm, gate, projection); x is its input."""
-    batch, _, tokens, _ = heads_out.shape
-    out = heads_out.transpose(1, 2).reshape(batch, tokens, -1)
-    norm = getattr(attn, "norm", None)
-    if norm is not None:
-        out = call_layer(norm, out)
-    gate = getattr(attn, "gate", None)
-    if gate is not None:
-        out = out * gate(x).sigmoid()
-    return call_layer(attn.proj_drop, attn.proj(out))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)

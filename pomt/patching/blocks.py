@@ -18,8 +18,9 @@ from torch import nn
 
 from pomt.errors import PatchError, ScheduleError
 from pomt.models import positions
-from pomt.models.family import PATCHED_FROM, check_block
+from pomt.models.family import PATCHED_FROM
 from pomt.patching import attention, scores
+from pomt.patching.parts import Parts, parts_of
 from pomt.patching.tome import bipartite_matching, max_merge, merge_index, merge_weighted
 
 STATE_ATTR = "_pomt_patch"
@@ -106,55 +107,39 @@ Run = Callable[[nn.Module, torch.Tensor, "BlockPlan", BlockInputs], torch.Tensor
 
 @dataclass(eq=False)
 class BlockPlan:
-    """What one patched block does: `run(block, x, plan, inputs)` removing `remove` tokens."""
+    """What one patched block does: `run(block, x, plan, inputs)` removing `remove` tokens, reaching the block's
+    pieces through `parts` (set when the plan is installed)."""
 
     run: Run
     remove: int
     state: PatchState
     first: bool = False
     resets: bool = False
+    parts: Parts = field(default_factory=Parts)
 
 
-def _scaled(block: nn.Module, which: int, out: torch.Tensor) -> torch.Tensor:
-    """A residual branch's layer scale: a module `ls1`/`ls2` (timm, DINOv2) or a vector `gamma_1`/`gamma_2` (Eva,
-    BEiT)."""
-    layer = getattr(block, f"ls{which}", None)
-    if layer is not None:
-        out = attention.call_layer(layer, out)
-    gamma = getattr(block, f"gamma_{which}", None)
-    return out if gamma is None else gamma * out
-
-
-def _mlp_residual(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return x + attention.call_layer(block.drop_path2, _scaled(block, 2, block.mlp(block.norm2(x))))
-
-
-def _attn_residual(block: nn.Module, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    return x + attention.call_layer(block.drop_path1, _scaled(block, 1, out))
-
-
-def _own_attention(block: nn.Module, y: torch.Tensor, inputs: BlockInputs, bias: torch.Tensor | None = None,
-                   keys: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _attention(block: nn.Module, y: torch.Tensor, plan: BlockPlan, inputs: BlockInputs,
+               bias: torch.Tensor | None = None, keys: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The attention output on normed tokens `y` (fused) with `bias` added, and the keys when computed here; the
     layer's own forward where neither keys nor a bias are needed, so a plain block keeps its model's path."""
+    parts = plan.parts
     if inputs is PLAIN and bias is None and not keys:
-        return block.attn(y), None
-    attn = block.attn
-    q, k, v = attention.heads(attn, y, inputs.rope)
+        return parts.attention(block, y), None
+    q, k, v = parts.heads(block, y, inputs.rope)
     total = inputs.bias if bias is None else bias if inputs.bias is None else inputs.bias + bias
-    return attention.project(attn, attention.fused(attn, q, k, v, total), y), k
+    return parts.project(block, attention.fused(q, k, v, parts.scale(block), total), y), k
 
 
-def _explicit_attention(attn: nn.Module, qkv: tuple[torch.Tensor, ...], bias: torch.Tensor | None, prefix: int,
+def _explicit_attention(block: nn.Module, plan: BlockPlan, qkv: tuple[torch.Tensor, ...], bias: torch.Tensor | None,
                         received: Callable[[torch.Tensor, int, int], torch.Tensor]
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention per head in chunks of query rows, and `received(probs, prefix, first_row)` summed over them."""
-    q, k, v = qkv
+    (q, k, v), scale, dropout = qkv, plan.parts.scale(block), plan.parts.dropout(block)
     outs, total = [], None
     for start, stop in attention.query_chunks(q, k.shape[2]):
-        probs = attention.probabilities(attn, q[:, :, start:stop], k, attention.bias_rows(bias, start, stop))
-        outs.append(attention.apply_probabilities(attention.call_layer(attn.attn_drop, probs), v))
-        part = received(probs, prefix, start)
+        probs = attention.probabilities(q[:, :, start:stop], k, scale, attention.bias_rows(bias, start, stop))
+        outs.append(attention.apply_probabilities(attention.call_layer(dropout, probs), v))
+        part = received(probs, plan.state.prefix_tokens, start)
         total = part if total is None else total + part
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), total
 
@@ -166,64 +151,68 @@ def _kept(x: torch.Tensor, plan: BlockPlan) -> int:
 
 def run_pomt(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockInputs) -> torch.Tensor:
     """Explicit attention in chunks of query rows; keep the best patch tokens, fuse the other R + 1 into their mean."""
-    prefix, attn, tokens = plan.state.prefix_tokens, block.attn, x.shape[1]
+    prefix, parts, tokens = plan.state.prefix_tokens, plan.parts, x.shape[1]
     keep = _kept(x, plan) - 1
-    y = block.norm1(x)
-    qkv = attention.heads(attn, y, inputs.rope)
-    out, received = _explicit_attention(attn, qkv, inputs.bias, prefix, scores.attention_received)
-    x = _attn_residual(block, x, attention.project(attn, out, y))
+    y = parts.norm1(block, x)
+    qkv = parts.heads(block, y, inputs.rope)
+    out, received = _explicit_attention(block, plan, qkv, inputs.bias, scores.attention_received)
+    x = parts.attn_residual(block, x, parts.project(block, out, y))
     kept, dropped = scores.split_best(scores.pomt_scores(received, qkv[2], prefix), keep)
     plan.state.track(tokens, torch.cat([kept, dropped[:, :1]], dim=1))
-    return _mlp_residual(block, scores.keep_and_fuse(x, prefix, kept, dropped))
+    return parts.mlp_residual(block, scores.keep_and_fuse(x, prefix, kept, dropped))
 
 
 def run_topk(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockInputs) -> torch.Tensor:
     """Keep the most attended tokens: by the class token's attention (fused attention plus its one row computed
     explicitly), or without a class token by the attention each token receives (explicit attention in chunks)."""
-    prefix, attn, tokens = plan.state.prefix_tokens, block.attn, x.shape[1]
+    prefix, parts, tokens = plan.state.prefix_tokens, plan.parts, x.shape[1]
     keep = _kept(x, plan)
-    y = block.norm1(x)
-    q, k, v = attention.heads(attn, y, inputs.rope)
+    y = parts.norm1(block, x)
+    q, k, v = parts.heads(block, y, inputs.rope)
     if plan.state.class_token:
-        cls_probs = attention.probabilities(attn, q[:, :, :1], k, attention.bias_rows(inputs.bias, 0, 1))
-        out, importance = attention.fused(attn, q, k, v, inputs.bias), scores.class_attention_scores(cls_probs, prefix)
+        scale = parts.scale(block)
+        cls_probs = attention.probabilities(q[:, :, :1], k, scale, attention.bias_rows(inputs.bias, 0, 1))
+        out, importance = attention.fused(q, k, v, scale, inputs.bias), scores.class_attention_scores(cls_probs, prefix)
     else:
-        out, importance = _explicit_attention(attn, (q, k, v), inputs.bias, prefix, scores.mean_attention_received)
-    x = _attn_residual(block, x, attention.project(attn, out, y))
+        out, importance = _explicit_attention(block, plan, (q, k, v), inputs.bias, scores.mean_attention_received)
+    x = parts.attn_residual(block, x, parts.project(block, out, y))
     kept = scores.best_indices(importance, keep)
     plan.state.track(tokens, kept)
-    return _mlp_residual(block, scores.gather_kept(x, prefix, kept))
+    return parts.mlp_residual(block, scores.gather_kept(x, prefix, kept))
+
+
+def _keep_best(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockInputs,
+               score: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The block's own attention, then the patch tokens of the highest `score(x)` kept."""
+    parts, state, tokens = plan.parts, plan.state, x.shape[1]
+    keep = _kept(x, plan)
+    x = parts.attn_residual(block, x, _attention(block, parts.norm1(block, x), plan, inputs)[0])
+    kept = scores.best_indices(score(x), keep)
+    state.track(tokens, kept)
+    return parts.mlp_residual(block, scores.gather_kept(x, state.prefix_tokens, kept))
 
 
 def run_l2norm(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockInputs) -> torch.Tensor:
     """The block's own attention; keep the patch tokens with the largest feature norm."""
-    prefix, tokens = plan.state.prefix_tokens, x.shape[1]
-    keep = _kept(x, plan)
-    x = _attn_residual(block, x, _own_attention(block, block.norm1(x), inputs)[0])
-    kept = scores.best_indices(scores.l2norm_scores(x, prefix), keep)
-    plan.state.track(tokens, kept)
-    return _mlp_residual(block, scores.gather_kept(x, prefix, kept))
+    return _keep_best(block, x, plan, inputs, lambda x: scores.l2norm_scores(x, plan.state.prefix_tokens))
 
 
 def run_random(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockInputs) -> torch.Tensor:
     """The block's own attention; keep a seeded uniform random subset of patch tokens per sample."""
-    state, tokens = plan.state, x.shape[1]
-    keep = _kept(x, plan)
-    x = _attn_residual(block, x, _own_attention(block, block.norm1(x), inputs)[0])
-    prefix = state.prefix_tokens
-    noise = scores.random_scores(x.shape[0], x.shape[1] - prefix, state.generator(x.device), x.device)
-    kept = scores.best_indices(noise, keep)
-    state.track(tokens, kept)
-    return _mlp_residual(block, scores.gather_kept(x, prefix, kept))
+    state = plan.state
+
+    def noise(x: torch.Tensor) -> torch.Tensor:
+        return scores.random_scores(x.shape[0], x.shape[1] - state.prefix_tokens, state.generator(x.device), x.device)
+
+    return _keep_best(block, x, plan, inputs, noise)
 
 
-def _following_attention(block: nn.Module, x: torch.Tensor, state: PatchState, inputs: BlockInputs
+def _following_attention(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockInputs
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention residual with ToMe's proportional attention (log token size added to the logits) and what follows
     the tokens; returns the keys too (as the attention sees them, rotated where the model rotates them)."""
-    y = block.norm1(x)
-    out, k = _own_attention(block, y, inputs, state.bias, keys=True)
-    return _attn_residual(block, x, out), k
+    out, k = _attention(block, plan.parts.norm1(block, x), plan, inputs, plan.state.bias, keys=True)
+    return plan.parts.attn_residual(block, x, out), k
 
 
 def run_tome(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockInputs) -> torch.Tensor:
@@ -231,7 +220,7 @@ def run_tome(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockIn
     state, prefix = plan.state, plan.state.prefix_tokens
     if plan.resets:
         state.size = state.bias = None
-    x, k = _following_attention(block, x, state, inputs)
+    x, k = _following_attention(block, x, plan, inputs)
     r = removed_at("tome", x.shape[1] - prefix, plan.remove)
     if r:
         size = state.size if state.size is not None else torch.ones_like(x[..., :1])
@@ -240,14 +229,14 @@ def run_tome(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockIn
             state.index = merge_index(state.index, matching, x.shape[0], x.shape[1])
         x, size = merge_weighted(x, size, matching)
         state.size, state.bias = size, size.log().transpose(1, 2).unsqueeze(1)
-    return _mlp_residual(block, x)
+    return plan.parts.mlp_residual(block, x)
 
 
 def run_follow(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockInputs) -> torch.Tensor:
     """A block after a removal that removes nothing: attention weighted by token size after a ToMe merge, with the
     positions of the tokens left."""
-    x, _ = _following_attention(block, x, plan.state, inputs)
-    return _mlp_residual(block, x)
+    x, _ = _following_attention(block, x, plan, inputs)
+    return plan.parts.mlp_residual(block, x)
 
 
 RUNS: dict[str, Run] = {
@@ -323,7 +312,7 @@ def install(block: nn.Module, plan: BlockPlan) -> type:
     original = type(block)
     if is_patched(block):
         raise PatchError("block is already patched; unpatch the model first")
-    check_block(block)
+    plan.parts = parts_of(block)
     if original not in _PATCHED_CLASSES:
         name = f"Pruning{original.__name__}"
         _PATCHED_CLASSES[original] = type(name, (original,), {"forward": _pruning_forward, PATCHED_FROM: original})
