@@ -48,11 +48,21 @@ def _pair(value) -> tuple[int, int]:
     return (int(value), int(value)) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 
+def block_container(model: nn.Module) -> tuple[nn.Module, str]:
+    """The module holding the blocks and the attribute they are under: `blocks` (timm, DINOv2),
+    `transformer.resblocks` (open_clip)."""
+    if getattr(model, "blocks", None) is not None:
+        return model, "blocks"
+    transformer = getattr(model, "transformer", None)
+    if getattr(transformer, "resblocks", None) is not None:
+        return transformer, "resblocks"
+    raise PatchError(f"{type(model).__name__} has no `blocks`: not a ViT that pomt supports")
+
+
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks in execution order, flattening DINOv2's block chunks."""
-    blocks = getattr(model, "blocks", None)
-    if blocks is None:
-        raise PatchError(f"{type(model).__name__} has no `blocks`: not a ViT that pomt supports")
+    owner, name = block_container(model)
+    blocks = getattr(owner, name)
     flat: list[nn.Module] = []
     for block in blocks:
         if isinstance(block, nn.ModuleList):  # dinov2 BlockChunk: leading Identity placeholders
@@ -67,7 +77,8 @@ def prefix_token_count(model: nn.Module) -> int:
     if hasattr(model, "num_prefix_tokens"):
         return int(model.num_prefix_tokens)
     registers = int(getattr(model, "num_register_tokens", 0) or 0)
-    return (1 if getattr(model, "cls_token", None) is not None else 0) + registers
+    cls = getattr(model, "cls_token", None) if hasattr(model, "cls_token") else getattr(model, "class_embedding", None)
+    return (1 if cls is not None else 0) + registers
 
 
 def model_name(model: nn.Module) -> str:
@@ -75,18 +86,26 @@ def model_name(model: nn.Module) -> str:
     return str(cfg.get("architecture") or type(model).__name__)
 
 
-def model_geometry(model: nn.Module) -> Geometry:
-    """Geometry of a timm ViT/DeiT/DINOv2 or the DINOv2 authors' DinoVisionTransformer."""
+def _layout(model: nn.Module) -> tuple[tuple[int, int], tuple[int, int], int]:
+    """Input size, patch size and width of a timm or DINOv2 ViT (a patch embedding) or an open_clip one (`conv1`)."""
     embed = getattr(model, "patch_embed", None)
-    if embed is None:
-        raise PatchError(f"{type(model).__name__} has no patch embedding: not a ViT that pomt supports")
-    patch = _pair(getattr(embed, "patch_size", None) or model.patch_size)
-    input_size = _pair(embed.img_size)
+    if embed is not None:
+        patch = getattr(embed, "patch_size", None) or model.patch_size
+        return _pair(embed.img_size), _pair(patch), int(model.embed_dim)
+    if getattr(model, "conv1", None) is not None and hasattr(model, "grid_size"):
+        return _pair(model.image_size), _pair(model.patch_size), int(model.transformer.width)
+    raise PatchError(f"{type(model).__name__} has no patch embedding: not a ViT that pomt supports")
+
+
+def model_geometry(model: nn.Module) -> Geometry:
+    """Geometry of a timm ViT/DeiT/DINOv2/Eva/BEiT, the DINOv2 authors' DinoVisionTransformer or an open_clip
+    VisionTransformer."""
+    input_size, patch, width = _layout(model)
     grid = (input_size[0] // patch[0], input_size[1] // patch[1])
     blocks = transformer_blocks(model)
     prefix = prefix_token_count(model)
     return Geometry(
         model=model_name(model), input_size=input_size, patch_size=patch, grid=grid, prefix_tokens=prefix,
-        num_tokens=prefix + grid[0] * grid[1], depth=len(blocks), embed_dim=int(model.embed_dim),
+        num_tokens=prefix + grid[0] * grid[1], depth=len(blocks), embed_dim=width,
         num_heads=int(blocks[0].attn.num_heads),
     )

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from pomt.models import positions
-from pomt.models.geometry import model_geometry, transformer_blocks
+from pomt.models.geometry import block_container, model_geometry, transformer_blocks
 
 Selection = Literal["first", "random"]
 
@@ -156,10 +156,11 @@ def last_blocks(model: nn.Module, count: int) -> Iterator[nn.Module]:
     blocks = transformer_blocks(model)
     if not 1 <= count <= len(blocks):
         raise ValueError(f"count must lie in [1, {len(blocks)}], got {count}")
-    original = model.blocks
+    owner, name = block_container(model)
+    original = getattr(owner, name)
     container = nn.Sequential if isinstance(original, nn.Sequential) else nn.ModuleList
-    model.blocks = container(*blocks[-count:]) if container is nn.Sequential else container(blocks[-count:])
+    setattr(owner, name, container(*blocks[-count:]) if container is nn.Sequential else container(blocks[-count:]))
     try:
         yield model
     finally:
-        model.blocks = original
+        setattr(owner, name, original)

@@ -1,6 +1,6 @@
 """ToMe's size-weighted pooling: after a merge a token stands for several, so a head that averages tokens weighs each
 by its size, and an attention-pool head (SigLIP's MAP) adds log(size) to its logits, as the blocks do. The model's
-class is swapped to a subclass for as long as it is patched (timm VisionTransformer, Eva and BEiT)."""
+class is swapped to a subclass for as long as it is patched (timm VisionTransformer, Eva and BEiT, open_clip)."""
 
 from __future__ import annotations
 
@@ -58,6 +58,14 @@ def _beit_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
     return x if pre_logits else self.head(x)
 
 
+def _open_clip_pool(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """open_clip's `_global_pool` with the mean over patch tokens weighted by token size."""
+    size = _sizes(self, x)
+    if size is None or self.pool_type != "avg":
+        return super(type(self), self)._global_pool(x)
+    return _weighted_mean(x[:, 1:], size[:, 1:]), x[:, 1:]
+
+
 def size_pooling(model: nn.Module) -> dict[str, Callable] | None:
     """The methods that pool `model`'s tokens by size, or None where its head does not combine tokens."""
     from timm.models.beit import Beit
@@ -70,6 +78,8 @@ def size_pooling(model: nn.Module) -> dict[str, Callable] | None:
         return {"pool": _eva_pool}
     if isinstance(model, Beit) and model.global_pool == "avg":
         return {"forward_head": _beit_head}
+    if type(model).__module__.startswith("open_clip.") and getattr(model, "pool_type", None) == "avg":
+        return {"_global_pool": _open_clip_pool}
     return None
 
 

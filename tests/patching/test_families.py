@@ -1,6 +1,7 @@
 """Every reducer on every ViT family pomt patches, checked against the unpatched model: RoPE (timm Eva: EVA02 with
 fused qkv and SwiGLU, separate q/k/v, grouped k/v heads, DINOv3 with registers, per-head mixed RoPE), relative
-position bias (BEiT, own and shared), no class token (SigLIP's MAP head and an average-pooled one).
+position bias (BEiT, own and shared), no class token (SigLIP's MAP head and an average-pooled one), open_clip's
+image tower (`nn.MultiheadAttention`).
 
 A permutation of the patch tokens whose positions follow them is invisible to a ViT; tokens pruned by given
 indices equal the unpatched model run on the same gathered tokens; nothing removed is exact."""
@@ -31,14 +32,26 @@ FAMILIES = {
     "siglip_map": ("vit_base_patch16_siglip_224", {"embed_dim": 192, "num_heads": 3}),
     "siglip_avg": ("vit_base_patch16_siglip_gap_224", {"embed_dim": 192, "num_heads": 3}),
     "deit": ("deit_tiny_patch16_224", {}),
+    "open_clip": ("open_clip", {"pool_type": "tok"}),
+    "open_clip_avg": ("open_clip", {"pool_type": "avg"}),
 }
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
+
+
+def _open_clip(pool_type: str) -> torch.nn.Module:
+    """open_clip's VisionTransformer (its image tower) at a small size."""
+    transformer = pytest.importorskip("open_clip.transformer", reason="open_clip_torch is not installed")
+    return transformer.VisionTransformer(image_size=SIZE, patch_size=16, width=192, layers=SMALL["depth"], heads=3,
+                                         mlp_ratio=4.0, output_dim=64, pool_type=pool_type)
 
 
 def _build(family: str) -> torch.nn.Module:
     name, options = FAMILIES[family]
     torch.manual_seed(0)
-    model = timm.create_model(name, pretrained=False, **{**SMALL, **options}).eval()
+    if name == "open_clip":
+        model = _open_clip(**options).eval()
+    else:
+        model = timm.create_model(name, pretrained=False, **{**SMALL, **options}).eval()
     for parameter in model.parameters():  # weights large enough that positions show in the output
         if parameter.ndim > 1:
             parameter.data.normal_(0, 0.1)
@@ -210,21 +223,26 @@ def test_gathered_positions_match_loops():
     assert torch.equal(gather_rope(per_head, index, 1)[0, 2], per_head[2, [3, 1]])
 
 
-@pytest.mark.parametrize("family", ["siglip_map", "siglip_avg", "eva02", "beit"])
+@pytest.mark.parametrize("family", ["siglip_map", "siglip_avg", "eva02", "beit", "open_clip_avg"])
 def test_tome_pools_a_merged_token_as_the_tokens_it_stands_for(models, family):
     """A head that combines tokens (an average, SigLIP's attention pool) gives a token of size 2 the weight of two
     equal tokens."""
-    model = models[family]
-    prefix = model_geometry(model).prefix_tokens
-    features = torch.randn(2, prefix + 5, model.embed_dim, generator=torch.Generator().manual_seed(2))
+    model, geometry = models[family], model_geometry(models[family])
+    prefix = geometry.prefix_tokens
+    features = torch.randn(2, prefix + 5, geometry.embed_dim, generator=torch.Generator().manual_seed(2))
     doubled = torch.cat([features, features[:, -1:]], dim=1)
     patch(model, "tome", {0: 1})
     try:
         patch_state(model).size = torch.tensor([1.0] * (prefix + 4) + [2.0]).view(1, -1, 1).expand(2, -1, -1)
         with torch.no_grad():
-            merged = model.forward_head(features)
+            merged = _head(model, features)
     finally:
         unpatch(model)
     with torch.no_grad():
-        torch.testing.assert_close(merged, model.forward_head(doubled), **TOLERANCE)
-        assert not torch.allclose(model.forward_head(features), model.forward_head(doubled), atol=1e-4)
+        torch.testing.assert_close(merged, _head(model, doubled), **TOLERANCE)
+        assert not torch.allclose(_head(model, features), _head(model, doubled), atol=1e-4)
+
+
+def _head(model: torch.nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """What the model's head makes of the blocks' output tokens."""
+    return model._pool(features)[0] if hasattr(model, "_pool") else model.forward_head(features)
