@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from pomt.errors import InputSizeError, PomtError, UnknownModelError, WeightsError
+from pomt.models import architectures  # noqa: F401  (registers pomt's architectures with timm)
 from pomt.models.family import check_family, check_family_by_name
 from pomt.models.geometry import Geometry, model_geometry
 
