@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.pomt-installed
 # What each stamp stands for: STAMP the core with [dev] (make run, lint); DEPLOY_STAMP also [deploy]
-# (ONNX Runtime, OpenVINO), which make test needs. A change to pyproject.toml redoes both.
+# (ONNX Runtime, OpenVINO) and [hf] (transformers), which make test needs. A change to pyproject.toml redoes both.
 DEPLOY_STAMP := $(VENV)/.pomt-installed-deploy
 # The tests keep one thread each (tests/conftest.py): one worker process a core.
 TEST_WORKERS ?= 2
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 $(DEPLOY_STAMP): $(STAMP)
-	$(BIN)/pip install -e ".[dev,deploy]"
+	$(BIN)/pip install -e ".[dev,deploy,hf]"
 	touch $(DEPLOY_STAMP)
 
 run: install

@@ -10,11 +10,12 @@ import torch
 from torch import nn
 
 from pomt.errors import PatchError, UnsupportedModelError
-from pomt.models.geometry import transformer_blocks
+from pomt.models.geometry import model_geometry, transformer_blocks
 
 PATCHED_FROM = "_pomt_original"  # the class attribute naming the class a pomt pruning block class derives from
 SUPPORTED = ("timm's VisionTransformer family (ViT, DeiT, DeiT III, DINOv2, CLIP and SigLIP ViTs, ...), timm's Eva "
-             "(EVA02, DINOv3, RoPE ViTs) and BEiT, and the DINOv2 authors' models")
+             "(EVA02, DINOv3, RoPE ViTs) and BEiT, the DINOv2 authors' models, open_clip's image towers and "
+             "Hugging Face ViT, CLIP, SigLIP and DINOv2 vision models")
 
 
 def check_family(model: nn.Module, name: str | None = None) -> nn.Module:
@@ -46,7 +47,9 @@ def _meta_model(name: str) -> nn.Module | None:
 
 def _family_problem(model: nn.Module) -> str | None:
     """What keeps pomt from patching `model`, or None."""
-    if getattr(model, "patch_embed", None) is None and getattr(model, "conv1", None) is None:
+    try:
+        model_geometry(model)
+    except PatchError:
         return "no patch embedding: not a transformer over patch tokens"
     try:
         blocks = transformer_blocks(model)
@@ -102,10 +105,30 @@ def _open_clip_problem(block: nn.Module) -> str | None:
     return None
 
 
+HF_LAYERS = {"ViTLayer": "hf-vit", "CLIPEncoderLayer": "hf-clip", "SiglipEncoderLayer": "hf-clip",
+             "Dinov2Layer": "hf-dinov2", "Dinov2WithRegistersLayer": "hf-dinov2"}  # class -> its parts
+
+
+def _hf_kind(block: nn.Module, original: type) -> str:
+    """The parts of a transformers layer: its attention must have separate q/k/v projections (transformers 5)."""
+    kind = HF_LAYERS.get(original.__name__)
+    if kind is None:
+        raise PatchError(f"cannot patch layer {original.__module__}.{original.__name__}: pomt supports transformers' "
+                         f"{', '.join(HF_LAYERS)}")
+    attn = getattr(block, "attention", None) or getattr(block, "self_attn", None)
+    if getattr(attn, "q_proj", None) is None:
+        raise PatchError(f"cannot patch {original.__name__}: its attention has no q_proj/k_proj/v_proj, the layout "
+                         "of transformers 5 and later (pip install -U transformers)")
+    return kind
+
+
 def block_kind(block: nn.Module) -> str:
     """The family of `block`'s parts pomt's pruning forwards run ("timm" for timm's Block, EvaBlock and BEiT's Block
-    and the DINOv2 authors' blocks; "open_clip"); PatchError where pomt cannot patch it."""
+    and the DINOv2 authors' blocks; "open_clip"; "hf-vit", "hf-clip", "hf-dinov2"); PatchError where pomt cannot
+    patch it."""
     original = vars(type(block)).get(PATCHED_FROM, type(block))
+    if original.__module__.startswith("transformers."):
+        return _hf_kind(block, original)
     if original.__module__.startswith("open_clip."):
         problem = _open_clip_problem(block)
         if problem is not None:

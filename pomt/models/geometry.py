@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from torch import nn
 
 from pomt.errors import GridError, PatchError
+from pomt.models import hf
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,9 @@ def _pair(value) -> tuple[int, int]:
 
 def block_container(model: nn.Module) -> tuple[nn.Module, str]:
     """The module holding the blocks and the attribute they are under: `blocks` (timm, DINOv2),
-    `transformer.resblocks` (open_clip)."""
+    `transformer.resblocks` (open_clip), the layers of a transformers model."""
+    if hf.is_hf(model):
+        return hf.layer_container(model)
     if getattr(model, "blocks", None) is not None:
         return model, "blocks"
     transformer = getattr(model, "transformer", None)
@@ -74,6 +77,8 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
 
 def prefix_token_count(model: nn.Module) -> int:
     """Class + distillation + register tokens, as the model reports them."""
+    if hf.is_hf(model):
+        return hf.layout(model)[4]
     if hasattr(model, "num_prefix_tokens"):
         return int(model.num_prefix_tokens)
     registers = int(getattr(model, "num_register_tokens", 0) or 0)
@@ -86,26 +91,29 @@ def model_name(model: nn.Module) -> str:
     return str(cfg.get("architecture") or type(model).__name__)
 
 
-def _layout(model: nn.Module) -> tuple[tuple[int, int], tuple[int, int], int]:
-    """Input size, patch size and width of a timm or DINOv2 ViT (a patch embedding) or an open_clip one (`conv1`)."""
+def _layout(model: nn.Module) -> tuple[tuple[int, int], tuple[int, int], int, int]:
+    """Input size, patch size, width and heads of a timm or DINOv2 ViT (a patch embedding), an open_clip one
+    (`conv1`) or a transformers one."""
+    if hf.is_hf(model):
+        return hf.layout(model)[:4]
     embed = getattr(model, "patch_embed", None)
     if embed is not None:
-        patch = getattr(embed, "patch_size", None) or model.patch_size
-        return _pair(embed.img_size), _pair(patch), int(model.embed_dim)
-    if getattr(model, "conv1", None) is not None and hasattr(model, "grid_size"):
-        return _pair(model.image_size), _pair(model.patch_size), int(model.transformer.width)
-    raise PatchError(f"{type(model).__name__} has no patch embedding: not a ViT that pomt supports")
+        size, patch, width = embed.img_size, getattr(embed, "patch_size", None) or model.patch_size, model.embed_dim
+    elif getattr(model, "conv1", None) is not None and hasattr(model, "grid_size"):
+        size, patch, width = model.image_size, model.patch_size, model.transformer.width
+    else:
+        raise PatchError(f"{type(model).__name__} has no patch embedding: not a ViT that pomt supports")
+    return _pair(size), _pair(patch), int(width), int(transformer_blocks(model)[0].attn.num_heads)
 
 
 def model_geometry(model: nn.Module) -> Geometry:
-    """Geometry of a timm ViT/DeiT/DINOv2/Eva/BEiT, the DINOv2 authors' DinoVisionTransformer or an open_clip
-    VisionTransformer."""
-    input_size, patch, width = _layout(model)
+    """Geometry of a timm ViT/DeiT/DINOv2/Eva/BEiT, the DINOv2 authors' DinoVisionTransformer, an open_clip
+    VisionTransformer or a transformers vision model."""
+    input_size, patch, width, heads = _layout(model)
     grid = (input_size[0] // patch[0], input_size[1] // patch[1])
-    blocks = transformer_blocks(model)
     prefix = prefix_token_count(model)
     return Geometry(
         model=model_name(model), input_size=input_size, patch_size=patch, grid=grid, prefix_tokens=prefix,
-        num_tokens=prefix + grid[0] * grid[1], depth=len(blocks), embed_dim=width,
-        num_heads=int(blocks[0].attn.num_heads),
+        num_tokens=prefix + grid[0] * grid[1], depth=len(transformer_blocks(model)), embed_dim=width,
+        num_heads=heads,
     )

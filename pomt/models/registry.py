@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from pomt.errors import InputSizeError, PomtError, UnknownModelError, WeightsError
-from pomt.models import architectures  # noqa: F401  (registers pomt's architectures with timm)
+from pomt.models import architectures, hf  # noqa: F401  (architectures: registered with timm on import)
 from pomt.models.family import check_family, check_family_by_name
 from pomt.models.geometry import Geometry, model_geometry
 
@@ -46,9 +46,12 @@ class PomtWarning(UserWarning):
 
 
 def resolve_model_name(name: str) -> str:
-    """Alias or timm name (optionally with a pretrained `.tag`) → the registered timm architecture name."""
+    """Alias or timm name (optionally with a pretrained `.tag`) → the registered timm architecture name; an `hf-*`
+    name or a local Hugging Face model folder as it stands (`pomt.models.hf`)."""
     if not isinstance(name, str):
         raise UnknownModelError(f"a model name must be a string, got {type(name).__name__} {name!r}")
+    if hf.is_hf_name(name.strip()):
+        return hf.resolve_hf_name(name.strip())
     base, _, tag = name.strip().partition(".")
     base = ALIASES.get(base, base)
     if not timm.is_model(base):
@@ -62,8 +65,12 @@ def resolve_model_name(name: str) -> str:
 
 
 def architecture(name: str) -> str:
-    """The timm architecture without its pretrained tag (what outputs are named after)."""
-    return resolve_model_name(name).partition(".")[0]
+    """The timm architecture without its pretrained tag, an `hf-*` name, or a model folder's name (what outputs are
+    named after)."""
+    resolved = resolve_model_name(name)
+    if hf.is_hf_name(resolved):
+        return Path(resolved).name
+    return resolved.partition(".")[0]
 
 
 def normalise_input_size(input_size: int | tuple[int, int] | None) -> tuple[int, int] | None:
@@ -82,6 +89,8 @@ def normalise_input_size(input_size: int | tuple[int, int] | None) -> tuple[int,
 
 def default_input_size(name: str) -> tuple[int, int]:
     """The input size the model's pretrained config was trained at (H, W)."""
+    if hf.is_hf_name(resolve_model_name(name)):
+        return hf.default_image_size(resolve_model_name(name))
     cfg = timm.get_pretrained_cfg(architecture(name))
     _, height, width = cfg.input_size if cfg is not None else (3, 224, 224)
     return height, width
@@ -129,8 +138,11 @@ def create_model(name: str, input_size: int | tuple[int, int] | None = None, pre
 
     Where pretrained weights cannot be fetched, falls back to random init with one `PomtWarning`; random init is
     seeded (RANDOM_INIT_SEED), so the same model is built in every process. A checkpoint's classifier size is read
-    from the checkpoint. A model pomt cannot patch is refused (UnsupportedModelError) before it is built."""
+    from the checkpoint. A model pomt cannot patch is refused (UnsupportedModelError) before it is built. `hf-*`
+    names and Hugging Face model folders build through `pomt.models.hf` (random weights for names)."""
     resolved = resolve_model_name(name)
+    if hf.is_hf_name(resolved):
+        return _create_hf(resolved, normalise_input_size(input_size), pretrained, checkpoint, num_classes)
     check_family_by_name(architecture(resolved))
     size = normalise_input_size(input_size) or default_input_size(resolved)
     kwargs: dict = {"img_size": size}
@@ -173,16 +185,25 @@ def create_model(name: str, input_size: int | tuple[int, int] | None = None, pre
     return model.eval()
 
 
+def _create_hf(name: str, size: tuple[int, int] | None, pretrained: bool, checkpoint: str | Path | None,
+               num_classes: int | None) -> nn.Module:
+    """A Hugging Face model by pomt's name (random weights; a `pretrained` ask warns) or from its folder."""
+    if checkpoint is not None:
+        raise WeightsError(f"{name}: Hugging Face weights come from a model folder (--model FOLDER), not --checkpoint")
+    if pretrained and name in hf.NAMES:
+        warnings.warn(f"pretrained weights for {name} do not exist (a configuration of pomt's); using random init: "
+                      "accuracy numbers will be meaningless", PomtWarning, stacklevel=3)
+    model = hf.build(name, size, num_classes, seed=RANDOM_INIT_SEED)
+    check_family(model, name)
+    check_divisible(hf.image_size(model), model)
+    return model
+
+
 def check_divisible(size: tuple[int, int], model: nn.Module) -> None:
     """Raise when the input size is not a multiple of the model's patch size."""
-    patch = _patch_size(model)
+    patch = model_geometry(model).patch_size
     if size[0] % patch[0] or size[1] % patch[1]:
         raise InputSizeError(f"input size {size[0]}x{size[1]} is not divisible by the patch size {patch[0]}x{patch[1]}")
-
-
-def _patch_size(model: nn.Module) -> tuple[int, int]:
-    patch = getattr(model.patch_embed, "patch_size", None) or model.patch_size
-    return (patch, patch) if isinstance(patch, int) else tuple(patch)
 
 
 def geometry_of(name: str, input_size: int | tuple[int, int] | None = None) -> Geometry:

@@ -290,7 +290,8 @@ def _inputs(block: nn.Module, state: PatchState, given: dict) -> BlockInputs:
 def _pruning_forward(self, x, *args, **kwargs):
     """Forward of a patched block: one (B, N, C) tensor in, fewer tokens out."""
     given = _arguments(self, args, kwargs) if args or kwargs else {}
-    if not isinstance(x, torch.Tensor) or given.get("attn_mask") is not None or given.get("is_causal"):
+    masked = given.get("attn_mask") is not None or given.get("attention_mask") is not None or given.get("is_causal")
+    if not isinstance(x, torch.Tensor) or masked:
         raise PatchError("a pruning block takes one (B, N, C) tensor: attention masks and nested lists are unsupported")
     plan = self._pomt_plan
     if plan.first:

@@ -1,9 +1,11 @@
 """How a pruning forward reaches the pieces of a block: its first norm, q/k/v per head, the attention's output
 path, the two residual branches. One `Parts` per family of block classes (`pomt.models.family.block_kind`):
 timm's Block, EvaBlock and BEiT's Block and the DINOv2 authors' blocks share names; open_clip's
-ResidualAttentionBlock carries an `nn.MultiheadAttention`."""
+ResidualAttentionBlock carries an `nn.MultiheadAttention`; transformers' layers name theirs in three ways."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -124,7 +126,76 @@ class OpenClipParts(Parts):
         return x + call_layer(block.ls_2, block.mlp(block.ln_2(x)))
 
 
-PARTS: dict[str, Parts] = {"timm": Parts(), "open_clip": OpenClipParts()}
+@dataclass(frozen=True)
+class Names:
+    """Where a transformers layer keeps its pieces (attributes of the layer, then of its attention)."""
+
+    norm1: str
+    attention: str
+    output: str  # the attention's output projection
+    norm2: str
+    heads: str  # the attention's count of heads
+    scale: str
+    dropout: str  # the attention's dropout probability
+    residual: str | None = None  # a module after each branch: dropout (ViT) or drop path (DINOv2)
+    ls1: str | None = None
+    ls2: str | None = None
+
+
+class HFParts(Parts):
+    """A transformers 5 vision layer: separate q/k/v projections, pre-norm residual branches, names of `Names`."""
+
+    def __init__(self, names: Names) -> None:
+        self.names = names
+
+    def _attn(self, block: nn.Module) -> nn.Module:
+        return getattr(block, self.names.attention)
+
+    def norm1(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return getattr(block, self.names.norm1)(x)
+
+    def scale(self, block: nn.Module) -> float:
+        return getattr(self._attn(block), self.names.scale)
+
+    def dropout(self, block: nn.Module) -> nn.Module:
+        p = getattr(self._attn(block), self.names.dropout)
+        return nn.Dropout(p) if block.training and p else nn.Identity()
+
+    def heads(self, block: nn.Module, y: torch.Tensor, rope: torch.Tensor | None = None) -> QKV:
+        attn, (batch, tokens, _) = self._attn(block), y.shape
+        count = getattr(attn, self.names.heads)
+        return tuple(getattr(attn, proj)(y).reshape(batch, tokens, count, -1).transpose(1, 2)
+                     for proj in ("q_proj", "k_proj", "v_proj"))
+
+    def project(self, block: nn.Module, heads_out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        batch, _, tokens, _ = heads_out.shape
+        return getattr(self._attn(block), self.names.output)(heads_out.transpose(1, 2).reshape(batch, tokens, -1))
+
+    def attention(self, block: nn.Module, y: torch.Tensor) -> torch.Tensor:
+        return self._attn(block)(y)[0]
+
+    def _branch(self, block: nn.Module, scale: str | None, out: torch.Tensor) -> torch.Tensor:
+        if scale is not None:
+            out = getattr(block, scale)(out)
+        return out if self.names.residual is None else call_layer(getattr(block, self.names.residual), out)
+
+    def attn_residual(self, block: nn.Module, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return x + self._branch(block, self.names.ls1, out)
+
+    def mlp_residual(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return x + self._branch(block, self.names.ls2, block.mlp(getattr(block, self.names.norm2)(x)))
+
+
+PARTS: dict[str, Parts] = {
+    "timm": Parts(),
+    "open_clip": OpenClipParts(),
+    "hf-vit": HFParts(Names("layernorm_before", "attention", "o_proj", "layernorm_after", "num_attention_heads",
+                            "scaling", "attention_dropout", residual="dropout")),
+    "hf-clip": HFParts(Names("layer_norm1", "self_attn", "out_proj", "layer_norm2", "num_heads", "scale",
+                             "dropout")),
+    "hf-dinov2": HFParts(Names("norm1", "attention", "o_proj", "norm2", "num_attention_heads", "scaling",
+                               "attention_dropout", residual="drop_path", ls1="layer_scale1", ls2="layer_scale2")),
+}
 
 
 def parts_of(block: nn.Module) -> Parts:

@@ -13,6 +13,7 @@ import timm
 import torch
 
 from pomt.models.geometry import model_geometry, transformer_blocks
+from pomt.models.hf import HFVision
 from pomt.models.positions import gather_bias, gather_rope, position_kind
 from pomt.models.tokens import cut_tokens, truncate_tokens
 from pomt.patching import METHODS, patch, patch_state, patched, unpatch
@@ -34,6 +35,13 @@ FAMILIES = {
     "deit": ("deit_tiny_patch16_224", {}),
     "open_clip": ("open_clip", {"pool_type": "tok"}),
     "open_clip_avg": ("open_clip", {"pool_type": "avg"}),
+    "hf_vit": ("transformers", {"config": "ViTConfig", "model": "ViTForImageClassification", "output": "logits"}),
+    "hf_clip": ("transformers", {"config": "CLIPVisionConfig", "model": "CLIPVisionModelWithProjection",
+                                 "output": "image_embeds"}),
+    "hf_siglip": ("transformers", {"config": "SiglipVisionConfig", "model": "SiglipVisionModel"}),
+    "hf_dinov2": ("transformers", {"config": "Dinov2Config", "model": "Dinov2Model"}),
+    "hf_dinov2_registers": ("transformers", {"config": "Dinov2WithRegistersConfig", "model": "Dinov2WithRegistersModel",
+                                             "num_register_tokens": 4}),
 }
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
 
@@ -45,11 +53,21 @@ def _open_clip(pool_type: str) -> torch.nn.Module:
                                          mlp_ratio=4.0, output_dim=64, pool_type=pool_type)
 
 
+def _transformers(config: str, model: str, output: str = "pooler_output", **options) -> torch.nn.Module:
+    """A transformers vision model as a user builds one, at a small size, its output tensor returned."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed: pip install 'pomt[hf]'")
+    settings = {"image_size": SIZE, "patch_size": 16, "hidden_size": 96, "num_hidden_layers": SMALL["depth"],
+                "num_attention_heads": 3, "intermediate_size": 192, **options}
+    return HFVision(getattr(transformers, model)(getattr(transformers, config)(**settings)), model, output)
+
+
 def _build(family: str) -> torch.nn.Module:
     name, options = FAMILIES[family]
     torch.manual_seed(0)
     if name == "open_clip":
         model = _open_clip(**options).eval()
+    elif name == "transformers":
+        model = _transformers(**options).eval()
     else:
         model = timm.create_model(name, pretrained=False, **{**SMALL, **options}).eval()
     for parameter in model.parameters():  # weights large enough that positions show in the output
