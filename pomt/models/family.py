@@ -49,9 +49,6 @@ def _family_problem(model: nn.Module) -> str | None:
     """What keeps pomt from patching `model`, or None."""
     try:
         model_geometry(model)
-    except PatchError:
-        return "no patch embedding: not a transformer over patch tokens"
-    try:
         blocks = transformer_blocks(model)
         if not blocks:
             return "no transformer blocks"

@@ -78,7 +78,7 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
 def prefix_token_count(model: nn.Module) -> int:
     """Class + distillation + register tokens, as the model reports them."""
     if hf.is_hf(model):
-        return hf.layout(model)[4]
+        return hf.prefix_tokens(model)
     if hasattr(model, "num_prefix_tokens"):
         return int(model.num_prefix_tokens)
     registers = int(getattr(model, "num_register_tokens", 0) or 0)
@@ -95,7 +95,7 @@ def _layout(model: nn.Module) -> tuple[tuple[int, int], tuple[int, int], int, in
     """Input size, patch size, width and heads of a timm or DINOv2 ViT (a patch embedding), an open_clip one
     (`conv1`) or a transformers one."""
     if hf.is_hf(model):
-        return hf.layout(model)[:4]
+        return hf.layout(model)
     embed = getattr(model, "patch_embed", None)
     if embed is not None:
         size, patch, width = embed.img_size, getattr(embed, "patch_size", None) or model.patch_size, model.embed_dim
@@ -103,7 +103,12 @@ def _layout(model: nn.Module) -> tuple[tuple[int, int], tuple[int, int], int, in
         size, patch, width = model.image_size, model.patch_size, model.transformer.width
     else:
         raise PatchError(f"{type(model).__name__} has no patch embedding: not a ViT that pomt supports")
-    return _pair(size), _pair(patch), int(width), int(transformer_blocks(model)[0].attn.num_heads)
+    block = transformer_blocks(model)[0]
+    heads = getattr(getattr(block, "attn", None), "num_heads", None)
+    if heads is None:
+        raise PatchError(f"cannot patch block {type(block).__module__}.{type(block).__name__}: it has no attention "
+                         "layer `attn` with `num_heads`")
+    return _pair(size), _pair(patch), int(width), int(heads)
 
 
 def model_geometry(model: nn.Module) -> Geometry:

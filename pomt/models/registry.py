@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from pomt.errors import InputSizeError, PomtError, UnknownModelError, WeightsError
-from pomt.models import architectures, hf  # noqa: F401  (architectures: registered with timm on import)
+from pomt.models import architectures, hf, openclip  # noqa: F401  (architectures: registered with timm on import)
 from pomt.models.family import check_family, check_family_by_name
 from pomt.models.geometry import Geometry, model_geometry
 
@@ -52,9 +52,13 @@ def resolve_model_name(name: str) -> str:
         raise UnknownModelError(f"a model name must be a string, got {type(name).__name__} {name!r}")
     if hf.is_hf_name(name.strip()):
         return hf.resolve_hf_name(name.strip())
+    if openclip.is_open_clip_name(name.strip()):
+        return openclip.resolve_open_clip_name(name.strip())
     base, _, tag = name.strip().partition(".")
     base = ALIASES.get(base, base)
     if not timm.is_model(base):
+        if name.strip() and Path(name.strip()).is_dir():
+            hf.resolve_hf_name(name.strip())  # a folder without config.json: raises WeightsError
         close = difflib.get_close_matches(base, list(ALIASES) + timm.list_models(), n=5, cutoff=0.5)
         hint = f"; closest: {', '.join(close)}" if close else ""
         raise UnknownModelError(f"unknown model '{name}'{hint}")
@@ -68,9 +72,9 @@ def architecture(name: str) -> str:
     """The timm architecture without its pretrained tag, an `hf-*` name, or a model folder's name (what outputs are
     named after)."""
     resolved = resolve_model_name(name)
-    if hf.is_hf_name(resolved):
-        return Path(resolved).name
-    return resolved.partition(".")[0]
+    if openclip.is_open_clip_name(resolved):
+        return openclip.architecture(resolved)
+    return hf.architecture(resolved) if hf.is_hf_name(resolved) else resolved.partition(".")[0]
 
 
 def normalise_input_size(input_size: int | tuple[int, int] | None) -> tuple[int, int] | None:
@@ -89,8 +93,11 @@ def normalise_input_size(input_size: int | tuple[int, int] | None) -> tuple[int,
 
 def default_input_size(name: str) -> tuple[int, int]:
     """The input size the model's pretrained config was trained at (H, W)."""
-    if hf.is_hf_name(resolve_model_name(name)):
-        return hf.default_image_size(resolve_model_name(name))
+    resolved = resolve_model_name(name)
+    if hf.is_hf_name(resolved):
+        return hf.default_input_size(resolved)
+    if openclip.is_open_clip_name(resolved):
+        return openclip.default_input_size(resolved)
     cfg = timm.get_pretrained_cfg(architecture(name))
     _, height, width = cfg.input_size if cfg is not None else (3, 224, 224)
     return height, width
@@ -143,6 +150,8 @@ def create_model(name: str, input_size: int | tuple[int, int] | None = None, pre
     resolved = resolve_model_name(name)
     if hf.is_hf_name(resolved):
         return _create_hf(resolved, normalise_input_size(input_size), pretrained, checkpoint, num_classes)
+    if openclip.is_open_clip_name(resolved):
+        return _create_open_clip(resolved, normalise_input_size(input_size), pretrained, checkpoint, num_classes)
     check_family_by_name(architecture(resolved))
     size = normalise_input_size(input_size) or default_input_size(resolved)
     kwargs: dict = {"img_size": size}
@@ -187,7 +196,7 @@ def create_model(name: str, input_size: int | tuple[int, int] | None = None, pre
 
 def _create_hf(name: str, size: tuple[int, int] | None, pretrained: bool, checkpoint: str | Path | None,
                num_classes: int | None) -> nn.Module:
-    """A Hugging Face model by pomt's name (random weights; a `pretrained` ask warns) or from its folder."""
+    """A Hugging Face model by pomt's name (seeded random weights; a `pretrained` ask warns) or from its folder."""
     if checkpoint is not None:
         raise WeightsError(f"{name}: Hugging Face weights come from a model folder (--model FOLDER), not --checkpoint")
     if pretrained and name in hf.NAMES:
@@ -199,6 +208,21 @@ def _create_hf(name: str, size: tuple[int, int] | None, pretrained: bool, checkp
     return model
 
 
+def _create_open_clip(name: str, size: tuple[int, int] | None, pretrained: bool, checkpoint: str | Path | None,
+                      num_classes: int | None) -> nn.Module:
+    """An open_clip image tower with seeded random weights (its pretrained weights load with open_clip itself)."""
+    if checkpoint is not None or num_classes is not None:
+        raise WeightsError(f"{name}: an open_clip image tower takes neither --checkpoint nor a class count here; load "
+                           "its weights with open_clip and patch it with pomt.patch")
+    if pretrained:
+        warnings.warn(f"pretrained weights for {name} load with open_clip, not here; using random init: accuracy "
+                      "numbers will be meaningless", PomtWarning, stacklevel=3)
+    model = openclip.build(name, size, RANDOM_INIT_SEED)
+    check_family(model, name)
+    check_divisible(model_geometry(model).input_size, model)
+    return model
+
+
 def check_divisible(size: tuple[int, int], model: nn.Module) -> None:
     """Raise when the input size is not a multiple of the model's patch size."""
     patch = model_geometry(model).patch_size
@@ -207,7 +231,12 @@ def check_divisible(size: tuple[int, int], model: nn.Module) -> None:
 
 
 def geometry_of(name: str, input_size: int | tuple[int, int] | None = None) -> Geometry:
-    """The token geometry of timm's model `name` at `input_size`, built on the meta device where it can be."""
+    """The token geometry of model `name` at `input_size`, built on the meta device where it can be."""
+    resolved = resolve_model_name(name)
+    if hf.is_hf_name(resolved):
+        model = hf.skeleton(resolved, normalise_input_size(input_size))
+        check_divisible(hf.image_size(model), model)
+        return model_geometry(model)
     try:
         with torch.device("meta"):
             return model_geometry(create_model(name, input_size))

@@ -53,8 +53,7 @@ FAMILIES: tuple[Family, ...] = (
            "transformers ViT, CLIP, SigLIP and DINOv2 vision models"),
     Family("DINOv2 authors' models", ("vit_small",), "dinov2.models.vision_transformer.DinoVisionTransformer",
            package="dinov2"),
-    Family("open_clip VisionTransformer", ("ViT-B-16",), "open_clip.transformer.VisionTransformer",
-           package="open_clip"),
+    Family("open_clip VisionTransformer", ("open_clip:ViT-B-16",), "open_clip.transformer.VisionTransformer"),
 )
 
 
@@ -141,12 +140,7 @@ def _dinov2(name: str, size: int | None) -> nn.Module:
     return getattr(module, name)(patch_size=14, img_size=size or 224)
 
 
-def _open_clip(name: str, size: int | None) -> nn.Module:
-    open_clip = importlib.import_module("open_clip")
-    return open_clip.create_model(name, pretrained=None).visual
-
-
-BUILDERS: dict[str, Callable[[str, int | None], nn.Module]] = {"dinov2": _dinov2, "open_clip": _open_clip}
+BUILDERS: dict[str, Callable[[str, int | None], nn.Module]] = {"dinov2": _dinov2}
 
 
 def probe_model(name: str, package: str | None = None) -> nn.Module:
