@@ -47,8 +47,13 @@ def select(index: torch.Tensor | None, prefix: int, patches: torch.Tensor, token
 
 def gather_rope(rope: torch.Tensor, index: torch.Tensor, prefix: int) -> torch.Tensor:
     """The rotary embedding of the current patch tokens: rope (N - P, D) or per head (H, N - P, D) -> (B, 1 or H,
-    T - P, D), broadcasting over the (B, H, T - P, d) queries and keys."""
+    T - P, D), broadcasting over the (B, H, T - P, d) queries and keys. A rope already gathered for the tokens a
+    block received ((B or 1, 1 or H, K, D)) is gathered again, `index` then counting within those tokens."""
     patches = index[:, prefix:] - prefix
+    if rope.ndim == 4:
+        batch = max(rope.shape[0], patches.shape[0])
+        picked = patches.expand(batch, -1)[:, None, :, None].expand(-1, rope.shape[1], -1, rope.shape[-1])
+        return rope.expand(batch, -1, -1, -1).gather(2, picked)
     if rope.ndim == 2:
         return rope[patches].unsqueeze(1)
     return rope[:, patches].transpose(0, 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -94,56 +95,88 @@ def _hidden_states(args: tuple, kwargs: dict) -> tuple[torch.Tensor, Callable[[t
     return kwargs["hidden_states"], lambda x: (args, {**kwargs, "hidden_states": x})
 
 
+@dataclass(eq=False)
+class _Cuts:
+    """The cuts active on one model, in the order their contexts were entered, and the hooks that run them."""
+
+    stack: list[Mapping[int, Cut]] = field(default_factory=list)
+    hooked: dict[int, Callable[[], None]] = field(default_factory=dict)  # block -> what removes its hook
+    index: torch.Tensor | None = None  # the original place of each token now (positional models)
+
+
+ACTIVE_CUTS = "_pomt_cuts"
+
+
 @contextlib.contextmanager
 def cut_tokens(model: nn.Module, cuts: Mapping[int, Cut]) -> Iterator[nn.Module]:
     """Inside the context block b's input is cut by `cuts[b]` (forward pre-hooks, run before any other); later
-    blocks see the rotary embedding or relative position bias of the tokens that are left."""
+    blocks see the rotary embedding or relative position bias of the tokens that are left. Contexts nest: every
+    active cut of a block runs, the outer first."""
     if not cuts:
         yield model
         return
+    state = model.__dict__.setdefault(ACTIVE_CUTS, _Cuts())
     blocks, prefix = transformer_blocks(model), model_geometry(model).prefix_tokens
     kind = positions.position_kind(model)
-    now: dict[str, torch.Tensor | None] = {"index": None}
+    state.stack.append(cuts)
+    first = min(min(c) for c in state.stack)
+    try:
+        with contextlib.ExitStack() as stack:
+            for block in range(first, len(blocks)) if kind else sorted(cuts):
+                if block not in state.hooked:
+                    hook = _hook(state, block, prefix, kind)
+                    handle = blocks[block].register_forward_pre_hook(hook, prepend=True, with_kwargs=True)
+                    state.hooked[block] = handle.remove
+                    stack.callback(state.hooked.pop, block)
+                    stack.callback(handle.remove)
+                    if kind == "relative" and blocks[block].attn.relative_position_bias_table is not None:
+                        stack.enter_context(_relative_bias_follows(blocks[block].attn, state))
+            yield model
+    finally:
+        state.stack.remove(cuts)
+        if not state.stack:
+            del model.__dict__[ACTIVE_CUTS]
 
-    def hook_for(block: int) -> Callable:
-        def hook(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-            x, put = _hidden_states(args, kwargs)
-            if block == first:
-                now["index"] = None  # a new forward
-            if block in cuts:
-                tokens, choice = x.shape[1], cuts[block](x)
-                if isinstance(choice, int):
-                    kept = torch.arange(choice - prefix, device=x.device) if kind else None
-                    x = x[:, :choice]
-                else:
-                    kept, x = choice, gather_tokens(x, prefix, choice)
-                if kind:
-                    now["index"] = positions.select(now["index"], prefix, kept, tokens)
-            args, kwargs = put(x)
-            if kind == "rope" and kwargs.get("rope") is not None:
-                kwargs = {**kwargs, "rope": positions.gather_rope(kwargs["rope"], now["index"], prefix)}
-            if kind == "relative" and kwargs.get("shared_rel_pos_bias") is not None:
-                kwargs = {**kwargs, "shared_rel_pos_bias": positions.gather_bias(kwargs["shared_rel_pos_bias"],
-                                                                                 now["index"])}
-            return args, kwargs
 
-        return hook
+def _hook(state: _Cuts, block: int, prefix: int, kind: positions.Kind | None) -> Callable:
+    """The pre-hook of `block`: every active cut of it, then the positions of the tokens left."""
 
-    first = min(cuts)
-    with contextlib.ExitStack() as stack:
-        for block in range(first, len(blocks)) if kind else sorted(cuts):
-            handle = blocks[block].register_forward_pre_hook(hook_for(block), prepend=True, with_kwargs=True)
-            stack.callback(handle.remove)
-            if kind == "relative" and blocks[block].attn.relative_position_bias_table is not None:
-                stack.enter_context(_relative_bias_follows(blocks[block].attn, now))
-        yield model
+    def hook(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        x, put = _hidden_states(args, kwargs)
+        if block == min(min(c) for c in state.stack):
+            state.index = None  # a new forward
+        for cuts in list(state.stack):
+            if block not in cuts:
+                continue
+            tokens, choice = x.shape[1], cuts[block](x)
+            if isinstance(choice, int):
+                kept = torch.arange(choice - prefix, device=x.device) if kind else None
+                x = x[:, :choice]
+            else:
+                kept, x = choice, gather_tokens(x, prefix, choice)
+            if kind:
+                state.index = positions.select(state.index, prefix, kept, tokens)
+        args, kwargs = put(x)
+        if state.index is not None and kind == "rope" and kwargs.get("rope") is not None:
+            kwargs = {**kwargs, "rope": positions.gather_rope(kwargs["rope"], state.index, prefix)}
+        if state.index is not None and kind == "relative" and kwargs.get("shared_rel_pos_bias") is not None:
+            kwargs = {**kwargs, "shared_rel_pos_bias": positions.gather_bias(kwargs["shared_rel_pos_bias"],
+                                                                             state.index)}
+        return args, kwargs
+
+    return hook
 
 
 @contextlib.contextmanager
-def _relative_bias_follows(attn: nn.Module, now: dict[str, torch.Tensor | None]) -> Iterator[None]:
+def _relative_bias_follows(attn: nn.Module, state: _Cuts) -> Iterator[None]:
     """Inside the context a BEiT attention layer's own relative position bias is that of the current tokens."""
     own = type(attn)._get_rel_pos_bias
-    attn.__dict__["_get_rel_pos_bias"] = lambda: positions.gather_bias(own(attn), now["index"])
+
+    def follows() -> torch.Tensor:
+        bias = own(attn)
+        return bias if state.index is None else positions.gather_bias(bias, state.index)
+
+    attn.__dict__["_get_rel_pos_bias"] = follows
     try:
         yield
     finally:

@@ -264,3 +264,40 @@ def test_tome_pools_a_merged_token_as_the_tokens_it_stands_for(models, family):
 def _head(model: torch.nn.Module, features: torch.Tensor) -> torch.Tensor:
     """What the model's head makes of the blocks' output tokens."""
     return model._pool(features)[0] if hasattr(model, "_pool") else model.forward_head(features)
+
+
+@pytest.mark.parametrize("family", ["eva02", "beit", "rope_mixed", "deit"])
+def test_nested_cuts_and_a_patch_after_a_cut_compose(models, images, family):
+    """Cuts entered one inside the other equal one context with both (positions composed once), and a block patched
+    after a cut sees the positions of the tokens the cut left (the reducer costs measure both ways)."""
+    model, geometry = models[family], model_geometry(models[family])
+    n = geometry.num_tokens
+    with torch.no_grad():
+        with truncate_tokens(model, n - 3, selection="random", seed=1, at_block=1), \
+                truncate_tokens(model, n - 5, at_block=2):
+            nested = model(images)
+        with truncate_tokens(model, n - 3, selection="random", seed=1, at_block=1):
+            again = model(images)
+        with cut_tokens(model, {1: _seeded_random(geometry, n - 3, seed=1), 2: lambda _x: n - 5}):
+            once = model(images)
+        with truncate_tokens(model, n - 3, at_block=1), patched(model, "random", {1: 2, 2: 2}, seed=2):
+            cut_then_patched = model(images)
+        generator, patches, kept = torch.Generator().manual_seed(2), n - 3 - geometry.prefix_tokens, {}
+        for block in (2, 3):
+            noise = torch.rand(images.shape[0], patches, generator=generator)
+            kept[block], patches = noise.topk(patches - 2, dim=-1).indices.sort(dim=-1).values, patches - 2
+        cuts = {1: lambda _x: n - 3, 2: lambda _x: kept[2], 3: lambda _x: kept[3]}
+        with cut_tokens(model, cuts):
+            cut_alone = model(images)
+    torch.testing.assert_close(nested, once, **TOLERANCE)
+    assert not torch.allclose(nested, again, atol=1e-4)
+    torch.testing.assert_close(cut_then_patched, cut_alone, **TOLERANCE)
+
+
+def _seeded_random(geometry, n: int, seed: int):
+    """The patch indices `truncate_tokens(selection="random", seed=seed)` keeps in its first forward."""
+    from pomt.models.tokens import random_patch_indices
+
+    generator = torch.Generator().manual_seed(seed)
+    return lambda x: random_patch_indices(x.shape[0], x.shape[1] - geometry.prefix_tokens,
+                                          n - geometry.prefix_tokens, generator, x.device)
