@@ -58,7 +58,7 @@ def patch(model: nn.Module, method: str, prune: Mapping[int, int] | int, *, seed
         for index, plan in plans.items():
             state.originals[index] = blocks.install(model_blocks[index], plan)
         if method == "tome" and plans:
-            state.model_class = pooling.install_pooling(model)
+            state.pooled = pooling.install_pooling(model)
     except BaseException:
         _restore(model, model_blocks, state)
         raise
@@ -70,9 +70,9 @@ def _restore(model: nn.Module, model_blocks: list[nn.Module], state: blocks.Patc
     for index, original in state.originals.items():
         blocks.uninstall(model_blocks[index], original)
     state.originals.clear()
-    if state.model_class is not None:
-        pooling.uninstall_pooling(model, state.model_class)
-        state.model_class = None
+    if state.pooled is not None:
+        pooling.uninstall_pooling(*state.pooled)
+        state.pooled = None
 
 
 def resolve_removal(prune: Mapping[int, int] | int, depth: int) -> dict[int, int]:

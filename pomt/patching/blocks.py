@@ -61,7 +61,7 @@ class PatchState:
     strict: bool = False
     class_token: bool = True  # the first prefix token is a class token (top-k scores by its attention)
     originals: dict[int, type] = field(default_factory=dict)
-    model_class: type | None = None  # ToMe: the model's class before its pooling was weighted by size
+    pooled: tuple[nn.Module, type] | None = None  # ToMe: the module pooling by size, and its class before
     size: torch.Tensor | None = None  # ToMe: tokens merged into each token (B, T, 1), prefix included
     bias: torch.Tensor | None = None  # ToMe: log(size) as an attention bias (B, 1, 1, T)
     positions: positions.Kind | None = None  # what follows the tokens: a rotary embedding, a relative bias

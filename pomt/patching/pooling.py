@@ -1,6 +1,7 @@
 """ToMe's size-weighted pooling: after a merge a token stands for several, so a head that averages tokens weighs each
 by its size, and an attention-pool head (SigLIP's MAP) adds log(size) to its logits, as the blocks do. The model's
-class is swapped to a subclass for as long as it is patched (timm VisionTransformer, Eva and BEiT, open_clip)."""
+class (a transformers SigLIP's head's) is swapped to a subclass for as long as it is patched (timm VisionTransformer,
+Eva and BEiT, open_clip, transformers SigLIP)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ AVERAGING = ("avg", "avgmax")  # timm's global_pool values that average tokens, 
 _POOLED_CLASSES: dict[type, type] = {}
 
 
-def _sizes(model: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+OWNER = "_pomt_sized_by"  # on a pooling head swapped apart from its model: the patched model, whose state it reads
+
+
+def _sizes(module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     """The sizes of the last ToMe forward's tokens (B, T, 1), when they describe `x`."""
-    size = model.__dict__[STATE_ATTR].size
+    size = module.__dict__.get(OWNER, module).__dict__[STATE_ATTR].size
     return size if size is not None and size.shape[1] == x.shape[1] else None
 
 
@@ -66,8 +70,33 @@ def _open_clip_pool(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _weighted_mean(x[:, 1:], size[:, 1:]), x[:, 1:]
 
 
+def _hf_attention_pool(self, hidden_state: torch.Tensor) -> torch.Tensor:
+    """transformers SigLIP's attention-pool head with log(size) added to its probe's logits."""
+    size = _sizes(self, hidden_state)
+    if size is None:
+        return super(type(self), self).forward(hidden_state)
+    batch, heads = hidden_state.shape[0], self.attention.num_heads
+    bias = size.log().to(hidden_state.dtype).transpose(1, 2).repeat_interleave(heads, dim=0)  # (B * heads, 1, T)
+    pooled = self.attention(self.probe.repeat(batch, 1, 1), hidden_state, hidden_state, attn_mask=bias)[0]
+    pooled = pooled + self.mlp(self.layernorm(pooled))
+    return pooled[:, 0]
+
+
+def _pooling_target(model: nn.Module) -> tuple[nn.Module, dict[str, Callable]] | None:
+    """The module whose class pools `model`'s tokens by size, and its methods that do it."""
+    from pomt.models import hf
+
+    if hf.is_hf(model):
+        head = getattr(hf.tower(model), "head", None)
+        return (head, {"forward": _hf_attention_pool}) if type(head).__name__.endswith("AttentionPoolingHead") \
+            else None
+    methods = size_pooling(model)
+    return None if methods is None else (model, methods)
+
+
 def size_pooling(model: nn.Module) -> dict[str, Callable] | None:
-    """The methods that pool `model`'s tokens by size, or None where its head does not combine tokens."""
+    """The methods that pool a timm or open_clip `model`'s tokens by size, or None where its head does not combine
+    tokens."""
     from timm.models.beit import Beit
     from timm.models.eva import Eva
     from timm.models.vision_transformer import VisionTransformer
@@ -83,18 +112,23 @@ def size_pooling(model: nn.Module) -> dict[str, Callable] | None:
     return None
 
 
-def install_pooling(model: nn.Module) -> type | None:
-    """Swap `model` to its size-weighted pooling subclass; returns the original class, or None if unchanged."""
-    methods = size_pooling(model)
-    if methods is None:
+def install_pooling(model: nn.Module) -> tuple[nn.Module, type] | None:
+    """Swap the module that pools `model`'s tokens (the model, or a transformers model's head) to its size-weighted
+    subclass; returns it with its original class, or None if nothing changed."""
+    target = _pooling_target(model)
+    if target is None:
         return None
-    original = type(model)
+    module, methods = target
+    original = type(module)
     if original not in _POOLED_CLASSES:
         _POOLED_CLASSES[original] = type(f"SizePooled{original.__name__}", (original,), methods)
-    model.__class__ = _POOLED_CLASSES[original]
-    return original
+    module.__class__ = _POOLED_CLASSES[original]
+    if module is not model:
+        module.__dict__[OWNER] = model
+    return module, original
 
 
-def uninstall_pooling(model: nn.Module, original: type) -> None:
-    """Give `model` back its original class."""
-    model.__class__ = original
+def uninstall_pooling(module: nn.Module, original: type) -> None:
+    """Give the pooling module back its original class."""
+    module.__class__ = original
+    module.__dict__.pop(OWNER, None)

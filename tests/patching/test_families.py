@@ -241,7 +241,7 @@ def test_gathered_positions_match_loops():
     assert torch.equal(gather_rope(per_head, index, 1)[0, 2], per_head[2, [3, 1]])
 
 
-@pytest.mark.parametrize("family", ["siglip_map", "siglip_avg", "eva02", "beit", "open_clip_avg"])
+@pytest.mark.parametrize("family", ["siglip_map", "siglip_avg", "eva02", "beit", "open_clip_avg", "hf_siglip"])
 def test_tome_pools_a_merged_token_as_the_tokens_it_stands_for(models, family):
     """A head that combines tokens (an average, SigLIP's attention pool) gives a token of size 2 the weight of two
     equal tokens."""
@@ -263,6 +263,8 @@ def test_tome_pools_a_merged_token_as_the_tokens_it_stands_for(models, family):
 
 def _head(model: torch.nn.Module, features: torch.Tensor) -> torch.Tensor:
     """What the model's head makes of the blocks' output tokens."""
+    if isinstance(model, HFVision):
+        return model.hf.head(features)
     return model._pool(features)[0] if hasattr(model, "_pool") else model.forward_head(features)
 
 
