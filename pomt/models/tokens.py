@@ -100,7 +100,7 @@ class _Cuts:
     """The cuts active on one model, in the order their contexts were entered, and the hooks that run them."""
 
     stack: list[Mapping[int, Cut]] = field(default_factory=list)
-    hooked: dict[int, Callable[[], None]] = field(default_factory=dict)  # block -> what removes its hook
+    hooked: set[int] = field(default_factory=set)  # the blocks whose hook is installed
     index: torch.Tensor | None = None  # the original place of each token now (positional models)
 
 
@@ -126,8 +126,8 @@ def cut_tokens(model: nn.Module, cuts: Mapping[int, Cut]) -> Iterator[nn.Module]
                 if block not in state.hooked:
                     hook = _hook(state, block, prefix, kind)
                     handle = blocks[block].register_forward_pre_hook(hook, prepend=True, with_kwargs=True)
-                    state.hooked[block] = handle.remove
-                    stack.callback(state.hooked.pop, block)
+                    state.hooked.add(block)
+                    stack.callback(state.hooked.discard, block)
                     stack.callback(handle.remove)
                     if kind == "relative" and blocks[block].attn.relative_position_bias_table is not None:
                         stack.enter_context(_relative_bias_follows(blocks[block].attn, state))

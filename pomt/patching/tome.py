@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import torch
 
+from pomt.models.positions import identity_index
+
 
 class Matching(NamedTuple):
     """Unmerged A tokens, and which A tokens (src) merge into which B tokens (dst); (B, k, 1) each.
@@ -75,7 +77,7 @@ def merge_weighted(x: torch.Tensor, size: torch.Tensor, matching: Matching) -> t
 def merge_index(index: torch.Tensor | None, matching: Matching, batch: int, tokens: int) -> torch.Tensor:
     """The original places (B, T) of the tokens after the merge: a merged token keeps its destination's."""
     if index is None:
-        index = torch.arange(tokens, device=matching.src.device).expand(batch, tokens)
+        index = identity_index(batch, tokens, matching.src.device)
     index, prefix = index.unsqueeze(-1), matching.prefix
     unmerged = index[:, ::2].gather(1, matching.unmerged)
     return torch.cat([index[:, :prefix], unmerged[:, (prefix + 1) // 2 :], index[:, 1::2][:, prefix // 2 :]],
