@@ -1,7 +1,6 @@
 """The `pomt` console script: typer commands over the library."""
 
 from pomt.cli import (  # noqa: F401  (importing a command module registers its commands)
-    bench,
     commands,
     offline,
 )

@@ -7,20 +7,24 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
 
-from pomt.checks import check_threads
+from pomt.bench.config import BenchConfig
+from pomt.bench.report import format_sweep, format_table, write_benchmark, write_sweep
+from pomt.bench.run import run_benchmark, run_sweep
+from pomt.checks import check_output_dir, check_threads
 from pomt.cli.app import app, interrupted_means
 from pomt.cli.options import config_command
 from pomt.deploy.export import FORMATS, TARGET_DEVICES, ExportOptions, export_schedule
 from pomt.device import device_fingerprint, resolve_device
-from pomt.errors import BackendError, SettingError
+from pomt.errors import BackendError, BatchSizeError, InputSizeError, SettingError
 from pomt.models.registry import geometry_of, resolve_model_name
-from pomt.options import SEED_MAX
+from pomt.options import OUTPUTS, SEED_MAX, WORKLOAD, option
 from pomt.patching import METHODS
-from pomt.patching.support import FAMILIES, PROBE_SIZE, Row, model_support, support_table
+from pomt.patching.api import FAMILIES, PROBE_SIZE, Row, model_support, support_table
 from pomt.runtimes import Backend, backend_info, check_backend
 from pomt.workload.prepare import Workload
 from pomt.workload.record import RecordSettings, record
@@ -212,3 +216,53 @@ def export_command(
     typer.echo(f"check      {check['runtime']} {card['backend']['version']} vs PyTorch on {check['inputs']} "
                f"random inputs: max abs diff {check['max_abs_diff']:.2e} <= {check['tolerance']:.0e}")
     typer.echo(f"card       {result.card_path}")
+
+@dataclass(frozen=True)
+class Outputs:
+    """The options of the command itself: a sweep instead of one run, and where the files go."""
+
+    batch_sizes: str | None = option(None, "Sweep: comma-separated batch sizes.", panel=WORKLOAD)
+    input_sizes: str | None = option(None, "Sweep: comma-separated input sizes.", panel=WORKLOAD)
+    output_dir: Path = option(Path("bin"), "Where the CSV/JSON/PNG go.", panel=OUTPUTS)
+
+
+def _ints(text: str | None, what: str, error: type[Exception]) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise error(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not values:
+        raise error(f"{what} is empty")
+    if min(values) < 1:
+        raise error(f"{what} must be positive integers, got {text!r}")
+    return values
+
+
+@app.command("bench")
+@config_command(BenchConfig, Outputs)
+def bench_command(config: BenchConfig, outputs: Outputs) -> None:
+    """Compare the unpruned model with a schedule and other reducers: latency, FLOPs, memory, power, ops."""
+    batches = _ints(outputs.batch_sizes, "--batch-sizes", BatchSizeError)
+    sizes = _ints(outputs.input_sizes, "--input-sizes", InputSizeError)
+    check_output_dir(outputs.output_dir)
+    with interrupted_means("interrupted; a benchmark keeps no journal: nothing was written, run it again"):
+        _bench(config, outputs, batches, sizes)
+
+
+def _bench(config: BenchConfig, outputs: Outputs, batches: list[int] | None, sizes: list[int] | None) -> None:
+    if batches is None and sizes is None:
+        result = run_benchmark(config)
+        typer.echo(format_table(result))
+        paths = write_benchmark(result, outputs.output_dir)
+    else:
+        sizes = sizes or ([config.input_size] if config.input_size else None)
+        if sizes is None:
+            raise InputSizeError("a sweep needs --input-sizes (or --input-size)")
+        sweep = run_sweep(config, batches or [config.batch_size or 1], sizes)
+        for result in sweep.cells.values():
+            typer.echo(format_table(result) + "\n")
+        typer.echo(format_sweep(sweep))
+        paths = write_sweep(sweep, outputs.output_dir)
+    typer.echo("wrote " + ", ".join(str(path) for path in paths.values()))

@@ -1,8 +1,12 @@
-"""Model names and creation: timm's registry with short aliases, pretrained / checkpoint / random weights."""
+"""Model names and creation: timm's registry with short aliases, pretrained / checkpoint / random weights;
+the small architectures pomt registers with timm (`pomt_siglip_tiny_*`, for the digits case and the tests); open_clip
+image towers by `open_clip:NAME` (open_clip is imported only when such a name is asked for)."""
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import logging
 import socket
 import sys
 import warnings
@@ -10,10 +14,12 @@ from pathlib import Path
 
 import timm
 import torch
+from timm.models import register_model
+from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from pomt.errors import InputSizeError, PomtError, UnknownModelError, WeightsError
-from pomt.models import architectures, hf, openclip  # noqa: F401  (architectures: registered with timm on import)
+from pomt.errors import InputSizeError, PomtError, UnknownModelError, UnsupportedModelError, WeightsError
+from pomt.models import hf
 from pomt.models.family import check_family, check_family_by_name
 from pomt.models.geometry import Geometry, model_geometry
 
@@ -52,8 +58,8 @@ def resolve_model_name(name: str) -> str:
         raise UnknownModelError(f"a model name must be a string, got {type(name).__name__} {name!r}")
     if hf.is_hf_name(name.strip()):
         return hf.resolve_hf_name(name.strip())
-    if openclip.is_open_clip_name(name.strip()):
-        return openclip.resolve_open_clip_name(name.strip())
+    if is_open_clip_name(name.strip()):
+        return resolve_open_clip_name(name.strip())
     base, _, tag = name.strip().partition(".")
     base = ALIASES.get(base, base)
     if not timm.is_model(base):
@@ -72,8 +78,8 @@ def architecture(name: str) -> str:
     """The timm architecture without its pretrained tag, an `hf-*` name, or a model folder's name (what outputs are
     named after)."""
     resolved = resolve_model_name(name)
-    if openclip.is_open_clip_name(resolved):
-        return openclip.architecture(resolved)
+    if is_open_clip_name(resolved):
+        return open_clip_architecture(resolved)
     return hf.architecture(resolved) if hf.is_hf_name(resolved) else resolved.partition(".")[0]
 
 
@@ -96,8 +102,8 @@ def default_input_size(name: str) -> tuple[int, int]:
     resolved = resolve_model_name(name)
     if hf.is_hf_name(resolved):
         return hf.default_input_size(resolved)
-    if openclip.is_open_clip_name(resolved):
-        return openclip.default_input_size(resolved)
+    if is_open_clip_name(resolved):
+        return open_clip_input_size(resolved)
     cfg = timm.get_pretrained_cfg(architecture(name))
     _, height, width = cfg.input_size if cfg is not None else (3, 224, 224)
     return height, width
@@ -150,7 +156,7 @@ def create_model(name: str, input_size: int | tuple[int, int] | None = None, pre
     resolved = resolve_model_name(name)
     if hf.is_hf_name(resolved):
         return _create_hf(resolved, normalise_input_size(input_size), pretrained, checkpoint, num_classes)
-    if openclip.is_open_clip_name(resolved):
+    if is_open_clip_name(resolved):
         return _create_open_clip(resolved, normalise_input_size(input_size), pretrained, checkpoint, num_classes)
     check_family_by_name(architecture(resolved))
     size = normalise_input_size(input_size) or default_input_size(resolved)
@@ -217,7 +223,7 @@ def _create_open_clip(name: str, size: tuple[int, int] | None, pretrained: bool,
     if pretrained:
         warnings.warn(f"pretrained weights for {name} load with open_clip, not here; using random init: accuracy "
                       "numbers will be meaningless", PomtWarning, stacklevel=3)
-    model = openclip.build(name, size, RANDOM_INIT_SEED)
+    model = build_open_clip(name, size, RANDOM_INIT_SEED)
     check_family(model, name)
     check_divisible(model_geometry(model).input_size, model)
     return model
@@ -244,3 +250,84 @@ def geometry_of(name: str, input_size: int | tuple[int, int] | None = None) -> G
         raise
     except Exception:  # timm entrypoints fail on the meta device in many ways
         return model_geometry(create_model(name, input_size))
+
+def _siglip_tiny(name: str, pool: str, pretrained: bool, kwargs: dict) -> VisionTransformer:
+    if pretrained:
+        raise RuntimeError(f"{name} has no pretrained weights")
+    for timm_only in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):  # what timm's factory passes
+        kwargs.pop(timm_only, None)
+    options = {"patch_size": 16, "embed_dim": 192, "depth": 12, "num_heads": 3, "class_token": False,
+               "global_pool": pool, **kwargs}
+    model = VisionTransformer(**options)
+    model.pretrained_cfg = {"architecture": name, "input_size": (3, 224, 224), "mean": (0.5, 0.5, 0.5),
+                            "std": (0.5, 0.5, 0.5)}
+    return model
+
+
+@register_model
+def pomt_siglip_tiny_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """SigLIP's image tower (no class token, an attention-pool MAP head) at ViT-Ti size: 192 wide, 12 blocks, 3
+    heads, 16 px patches."""
+    return _siglip_tiny("pomt_siglip_tiny_patch16_224", "map", pretrained, kwargs)
+
+
+@register_model
+def pomt_siglip_tiny_gap_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """The same tower averaging its tokens (SigLIP's `gap` variant)."""
+    return _siglip_tiny("pomt_siglip_tiny_gap_patch16_224", "avg", pretrained, kwargs)
+
+OPEN_CLIP_PREFIX = "open_clip:"
+
+
+def is_open_clip_name(name: str) -> bool:
+    return name.startswith(OPEN_CLIP_PREFIX)
+
+
+def _open_clip():
+    try:
+        return importlib.import_module("open_clip")
+    except ImportError as exc:
+        raise UnknownModelError("open_clip models need open_clip: pip install open_clip_torch") from exc
+
+
+def resolve_open_clip_name(name: str) -> str:
+    """`open_clip:NAME` checked against open_clip's model configurations."""
+    known = _open_clip().list_models()
+    if name[len(OPEN_CLIP_PREFIX):] not in known:
+        close = [m for m in known if name[len(OPEN_CLIP_PREFIX):].lower() in m.lower()][:5]
+        hint = f"; closest: {', '.join(OPEN_CLIP_PREFIX + m for m in close)}" if close else ""
+        raise UnknownModelError(f"unknown model '{name}'{hint}")
+    return name
+
+
+def open_clip_architecture(name: str) -> str:
+    """What outputs are named after: `open_clip_NAME`."""
+    return name.replace(":", "_")
+
+
+def open_clip_input_size(name: str) -> tuple[int, int]:
+    """The input size of the model's open_clip configuration."""
+    size = _open_clip().get_model_config(name[len(OPEN_CLIP_PREFIX):])["vision_cfg"].get("image_size", 224)
+    return (size, size) if isinstance(size, int) else tuple(size)
+
+
+def build_open_clip(name: str, input_size: tuple[int, int] | None, seed: int) -> nn.Module:
+    """The image tower of open_clip's model `name` (with its prefix), random weights seeded by `seed`, eval mode."""
+    open_clip = _open_clip()
+    options = {} if input_size is None else {"force_image_size": tuple(input_size)}
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # open_clip logs that no pretrained weights were loaded, which is the point
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            visual = open_clip.create_model(name[len(OPEN_CLIP_PREFIX):], pretrained=None, **options).visual
+    finally:
+        logging.disable(previous)
+    if type(visual).__name__ != "VisionTransformer":
+        raise UnsupportedModelError(f"{name}'s image tower is a {type(visual).__module__}.{type(visual).__name__}; "
+                                    "pomt prunes open_clip's VisionTransformer towers (a timm tower: prune its "
+                                    "`trunk`, a timm model)")
+    visual.pretrained_cfg = {"architecture": architecture(name), "input_size": (3, *visual.image_size),
+                             "mean": visual.preprocess_cfg.get("mean", (0.4815, 0.4578, 0.4082)),
+                             "std": visual.preprocess_cfg.get("std", (0.2686, 0.2613, 0.2758))}
+    return visual.eval()

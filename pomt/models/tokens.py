@@ -1,6 +1,11 @@
 """Run a model with only n tokens kept right after patch + position embedding (by a forward pre-hook, through the
 model's own `model(x)`; prefix tokens always kept), or with only its last few blocks, where what a reducer costs at a
-block would drown in the other blocks' jitter."""
+block would drown in the other blocks' jitter.
+
+Positions follow the tokens: a rotary embedding (timm Eva) and a relative position bias (timm BEiT) belong to a
+token's place in the patch grid, so they are gathered with the tokens. `index` (B or 1, T) is the original place,
+among the model's N tokens, of each current token; a merged token keeps its destination's place (ToMe), pomt's fused
+token the place of the best-scored token it fuses."""
 
 from __future__ import annotations
 
@@ -12,7 +17,6 @@ from typing import Literal
 import torch
 from torch import nn
 
-from pomt.models import positions
 from pomt.models.geometry import block_container, model_geometry, transformer_blocks
 
 Selection = Literal["first", "random"]
@@ -46,7 +50,7 @@ def truncate_tokens(model: nn.Module, n: int, selection: Selection = "first", se
 
     selection: "first" keeps the first n tokens; "random" a seeded per-sample subset that changes from call to call
     (reproducibly); `indices` (patch positions, (K,) or (B, K)) overrides both. At n = N the model is left untouched.
-    Rotary embeddings and relative position biases are gathered with the tokens (`pomt.models.positions`)."""
+    Rotary embeddings and relative position biases are gathered with the tokens (`pomt.models.tokens`)."""
     geometry = model_geometry(model)
     geometry.check_tokens(n)
     prefix, keep = geometry.prefix_tokens, n - geometry.prefix_tokens
@@ -117,7 +121,7 @@ def cut_tokens(model: nn.Module, cuts: Mapping[int, Cut]) -> Iterator[nn.Module]
         return
     state = model.__dict__.setdefault(ACTIVE_CUTS, _Cuts())
     blocks, prefix = transformer_blocks(model), model_geometry(model).prefix_tokens
-    kind = positions.position_kind(model)
+    kind = position_kind(model)
     state.stack.append(cuts)
     first = min(min(c) for c in state.stack)
     try:
@@ -138,7 +142,7 @@ def cut_tokens(model: nn.Module, cuts: Mapping[int, Cut]) -> Iterator[nn.Module]
             del model.__dict__[ACTIVE_CUTS]
 
 
-def _hook(state: _Cuts, block: int, prefix: int, kind: positions.Kind | None) -> Callable:
+def _hook(state: _Cuts, block: int, prefix: int, kind: PositionKind | None) -> Callable:
     """The pre-hook of `block`: every active cut of it, then the positions of the tokens left."""
 
     def hook(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -155,12 +159,12 @@ def _hook(state: _Cuts, block: int, prefix: int, kind: positions.Kind | None) ->
             else:
                 kept, x = choice, gather_tokens(x, prefix, choice)
             if kind:
-                state.index = positions.select(state.index, prefix, kept, tokens)
+                state.index = select_positions(state.index, prefix, kept, tokens)
         args, kwargs = put(x)
         if state.index is not None and kind == "rope" and kwargs.get("rope") is not None:
-            kwargs = {**kwargs, "rope": positions.gather_rope(kwargs["rope"], state.index, prefix)}
+            kwargs = {**kwargs, "rope": gather_rope(kwargs["rope"], state.index, prefix)}
         if state.index is not None and kind == "relative" and kwargs.get("shared_rel_pos_bias") is not None:
-            kwargs = {**kwargs, "shared_rel_pos_bias": positions.gather_bias(kwargs["shared_rel_pos_bias"],
+            kwargs = {**kwargs, "shared_rel_pos_bias": gather_bias(kwargs["shared_rel_pos_bias"],
                                                                              state.index)}
         return args, kwargs
 
@@ -174,7 +178,7 @@ def _relative_bias_follows(attn: nn.Module, state: _Cuts) -> Iterator[None]:
 
     def follows() -> torch.Tensor:
         bias = own(attn)
-        return bias if state.index is None else positions.gather_bias(bias, state.index)
+        return bias if state.index is None else gather_bias(bias, state.index)
 
     attn.__dict__["_get_rel_pos_bias"] = follows
     try:
@@ -197,3 +201,70 @@ def last_blocks(model: nn.Module, count: int) -> Iterator[nn.Module]:
         yield model
     finally:
         setattr(owner, name, original)
+
+PositionKind = Literal["rope", "relative"]
+
+
+def position_kind(model: nn.Module) -> PositionKind | None:
+    """"rope" for a model whose blocks take a rotary embedding, "relative" for one with relative position biases."""
+    if getattr(model, "rope", None) is not None:
+        return "rope"
+    if getattr(model, "rel_pos_bias", None) is not None:
+        return "relative"
+    blocks = getattr(model, "blocks", None) or []
+    first = next(iter(blocks), None)
+    if getattr(getattr(first, "attn", None), "relative_position_bias_table", None) is not None:
+        return "relative"
+    return None
+
+
+def identity_index(batch: int, tokens: int, device: torch.device) -> torch.Tensor:
+    """Every token at its own place (B, T)."""
+    return torch.arange(tokens, device=device).expand(batch, tokens)
+
+
+def select_positions(index: torch.Tensor | None, prefix: int, patches: torch.Tensor, tokens: int) -> torch.Tensor:
+    """The index after keeping the patch tokens at `patches` ((K,) shared or (B, K)) out of `tokens` tokens."""
+    if index is None:
+        index = identity_index(1 if patches.ndim == 1 else patches.shape[0], tokens, patches.device)
+    patch_part = index[:, prefix:]
+    if patches.ndim == 1:
+        kept = patch_part.index_select(1, patches)
+    else:
+        kept = patch_part.expand(patches.shape[0], -1).gather(1, patches)
+    return torch.cat([index[:, :prefix].expand(kept.shape[0], -1), kept], dim=1)
+
+
+def gather_rope(rope: torch.Tensor, index: torch.Tensor, prefix: int) -> torch.Tensor:
+    """The rotary embedding of the current patch tokens: rope (N - P, D) or per head (H, N - P, D) -> (B, 1 or H,
+    T - P, D), broadcasting over the (B, H, T - P, d) queries and keys. A rope already gathered for the tokens a
+    block received ((B or 1, 1 or H, K, D)) is gathered again, `index` then counting within those tokens."""
+    patches = index[:, prefix:] - prefix
+    if rope.ndim == 4:
+        batch = max(rope.shape[0], patches.shape[0])
+        picked = patches.expand(batch, -1)[:, None, :, None].expand(-1, rope.shape[1], -1, rope.shape[-1])
+        return rope.expand(batch, -1, -1, -1).gather(2, picked)
+    if rope.ndim == 2:
+        return rope[patches].unsqueeze(1)
+    return rope[:, patches].transpose(0, 1)
+
+
+def gather_bias(bias: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The attention bias between current tokens: bias (H, N, N) or (1 or B, H, N, N) -> (B, H, T, T)."""
+    if bias.ndim == 3:
+        bias = bias.unsqueeze(0)
+    batch = index.shape[0]
+    rows = index.unsqueeze(-1).expand(-1, -1, index.shape[1])
+    cols = index.unsqueeze(1).expand(-1, index.shape[1], -1)
+    if bias.shape[0] == 1:
+        return bias[0][:, rows, cols].transpose(0, 1)
+    samples = torch.arange(batch, device=index.device).view(batch, 1, 1)
+    return bias.permute(0, 2, 3, 1)[samples, rows, cols].permute(0, 3, 1, 2)
+
+
+def relative_bias(attn: nn.Module, shared: torch.Tensor | None) -> torch.Tensor | None:
+    """A BEiT attention layer's own relative position bias plus the model's shared one (1, H, N, N), or None."""
+    own = attn._get_rel_pos_bias() if getattr(attn, "relative_position_bias_table", None) is not None else None
+    if own is None:
+        return shared
+    return own if shared is None else own + shared

@@ -4,7 +4,7 @@ A patched block becomes an instance of a subclass of its own class whose forward
 removes tokens after the attention residual, before the MLP. Token order after a pruning block: prefix tokens,
 the kept patch tokens in their original order, then (pomt only) the fused token; after a ToMe block the order of
 `tome.py`. Every block after the first removal follows it where the model needs it: proportional attention after
-a ToMe merge, and the rotary embedding or relative position bias of the tokens left (`pomt.models.positions`)."""
+a ToMe merge, and the rotary embedding or relative position bias of the tokens left (`pomt.models.tokens`)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from pomt.errors import PatchError, ScheduleError
-from pomt.models import positions
 from pomt.models.family import PATCHED_FROM
-from pomt.patching import attention, scores
+from pomt.models.tokens import PositionKind, gather_bias, gather_rope, relative_bias, select_positions
+from pomt.patching import attention
 from pomt.patching.parts import Parts, parts_of
 from pomt.patching.tome import bipartite_matching, max_merge, merge_index, merge_weighted
 
@@ -64,7 +64,7 @@ class PatchState:
     pooled: tuple[nn.Module, type] | None = None  # ToMe: the module pooling by size, and its class before
     size: torch.Tensor | None = None  # ToMe: tokens merged into each token (B, T, 1), prefix included
     bias: torch.Tensor | None = None  # ToMe: log(size) as an attention bias (B, 1, 1, T)
-    positions: positions.Kind | None = None  # what follows the tokens: a rotary embedding, a relative bias
+    positions: PositionKind | None = None  # what follows the tokens: a rotary embedding, a relative bias
     index: torch.Tensor | None = None  # the original place of each current token (B, T); None: all in place
     _generators: dict[str, torch.Generator] = field(default_factory=dict, repr=False)
     _batch_warned: bool = False
@@ -79,7 +79,7 @@ class PatchState:
     def track(self, tokens: int, patches: torch.Tensor) -> None:
         """Record that the patch tokens at `patches` (B, K) of `tokens` are those left (positional models)."""
         if self.positions is not None:
-            self.index = positions.select(self.index, self.prefix_tokens, patches, tokens)
+            self.index = select_positions(self.index, self.prefix_tokens, patches, tokens)
 
     def check_batch(self, batch: int) -> None:
         """Warn once (or raise, when strict) if the batch differs from the schedule's."""
@@ -155,11 +155,11 @@ def run_pomt(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockIn
     keep = _kept(x, plan) - 1
     y = parts.norm1(block, x)
     qkv = parts.heads(block, y, inputs.rope)
-    out, received = _explicit_attention(block, plan, qkv, inputs.bias, scores.attention_received)
+    out, received = _explicit_attention(block, plan, qkv, inputs.bias, attention.attention_received)
     x = parts.attn_residual(block, x, parts.project(block, out, y))
-    kept, dropped = scores.split_best(scores.pomt_scores(received, qkv[2], prefix), keep)
+    kept, dropped = attention.split_best(attention.pomt_scores(received, qkv[2], prefix), keep)
     plan.state.track(tokens, torch.cat([kept, dropped[:, :1]], dim=1))
-    return parts.mlp_residual(block, scores.keep_and_fuse(x, prefix, kept, dropped))
+    return parts.mlp_residual(block, attention.keep_and_fuse(x, prefix, kept, dropped))
 
 
 def run_topk(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockInputs) -> torch.Tensor:
@@ -172,13 +172,14 @@ def run_topk(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockIn
     if plan.state.class_token:
         scale = parts.scale(block)
         cls_probs = attention.probabilities(q[:, :, :1], k, scale, attention.bias_rows(inputs.bias, 0, 1))
-        out, importance = attention.fused(q, k, v, scale, inputs.bias), scores.class_attention_scores(cls_probs, prefix)
+        out = attention.fused(q, k, v, scale, inputs.bias)
+        importance = attention.class_attention_scores(cls_probs, prefix)
     else:
-        out, importance = _explicit_attention(block, plan, (q, k, v), inputs.bias, scores.mean_attention_received)
+        out, importance = _explicit_attention(block, plan, (q, k, v), inputs.bias, attention.mean_attention_received)
     x = parts.attn_residual(block, x, parts.project(block, out, y))
-    kept = scores.best_indices(importance, keep)
+    kept = attention.best_indices(importance, keep)
     plan.state.track(tokens, kept)
-    return parts.mlp_residual(block, scores.gather_kept(x, prefix, kept))
+    return parts.mlp_residual(block, attention.gather_kept(x, prefix, kept))
 
 
 def _keep_best(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockInputs,
@@ -187,14 +188,14 @@ def _keep_best(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: Block
     parts, state, tokens = plan.parts, plan.state, x.shape[1]
     keep = _kept(x, plan)
     x = parts.attn_residual(block, x, _attention(block, parts.norm1(block, x), plan, inputs)[0])
-    kept = scores.best_indices(score(x), keep)
+    kept = attention.best_indices(score(x), keep)
     state.track(tokens, kept)
-    return parts.mlp_residual(block, scores.gather_kept(x, state.prefix_tokens, kept))
+    return parts.mlp_residual(block, attention.gather_kept(x, state.prefix_tokens, kept))
 
 
 def run_l2norm(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockInputs) -> torch.Tensor:
     """The block's own attention; keep the patch tokens with the largest feature norm."""
-    return _keep_best(block, x, plan, inputs, lambda x: scores.l2norm_scores(x, plan.state.prefix_tokens))
+    return _keep_best(block, x, plan, inputs, lambda x: attention.l2norm_scores(x, plan.state.prefix_tokens))
 
 
 def run_random(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: BlockInputs) -> torch.Tensor:
@@ -202,7 +203,8 @@ def run_random(block: nn.Module, x: torch.Tensor, plan: BlockPlan, inputs: Block
     state = plan.state
 
     def noise(x: torch.Tensor) -> torch.Tensor:
-        return scores.random_scores(x.shape[0], x.shape[1] - state.prefix_tokens, state.generator(x.device), x.device)
+        patches = x.shape[1] - state.prefix_tokens
+        return attention.random_scores(x.shape[0], patches, state.generator(x.device), x.device)
 
     return _keep_best(block, x, plan, inputs, noise)
 
@@ -280,10 +282,10 @@ def _inputs(block: nn.Module, state: PatchState, given: dict) -> BlockInputs:
         return PLAIN
     rope, index = given.get("rope"), state.index
     if rope is not None and index is not None:
-        rope = positions.gather_rope(rope, index, state.prefix_tokens)
-    bias = positions.relative_bias(block.attn, given.get("shared_rel_pos_bias"))
+        rope = gather_rope(rope, index, state.prefix_tokens)
+    bias = relative_bias(block.attn, given.get("shared_rel_pos_bias"))
     if bias is not None and index is not None:
-        bias = positions.gather_bias(bias, index)
+        bias = gather_bias(bias, index)
     return BlockInputs(rope, bias)
 
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from pomt.models.positions import identity_index
+from pomt.models.tokens import identity_index
 
 
 class Matching(NamedTuple):

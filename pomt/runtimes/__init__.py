@@ -3,7 +3,8 @@
 A latency curve measured in one runtime does not transfer to another, so pomt measures in the runtime that
 deploys: `build_forward` gives one closable callable per (model, input, runtime, kept tokens), timed as an eager
 forward is. Modules: `backend` (names, dtypes, checks, versions, eager), `forward` (the callable and the forwards
-kept open), `programs` (the static program, torch.compile of it, its cache), and one module per other runtime.
+kept open), `programs` (the static program, torch.compile of it, its cache), `cudagraph`, and `exported` (the
+runtimes that run an exported file).
 """
 
 from pomt.runtimes.backend import (
@@ -19,9 +20,8 @@ from pomt.runtimes.backend import (
     settles_every_visit,
 )
 from pomt.runtimes.cudagraph import GraphedForward, cuda_graph
+from pomt.runtimes.exported import onnxruntime_session, openvino_compiled, openvino_tensor
 from pomt.runtimes.forward import Forward, ProgramCache, ProgramFiles, build_forward, parameter_dtype
-from pomt.runtimes.onnxruntime import onnxruntime_session
-from pomt.runtimes.openvino import openvino_compiled, openvino_tensor
 from pomt.runtimes.programs import onnx_program
 
 __all__ = [

@@ -20,10 +20,8 @@ from pomt.errors import BackendError
 from pomt.models.geometry import model_geometry
 from pomt.runtimes.backend import Backend, eager_run, first_line, parse_backend
 from pomt.runtimes.cudagraph import cudagraph_run
-from pomt.runtimes.onnxruntime import onnxruntime_run
-from pomt.runtimes.openvino import openvino_run
+from pomt.runtimes.exported import onnxruntime_run, openvino_run, tensorrt_run
 from pomt.runtimes.programs import cached_onnx, compile_run, program_folder, program_key
-from pomt.runtimes.tensorrt import tensorrt_run
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import pytest
 
 from pomt.cli.commands import reducers_line, short_reason, support_lines
 from pomt.patching import METHODS
-from pomt.patching.support import FAMILIES, Row
+from pomt.patching.api import FAMILIES, Row
 
 from conftest import assert_one_line_error, run_in_process
 

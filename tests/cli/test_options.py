@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from pomt.bench.config import BenchConfig
 from pomt.cli import app
-from pomt.cli.bench import Outputs
+from pomt.cli.commands import Outputs
 from pomt.cli.options import config_command
 from pomt.offline import OfflineConfig
 from pomt.options import option

@@ -14,8 +14,7 @@ import torch
 
 from pomt.models.geometry import model_geometry, transformer_blocks
 from pomt.models.hf import HFVision
-from pomt.models.positions import gather_bias, gather_rope, position_kind
-from pomt.models.tokens import cut_tokens, truncate_tokens
+from pomt.models.tokens import cut_tokens, gather_bias, gather_rope, position_kind, truncate_tokens
 from pomt.patching import METHODS, patch, patch_state, patched, unpatch
 from pomt.patching.blocks import BlockPlan, PatchState, install, run_follow, run_pomt, uninstall
 

@@ -8,7 +8,7 @@ import io
 import pytest
 import torch
 
-from pomt.patching.scores import (
+from pomt.patching.attention import (
     attention_received,
     best_indices,
     class_attention_scores,

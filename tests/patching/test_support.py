@@ -11,7 +11,7 @@ from pomt.errors import PatchError
 from pomt.models.geometry import transformer_blocks
 from pomt.models.registry import create_model
 from pomt.patching import METHODS, patch, patch_state, unpatch
-from pomt.patching.support import (
+from pomt.patching.api import (
     FAMILIES,
     PROBE_SIZE,
     Family,

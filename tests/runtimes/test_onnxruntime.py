@@ -1,10 +1,10 @@
-"""pomt.runtimes.onnxruntime: the session pomt times its ONNX programs in."""
+"""pomt.runtimes.exported: the session pomt times its ONNX programs in."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from pomt.runtimes.onnxruntime import onnxruntime_session
+from pomt.runtimes.exported import onnxruntime_session
 
 
 def test_onnxruntime_sessions_do_not_spin_between_runs(tmp_path):
