@@ -14,7 +14,7 @@ import psutil
 
 from pomt.errors import BatchSizeError, CalibrationError, OutputError, PatchError, SettingError
 from pomt.options import SEED_MAX, flag
-from pomt.stats import CONFIDENCE, half_width, trials_for_half_width, wilson_interval, z_score
+from pomt.stats import CONFIDENCE, half_width, trials_for_half_width
 
 METHODS = ("pomt", "topk", "tome", "l2norm", "random")
 
@@ -104,25 +104,6 @@ def check_calibration_size(images: int, accuracy: float, max_drop_points: float,
             f"{images} calibration images measure an accuracy of {accuracy:.1%} to within +-{width:.1f} points "
             f"({confidence:.0%} Wilson interval), wider than the {max_drop_points:g}-point drop asked by {label}: "
             f"give at least {needed} images or allow a drop of {width:.1f} points or more")
-    return images
-
-
-def check_drop_resolution(images: int, max_drop_points: float, confidence: float = CONFIDENCE,
-                          label: str = "--max-accuracy-drop") -> int:
-    """Raise CalibrationError when `images` search images cannot resolve a drop of `max_drop_points`: the Wilson
-    interval of 0 of n, which a schedule that changed none of them still allows, is wider than the drop asked."""
-    if max_drop_points <= 0:
-        raise CalibrationError(f"{label} must be positive, got {max_drop_points:g}")
-    width = wilson_interval(0, images, confidence)[1] * 100
-    if width > max_drop_points:
-        share = max_drop_points / 100
-        z2 = z_score(confidence) ** 2
-        needed = math.ceil(z2 * (1 - share) / share) if share < 1 else 1  # Wilson's bound at 0: z2 / (n + z2)
-        raise CalibrationError(
-            f"{images} search images bound a paired accuracy drop only to within {width:.2f} points ({confidence:.0%} "
-            f"Wilson interval of no prediction changed), wider than the {max_drop_points:g} points asked by {label}: "
-            f"give at least {needed} search images (--accuracy-samples, a larger folder or a smaller --held-out) or "
-            f"allow a drop of {width:.2f} points or more")
     return images
 
 

@@ -91,3 +91,7 @@ class Interrupted(KeyboardInterrupt):
         if visits == 0:
             return cls("interrupted before any visit was measured; nothing to resume")
         return cls(f"interrupted after {visits} visits; rerun with --resume to continue")
+
+
+class LatencyFileError(PomtError):
+    """A latency or candidates file that is corrupt, of another version, or of another workload or device."""

@@ -259,16 +259,18 @@ def plot_frontier(path: str | Path, title: str, rows: Sequence[Mapping], floor: 
     if front:
         ax.step([r["predicted_speedup"] for r in front], [r["search_accuracy"] for r in front], where="post",
                 color="black", lw=1.0, label="frontier (predicted)")
-    untold = [r for r in rows if r.get("search_untold")]
-    if untold:
-        ax.plot([r["predicted_speedup"] for r in untold], [r["search_accuracy"] for r in untold], "o", mfc="none",
-                mec="0.25", ms=11, mew=0.8, label="within the drop measured, not on its bound (images too few)")
+    for verdict, colour, label in ((True, "tab:green", "certified on the held-out images"),
+                                   (False, "tab:red", "a finalist not certified")):
+        ringed = [r for r in rows if r.get("certified") is verdict]
+        if ringed:
+            ax.plot([r["predicted_speedup"] for r in ringed], [r["search_accuracy"] for r in ringed], "o",
+                    mfc="none", mec=colour, ms=11, mew=1.0, label=label)
     for r in rows:
         if r["chosen"]:
             x = r["verified_speedup"] if r["verified_speedup"] is not None else r["predicted_speedup"]
             ax.plot([x], [r["search_accuracy"]], "*", color="gold", mec="black", ms=16, label="chosen", zorder=5)
     if floor is not None:
-        ax.axhline(floor, color="tab:red", ls="--", lw=0.8, label="the drop asked (met on each drop's paired bound)")
+        ax.axhline(floor, color="tab:red", ls="--", lw=0.8, label="the drop asked (certified on held-out images)")
     ax.axvline(1.0, color="0.5", lw=0.6)
     ax.set_xlabel("speedup over the unpruned model (predicted; verified where measured, 95% CI)")
     ax.set_ylabel("accuracy on the search split (95% Wilson interval)")

@@ -28,7 +28,7 @@ PACKAGE_ORDER = [
     ["pomt.verification"],
     ["pomt.frontier"],
     ["pomt.offline"],
-    ["pomt.bench", "pomt.digits"],
+    ["pomt.bench", "pomt.digits", "pomt.crops"],
     ["pomt.cli"],
     ["pomt", "pomt.__main__"],
 ]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
@@ -10,9 +12,12 @@ import typer
 from pomt.cli.app import app
 from pomt.cli.options import config_command
 from pomt.device.allocator import allocator_words
+from pomt.errors import SettingError
 from pomt.measurement.search import SearchSettings
 from pomt.offline import OfflineConfig, OfflineResult, run_offline
 from pomt.offline.pipeline import FrontierRun
+from pomt.offline.split import measure_step, search_step, verify_step
+from pomt.options import WORKLOAD, option
 from pomt.stats import Proportion
 from pomt.verification.verify import Verification
 from pomt.workload.prepare import Workload
@@ -20,6 +25,55 @@ from pomt.workload.prepare import Workload
 MAX_LINES = 15  # of the summary printed by default
 STEPS_SHOWN = 3  # confirmed steps listed by default, room allowing; --verbose lists all
 NOTE_WIDTH = 200  # characters of a note shown by default
+
+
+@dataclass(frozen=True)
+class StepFile:
+    """The file a step of the split computation reads, and where `pomt search` measures accuracy."""
+
+    latency_file: Path | None = option(None, "pomt search: the latency file pomt measure wrote on the device.",
+                                       panel=WORKLOAD)
+    candidates_file: Path | None = option(None, "pomt verify: the candidates file pomt search wrote.", panel=WORKLOAD)
+    accuracy_device: str = option("cpu", "pomt search: where accuracy is measured (cpu, cuda; under torchrun each "
+                                         "rank takes cuda:LOCAL_RANK).", panel=WORKLOAD)
+
+    def given(self, name: str) -> Path:
+        path = getattr(self, name)
+        if path is None:
+            raise SettingError(f"give --{name.replace('_', '-')}")
+        return path
+
+
+@app.command("measure")
+@config_command(Workload, OfflineConfig, SearchSettings)
+def measure_command(workload: Workload, config: OfflineConfig, settings: SearchSettings) -> None:
+    """Step 1 of 3, on the device: measure the latency curve and the reducers' costs into <stem>.latency.json."""
+    path = measure_step(workload, config, settings)
+    seconds = json.loads(path.read_text(encoding="utf-8"))["seconds"]["latency"]
+    print(f"latency file {path} (latency {seconds:.0f} s); next, anywhere: pomt search --latency-file {path.name} "
+          "--dataset-root DIR")
+
+
+@app.command("search")
+@config_command(StepFile, Workload, OfflineConfig)
+def search_command(files: StepFile, workload: Workload, config: OfflineConfig) -> None:
+    """Step 2 of 3, anywhere (torchrun spreads the images over ranks): the frontier search on a latency file, its
+    finalists certified on the held-out images, into <stem>.candidates.json (unverified)."""
+    path = search_step(files.given("latency_file"), workload, config, files.accuracy_device)
+    if path.is_file():  # rank 0
+        found = json.loads(path.read_text(encoding="utf-8"))["found"]
+        certified = [k for k in found["to_verify"]]
+        print(f"candidates file {path}: {found['result']['evals']} schedules measured, {len(certified)} of "
+              f"{len(found['finalists'])} finalists certified ({', '.join(certified) or 'none'}); accuracy "
+              f"{found['seconds']['accuracy']:.0f} s; next, on the device: pomt verify --candidates-file {path.name}")
+
+
+@app.command("verify")
+@config_command(StepFile, Workload, OfflineConfig)
+def verify_command(files: StepFile, workload: Workload, config: OfflineConfig) -> None:
+    """Step 3 of 3, on the device: verify the certified candidates against the unpruned model and write the
+    schedule."""
+    print_report(verify_step(files.given("candidates_file"), workload, config), config.verbose)
 
 
 @app.command("offline")
@@ -201,7 +255,7 @@ def frontier_lines(frontier: FrontierRun, verbose: bool = False) -> list[str]:
     found = frontier.found
     result, seconds = found.result, found.seconds
     lines = [f"frontier   {result.evals} schedules measured on the search split, {len(result.frontier)} on the "
-             f"frontier; {found.measured} accuracies measured now, the others read from the journal; time: latency "
+             f"frontier; {found.measured} accuracies measured now, the others read from the cache; time: latency "
              f"{seconds['latency']:.0f} s, reducer costs {seconds['reducer_costs']:.0f} s, accuracy "
              f"{seconds['accuracy']:.0f} s"]
     record = frontier.schedule.frontier or {}
@@ -209,20 +263,24 @@ def frontier_lines(frontier: FrontierRun, verbose: bool = False) -> list[str]:
     if verbose:
         lines.append(f"  unpruned   search {_proportion(unpruned.get('search'))}; held-out "
                      f"{_proportion(unpruned.get('held_out'))}")
+    certification = record.get("certification")
+    if certification:
+        rows = certification["schedules"]
+        certified = sum(r["verdict"] == "certified" for r in rows)
+        lines.append(f"  certified  {certified} of {len(rows)} finalists on up to {certification['held_out_images']} "
+                     f"held-out images: drop within {certification['max_drop_points']:g} points at "
+                     f"{certification['confidence']:.0%} for all together")
     chosen = record.get("chosen")
     if chosen:
-        speed = chosen.get("verified_speedup")
-        bound, sure = chosen.get("search_drop_bound_points"), record.get("accuracy_confidence")
-        lines.append(f"  chosen     {chosen['key']} ({chosen['family']}): search {_proportion(chosen['search'])}"
-                     + (f" (drop at most {bound:.2f} points at {sure:.0%} confidence)" if bound is not None and sure
-                        else "")
-                     + f"; held-out {_proportion(chosen['held_out'], drop=True)}"
+        speed, bound = chosen.get("verified_speedup"), chosen.get("certified_bound_points")
+        held = _proportion(chosen["held_out"], drop=True)
+        lines.append(f"  chosen     {chosen['key']} ({chosen['family']}): held-out {held}"
+                     + (f", certified at most {bound:.2f} points" if bound is not None else "")
                      + (f"; verified {speed:.3f}x" if speed else ""))
     uniform = record.get("best_uniform")
     if uniform:
         speed, over = uniform.get("verified_speedup"), uniform.get("speedup_over")
-        lines.append(f"  uniform    {uniform['key']} ({uniform['family']}): search {_proportion(uniform['search'])}; "
-                     f"held-out {_proportion(uniform['held_out'], drop=True)}"
-                     + (f"; verified {speed:.3f}x" if speed else "") + (f"; chosen runs {over:.3f}x its speed"
-                                                                          if over else ""))
+        lines.append(f"  uniform    {uniform['key']} ({uniform['family']}): held-out "
+                     f"{_proportion(uniform['held_out'], drop=True)}" + (f"; verified {speed:.3f}x" if speed else "")
+                     + (f"; chosen runs {over:.3f}x its speed" if over else ""))
     return lines

@@ -1,21 +1,21 @@
 """The accuracy of candidate schedules, measured on the patched model itself over calibration images.
 
 The images are split once, seeded, into a search and a held-out split; top-1 against the labels, or without labels
-agreement with the unpruned model. Candidates run together batch by batch (`candidate_logits`), every result
-journalled (`AccuracyJournal`); `HostedCalibration` measures in a worker, away from the timing process.
+agreement with the unpruned model. Candidates run together batch by batch (`candidate_logits`), spread over the
+ranks of a torch.distributed job where there is one (`pomt.frontier.distributed`), every result kept in the shared
+accuracy cache (`pomt.frontier.cache`); `HostedCalibration` measures in a worker, away from the timing process.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -24,9 +24,9 @@ from torch import nn
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from pomt.accuracy import AGREEMENT, TOP1, _batches, image_loader
-from pomt.errors import AccuracyCacheError, DatasetError
+from pomt.errors import DatasetError
+from pomt.frontier.cache import AccuracyCache
 from pomt.frontier.candidates import NONE, Candidate
-from pomt.io import atomic_write_text
 from pomt.models.geometry import model_geometry, transformer_blocks
 from pomt.patching import patch, unpatch
 from pomt.stats import Proportion
@@ -35,6 +35,14 @@ from pomt.verification.fresh import FreshWorker
 SEARCH, HELD_OUT = "search", "held_out"
 STOP_CONFIDENCE = 0.999  # of a drop beyond `stop_above`, checked after every batch (`surely_dropped_more`)
 FORMAT = "pomt.accuracy-journal"
+
+
+class Stop(Protocol):
+    """A stopping test on a running paired count (`pomt.frontier.certify.Certifier`), named by what it depends on."""
+
+    def __call__(self, measured: Proportion) -> bool: ...
+
+    def key(self) -> str: ...
 VERSION = 1
 
 
@@ -92,71 +100,6 @@ def entry_key(candidate: Candidate, split: str) -> str:
     return f"{split}|{candidate.key}"
 
 
-class AccuracyJournal:
-    """Accuracies by (candidate, split) for one model (`model_identity`: another's is refused), in a JSON-lines file
-    (`path` None: in memory only); appends are fsynced, a half-written last line is cut off on opening."""
-
-    def __init__(self, path: str | Path | None, identity: Mapping) -> None:
-        self.path = None if path is None else Path(path)
-        self.identity = dict(identity)
-        self.entries: dict[str, Proportion] = {}
-        if self.path is None:
-            return
-        if self.path.is_file() and self.path.stat().st_size:
-            self._read()
-        else:
-            header = {"format": FORMAT, "version": VERSION, "identity": self.identity}
-            atomic_write_text(self.path, json.dumps(header, sort_keys=True) + "\n")
-
-    def _read(self) -> None:
-        data = self.path.read_bytes()
-        complete = data[: data.rfind(b"\n") + 1]
-        lines = complete.decode("utf-8", errors="replace").splitlines()
-        try:
-            header = json.loads(lines[0]) if lines else {}
-        except json.JSONDecodeError:
-            header = {}
-        if header.get("format") != FORMAT or header.get("version") != VERSION:
-            raise AccuracyCacheError(f"{self.path} is not a pomt accuracy cache (version {VERSION}); "
-                                     "delete it or choose another cache file")
-        if header.get("identity") != self.identity:
-            raise AccuracyCacheError(f"accuracy cache {self.path} belongs to another model "
-                                     f"({_differences(header.get('identity') or {}, self.identity)}); "
-                                     "delete it or choose another cache file")
-        for number, line in enumerate(lines[1:], start=2):
-            try:
-                entry = json.loads(line)
-                paired = [None if entry.get(k) is None else int(entry[k]) for k in ("lost", "gained")]
-                self.entries[entry["key"]] = Proportion(int(entry["correct"]), int(entry["images"]), *paired)
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                raise AccuracyCacheError(f"accuracy cache {self.path} is corrupt at line {number}; "
-                                         "delete it to measure again") from None
-        if len(complete) < len(data):
-            with self.path.open("r+b") as handle:  # a line cut by a kill: measured again
-                handle.truncate(len(complete))
-
-    def get(self, candidate: Candidate, split: str) -> Proportion | None:
-        return self.entries.get(entry_key(candidate, split))
-
-    def add(self, candidate: Candidate, split: str, result: Proportion) -> Proportion:
-        """Record one result (appended durably when the journal has a file)."""
-        key = entry_key(candidate, split)
-        self.entries[key] = result
-        if self.path is not None:
-            line = {"key": key, "split": split, **candidate.to_dict(), "correct": result.successes,
-                    "images": result.trials, "lost": result.lost, "gained": result.gained}
-            with self.path.open("ab") as handle:
-                handle.write((json.dumps(line, sort_keys=True) + "\n").encode("utf-8"))
-                handle.flush()
-                os.fsync(handle.fileno())
-        return result
-
-
-def _differences(stored: Mapping, now: Mapping) -> str:
-    keys = sorted(k for k in set(stored) | set(now) if stored.get(k) != now.get(k))
-    return ", ".join(f"{k} {stored.get(k)!r}, now {now.get(k)!r}" for k in keys)
-
-
 @dataclass(frozen=True, eq=False)
 class Classifier:
     """The model whose top-1 is counted against the labels (TOP1) or the unpruned model's (AGREEMENT)."""
@@ -169,11 +112,11 @@ class Classifier:
 
 
 class Calibration:
-    """The model as counted, its calibration images in two splits, and the journal of what was measured on them."""
+    """The model as counted, its calibration images in two splits, and the cache of what was measured on them."""
 
-    def __init__(self, classifier: Classifier, dataset: Dataset, journal: AccuracyJournal, *,
+    def __init__(self, classifier: Classifier, dataset: Dataset, cache: AccuracyCache, *,
                  held_out: float = 0.5, seed: int = 0, progress: bool = False) -> None:
-        self.classifier, self.kind, self.journal, self.progress = classifier, classifier.kind, journal, progress
+        self.classifier, self.kind, self.cache, self.progress = classifier, classifier.kind, cache, progress
         self.indices = split_indices(len(dataset), held_out, seed)
         self.datasets = {name: Subset(dataset, idx) for name, idx in self.indices.items()}
         data = dataset_digest(dataset)
@@ -184,30 +127,39 @@ class Calibration:
     def size(self, split: str = SEARCH) -> int:
         return len(self.indices[split])
 
-    def cached(self, candidate: Candidate, split: str = SEARCH, stopped: bool = False) -> Proportion | None:
-        """Its journalled accuracy on `split`; None if not measured, not paired, or stopped (unless `stopped`)."""
-        found = self.journal.get(candidate, self.split_ids[split])
+    def cached(self, candidate: Candidate, split: str = SEARCH, stopped: bool = False,
+               test: str = "") -> Proportion | None:
+        """Its journalled accuracy on `split` (under the stopping `test` that measured it); None if not measured, not
+        paired, or stopped (unless `stopped`)."""
+        found = self.cache.get(candidate, self.split_ids[split] + test)
         if found is None or not found.paired or (found.trials < self.size(split) and not stopped):
             return None
         return found
 
-    def measure(self, candidates: Sequence[Candidate], split: str = SEARCH,
-                stop_above: float | None = None) -> dict[Candidate, Proportion]:
+    def measure(self, candidates: Sequence[Candidate], split: str = SEARCH, stop_above: float | None = None,
+                certifier: Stop | None = None) -> dict[Candidate, Proportion]:
         """{candidate: its accuracy on `split`}, the unjournalled measured in one pass; with `stop_above` (a drop) one
-        `surely_dropped_more` stops, its accuracy that of the images it saw."""
+        `surely_dropped_more` stops, with a `certifier` one it stops (journalled under its key), its accuracy that
+        of the images it saw."""
         unique = list(dict.fromkeys(candidates))
-        stopped = stop_above is not None
-        missing = [c for c in unique if self.cached(c, split, stopped) is None]
+        stopped = stop_above is not None or certifier is not None
+        test = "" if certifier is None else f"|{certifier.key()}"
+        missing = [c for c in unique if self.cached(c, split, stopped, test) is None]
         if missing:
             start = time.perf_counter()
-            batches = _batches(image_loader(self.datasets[split], self.classifier.batch_size), self.progress)
-            stop = None if stop_above is None else partial(surely_dropped_more, drop=stop_above)
-            counted = count_correct(self.classifier, missing, batches, stop)
+            stop = certifier if stop_above is None else partial(surely_dropped_more, drop=stop_above)
+            counted = self.count(missing, split, stop)
             for candidate in missing:
-                self.journal.add(candidate, self.split_ids[split], counted[candidate])
+                self.cache.add(candidate, self.split_ids[split] + test, counted[candidate])
             self.evaluated += len(missing)
             self.seconds += time.perf_counter() - start
-        return {c: self.cached(c, split, stopped) for c in unique}
+        return {c: self.cached(c, split, stopped, test) for c in unique}
+
+    def count(self, candidates: Sequence[Candidate], split: str,
+              stop: Callable[[Proportion], bool] | None) -> dict[Candidate, Proportion]:
+        """`count_correct` over the split's images in one pass (`ShardedCalibration`: over the job's ranks)."""
+        batches = _batches(image_loader(self.datasets[split], self.classifier.batch_size), self.progress)
+        return count_correct(self.classifier, candidates, batches, stop)
 
 
 def surely_dropped_more(measured: Proportion, drop: float, confidence: float = STOP_CONFIDENCE) -> bool:
@@ -319,7 +271,8 @@ def _host(calibration: Calibration) -> None:
     _HOSTED["calibration"] = calibration
 
 
-def _measure(job: tuple[list[Candidate], str, float | None]) -> tuple[dict[Candidate, Proportion], int, float]:
+def _measure(job: tuple[list[Candidate], str, float | None, Stop | None]) -> tuple[dict[Candidate, Proportion], int,
+                                                                                  float]:
     calibration = _HOSTED["calibration"]
     return calibration.measure(*job), calibration.evaluated, calibration.seconds
 
@@ -336,10 +289,11 @@ class HostedCalibration:
     def size(self, split: str = SEARCH) -> int:
         return len(self.indices[split])
 
-    def measure(self, candidates: Sequence[Candidate], split: str = SEARCH,
-                stop_above: float | None = None) -> dict[Candidate, Proportion]:
+    def measure(self, candidates: Sequence[Candidate], split: str = SEARCH, stop_above: float | None = None,
+                certifier: Stop | None = None) -> dict[Candidate, Proportion]:
         """`Calibration.measure` in the worker; its counters follow."""
-        found, self.evaluated, self.seconds = self._worker.run(_measure, (list(candidates), split, stop_above))
+        job = (list(candidates), split, stop_above, certifier)
+        found, self.evaluated, self.seconds = self._worker.run(_measure, job)
         return found
 
 

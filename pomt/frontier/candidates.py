@@ -80,6 +80,9 @@ class Candidate:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> Candidate:
+        """What `to_dict` wrote (the unpruned model's included)."""
+        if not data["removal"]:
+            return cls(UNPRUNED)
         return cls.of(check_method(data["method"], REDUCERS), {int(b): int(r) for b, r in data["removal"].items()})
 
 

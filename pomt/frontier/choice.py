@@ -9,7 +9,6 @@ on measurement (`verified_choice`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -56,12 +55,6 @@ def drop_within(point: Evaluated, baseline_accuracy: float, max_drop_points: flo
     bound = point.search.drop_bound(confidence)
     drop = baseline_accuracy - point.accuracy if bound is None else bound
     return drop <= max_drop_points / 100 + EPSILON
-
-
-def drop_untold(point: Evaluated, baseline_accuracy: float, max_drop_points: float, confidence: float) -> bool:
-    """Whether the point is within `max_drop_points` on its measured drop but not on its bound at `confidence`."""
-    return drop_within(point, baseline_accuracy, max_drop_points, 0.5) and not drop_within(
-        point, baseline_accuracy, max_drop_points, confidence)
 
 
 def accuracy_at_least(point: Evaluated, min_accuracy: float, confidence: float) -> bool:
@@ -130,39 +123,6 @@ def preference(result: FrontierResult, goal: Goal) -> list[Evaluated]:
     return ordered(pareto_front(ordered(faster, result.baseline.accuracy, goal)), result.baseline.accuracy, goal)
 
 
-def best_by_family(points: Sequence[Evaluated], baseline_accuracy: float, goal: Goal,
-                   families: Sequence[str] = FAMILIES) -> dict[str, Evaluated]:
-    """{family: its best schedule that meets the goal} for each family that has one."""
-    found = {family: ordered((p for p in points if p.family == family), baseline_accuracy, goal) for family in families}
-    return {family: met[0] for family, met in found.items() if met}
-
-
-def next_faster_missing(points: Sequence[Evaluated], baseline_accuracy: float, goal: Goal,
-                        families: Sequence[str] = FAMILIES) -> dict[str, Evaluated]:
-    """{family: its next step up (the slowest predicted faster than its best that meets the goal, that misses it)},
-    where it has one; with none meeting the goal, faster than the unpruned model."""
-    best = best_by_family(points, baseline_accuracy, goal, families)
-    unpruned = next((p.predicted_ms for p in points if p.candidate.unpruned), math.inf)
-    found = {}
-    for family in families:
-        ceiling = best[family].predicted_ms if family in best else unpruned
-        missing = [p for p in points if p.family == family and p.predicted_ms < ceiling
-                   and not goal.meets(p, baseline_accuracy)]
-        if missing:
-            found[family] = max(missing, key=lambda p: (p.predicted_ms, p.candidate))
-    return found
-
-
-def next_step_note(family: str, point: Evaluated, baseline_ms: float, confidence: float) -> str:
-    """`point`, a family's next step up (`next_faster_missing`), in words, its drop's bound at `confidence`."""
-    search = point.search
-    told = "unpaired" if not search.paired else (
-        f"drop {100 * search.drop:+.2f} points ({search.lost} lost, {search.gained} gained of {search.trials}), "
-        f"bound {100 * search.drop_bound(confidence):.2f}")
-    return (f"{family}'s next step up misses the goal: {point.candidate.key} (predicted "
-            f"{baseline_ms / point.predicted_ms:.3f}x), search split {told}")
-
-
 def best_uniform(result: FrontierResult, goal: Goal) -> Evaluated | None:
     """The best schedule of any uniform family that meets the goal (None: none does): the one to beat."""
     found = ordered((p for p in result.evaluated if p.family in FAMILIES), result.baseline.accuracy, goal)
@@ -205,122 +165,7 @@ def verified_choice(order: Sequence[int], speedups: Mapping[int, float], qualifi
     return max(eligible, key=lambda i: (speedups[i], -order.index(i)), default=None)
 
 
-@dataclass(frozen=True)
-class Unresolved:
-    """Schedules the search split could not tell, fastest first, each with the search images that would bound its
-    drop within the goal at the same rates (None: more than a million)."""
-
-    schedules: tuple[tuple[Evaluated, int | None], ...]
-
-    @property
-    def fastest(self) -> tuple[Evaluated, int | None]:
-        return self.schedules[0]
-
-    @property
-    def fewest_images(self) -> tuple[Evaluated, int | None]:
-        """The one the fewest images would tell (on a tie the faster)."""
-        return min(self.schedules, key=lambda s: math.inf if s[1] is None else s[1])
-
-    def to_dict(self, baseline: Evaluated, confidence: float) -> dict:
-        """As the schedule's and the frontier file's `unresolved` object (drops in points)."""
-        return {"schedules": len(self.schedules), "fastest": told(*self.fastest, baseline, confidence),
-                "fewest_images": told(*self.fewest_images, baseline, confidence)}
-
-
-def told(point: Evaluated, images: int | None, baseline: Evaluated, confidence: float) -> dict:
-    """What `Unresolved` says of one schedule (drops in points)."""
-    search = point.search
-    return {"key": point.candidate.key, "predicted_speedup": round(baseline.predicted_ms / point.predicted_ms, 4),
-            "search_drop_points": round(100 * search.drop, 3),
-            "search_drop_bound_points": round(100 * search.drop_bound(confidence), 3),
-            "search_changed": search.lost + search.gained, "search_images": search.trials,
-            "search_images_to_bound": images}
-
-
-def unresolved(result: FrontierResult, goal: Goal) -> Unresolved | None:
-    """What `Unresolved` holds: predicted faster than the fastest that met the goal and `drop_untold` (None: none)."""
-    if goal.max_drop_points is None or goal.min_accuracy is not None or goal.latency_budget_ms is not None \
-            or goal.confidence <= 0.5:
-        return None
-    met = ordered(result.evaluated, result.baseline.accuracy, goal)
-    faster_than = met[0].predicted_ms if met else result.baseline.predicted_ms
-    found = sorted((p for p in result.evaluated if not p.candidate.unpruned and p.predicted_ms < faster_than
-                    and drop_untold(p, result.baseline.accuracy, goal.max_drop_points, goal.confidence)),
-                   key=lambda p: (p.predicted_ms, p.candidate))
-    if not found:
-        return None
-    return Unresolved(tuple((p, p.search.images_to_bound(goal.max_drop_points / 100, goal.confidence)) for p in found))
-
-
-def bound_text(bound_points: float, goal_points: float) -> str:
-    """A drop bound in points as a note prints it: two decimals, or "just over" the goal where those read as it."""
-    text = f"{bound_points:.2f}"
-    return f"just over {goal_points:g}" if float(text) <= goal_points < bound_points else text
-
-
-def unresolved_note(found: Unresolved | None, baseline: Evaluated, goal: Goal,
-                    held_out_share: float) -> tuple[str, ...]:
-    """The run's note on what `unresolved` found (the `--accuracy-samples` at `held_out_share`); none: no note."""
-    if found is None:
-        return ()
-
-    def said(point: Evaluated, images: int | None) -> str:
-        facts = told(point, images, baseline, goal.confidence)
-        text = (f"{facts['key']} (predicted {facts['predicted_speedup']:.2f}x, drop {100 * point.search.drop:+.2f} "
-                f"points, {facts['search_changed']} of {facts['search_images']} images changed, bound "
-                f"{bound_text(100 * point.search.drop_bound(goal.confidence), goal.max_drop_points)}) ")
-        if images is None:
-            return text + "would need more than a million search images at the same rates"
-        return (text + f"would be bounded within {goal.max_drop_points:g} points on about {images} search images at "
-                       f"the same rates (--accuracy-samples {math.ceil(images / (1 - held_out_share))} at this "
-                       "held-out share)")
-
-    count = len(found.schedules)
-    text = (f"{count} schedule{'s' if count > 1 else ''} predicted faster than the fastest that met the goal "
-            f"{'meet' if count > 1 else 'meets'} it on the measured drop, not on its bound at {goal.confidence:.0%}: "
-            f"too few search images to tell. The fastest, {said(*found.fastest)}")
-    if found.fewest_images[0] != found.fastest[0]:
-        text += f"; the one the fewest would tell, {said(*found.fewest_images)}"
-    return (text,)
-
-
-def held_out_inside(point: Evaluated) -> bool | None:
-    """Whether the held-out accuracy lies inside the search split's 95% Wilson interval (None: not measured)."""
-    if point.held_out is None:
-        return None
-    low, high = point.search.interval()
-    return low - 1e-12 <= point.held_out.value <= high + 1e-12
-
-
-def held_out_drop(point: Evaluated, baseline: Evaluated) -> float | None:
-    """The point's held-out drop from the unpruned model's held-out accuracy, in points (None: not measured)."""
-    if point.held_out is None or baseline.held_out is None:
-        return None
-    return 100 * (baseline.held_out.value - point.held_out.value)
-
-
-def fastest_held_out_by_family(points: Sequence[Evaluated], baseline: Evaluated, max_drop_points: float,
-                               families: Sequence[str] = FAMILIES) -> dict[str, Evaluated]:
-    """{family: its fastest predicted schedule whose held-out drop is at most `max_drop_points`}, where it has one."""
-    within = {family: [p for p in points if p.family == family and (drop := held_out_drop(p, baseline)) is not None
-                       and drop <= max_drop_points] for family in families}
-    return {family: min(ps, key=lambda p: (p.predicted_ms, p.candidate)) for family, ps in within.items() if ps}
-
-
-def held_out_note(chosen: Evaluated | None, baseline: Evaluated, goal: Goal) -> str | None:
-    """A note where the shipped schedule's held-out accuracy lies outside its search interval or drops beyond the
-    goal (the fastest of many that met it is the one the search split flattered most); None otherwise."""
-    if chosen is None or chosen.candidate.unpruned or chosen.held_out is None:
-        return None
-    drop, inside = held_out_drop(chosen, baseline), held_out_inside(chosen)
-    over = goal.max_drop_points is not None and drop is not None and drop > goal.max_drop_points + 1e-9
-    if inside and not over:
-        return None
-    low, high = chosen.search.interval()
-    said = [] if inside else [f"its accuracy {chosen.held_out.value:.3f} lies outside its search-split interval "
-                              f"[{low:.3f}, {high:.3f}]"]
-    if over:
-        said.append(f"its drop of {drop:.2f} points exceeds the goal of {goal.max_drop_points:g}")
-    return ("held out, " + " and ".join(said) + ": the search split flattered the fastest schedule that met the "
-            "goal there; more calibration images (--accuracy-samples) or a higher --accuracy-confidence make "
-            "this rarer")
+def held_out_drop(point: Evaluated) -> float | None:
+    """The point's paired drop on the held-out images it was measured on, in points (None: not measured)."""
+    drop = None if point.held_out is None else point.held_out.drop
+    return None if drop is None else 100 * drop

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pomt.frontier.candidates import Candidate
-from pomt.frontier.choice import Evaluated, drop_untold
+from pomt.frontier.choice import Evaluated
 from pomt.frontier.search import FrontierResult
 from pomt.io import atomic_write_csv, atomic_write_json
 from pomt.plots import plot_frontier
@@ -20,7 +20,7 @@ COLUMNS = ("key", "family", "method", "removal", "on_frontier", "chosen", "predi
            "verified_ms", "verified_speedup", "verified_speedup_low", "verified_speedup_high", "search_accuracy",
            "search_low", "search_high", "search_images", "search_lost", "search_gained", "search_drop_bound_points",
            "held_out_accuracy", "held_out_low", "held_out_high", "held_out_images", "held_out_lost",
-           "held_out_gained", "search_untold", "search_images_to_bound")
+           "held_out_gained", "certified", "held_out_drop_bound_points", "held_out_images_to_certify")
 
 
 def _split(prefix: str, proportion: Proportion | None) -> dict:
@@ -33,12 +33,11 @@ def _split(prefix: str, proportion: Proportion | None) -> dict:
 
 
 def row(point: Evaluated, baseline_ms: float, measured: CandidateResult | None, confidence: float = CONFIDENCE,
-        max_drop_points: float | None = None, baseline_accuracy: float | None = None) -> dict:
-    """One evaluated schedule as a table row (`rows` marks frontier and chosen); where a drop was asked
-    (`max_drop_points`, from `baseline_accuracy`), whether it is `drop_untold` and the images to bound it within."""
+        certified: Mapping | None = None) -> dict:
+    """One evaluated schedule as a table row (`rows` marks frontier and chosen); a finalist's `certified` row
+    (`Certification.row`) adds its verdict, the bound it was judged on and the held-out images that would certify it."""
     bound = point.search.drop_bound(confidence)
-    asked = max_drop_points is not None and baseline_accuracy is not None and not point.candidate.unpruned
-    images = point.search.images_to_bound(max_drop_points / 100, confidence) if asked else None
+    certified = certified or {}
     return {"key": point.candidate.key, "family": point.family, "method": point.candidate.method,
             "removal": ";".join(f"{b}={r}" for b, r in point.candidate.removal),
             "on_frontier": False, "chosen": False, "predicted_ms": round(point.predicted_ms, 5),
@@ -49,18 +48,21 @@ def row(point: Evaluated, baseline_ms: float, measured: CandidateResult | None, 
             "verified_speedup_high": None if measured is None else round(measured.speedup_ci[1], 5),
             **_split("search", point.search), **_split("held_out", point.held_out),
             "search_drop_bound_points": None if bound is None else round(100 * bound, 4),
-            "search_untold": drop_untold(point, baseline_accuracy, max_drop_points, confidence) if asked else None,
-            "search_images_to_bound": images}
+            "certified": None if not certified else certified["verdict"] == "certified",
+            "held_out_drop_bound_points": certified.get("bound_points"),
+            "held_out_images_to_certify": certified.get("images_to_certify")}
 
 
 def rows(result: FrontierResult, baseline_ms: float, chosen: Candidate | None,
          measured: Mapping[Candidate, CandidateResult], confidence: float = CONFIDENCE,
-         max_drop_points: float | None = None) -> list[dict]:
-    """Every evaluated schedule, the unpruned one first, then fastest predicted first (`row`)."""
+         certified: Mapping[str, Mapping] | None = None) -> list[dict]:
+    """Every evaluated schedule, the unpruned one first, then fastest predicted first (`row`); `certified`: the
+    finalists' rows by key."""
     front = {e.candidate for e in result.frontier}
     others = sorted((e for e in result.evaluated if not e.candidate.unpruned),
                     key=lambda e: (e.predicted_ms, e.candidate))
-    return [{**row(e, baseline_ms, measured.get(e.candidate), confidence, max_drop_points, result.baseline.accuracy),
+    certified = certified or {}
+    return [{**row(e, baseline_ms, measured.get(e.candidate), confidence, certified.get(e.candidate.key)),
              "on_frontier": e.candidate in front, "chosen": e.candidate == chosen} for e in [result.baseline, *others]]
 
 

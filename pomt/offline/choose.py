@@ -11,15 +11,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pomt.accuracy import AccuracyCurve
-from pomt.checks import check_drop_resolution
 from pomt.errors import CalibrationError, PolicyError, SettingError
 from pomt.formats.curve import rounded
 from pomt.formats.schedule import BlockRemoval, Schedule, utc_now
 from pomt.formats.schedule_parts import MeasurementRecord, Prediction, SchedulePolicy, Verified
+from pomt.frontier.cache import AccuracyCache, default_cache_path
 from pomt.frontier.calibration import (
     HELD_OUT,
     SEARCH,
-    AccuracyJournal,
     Calibration,
     Classifier,
     HostedCalibration,
@@ -27,16 +26,17 @@ from pomt.frontier.calibration import (
     split_indices,
 )
 from pomt.frontier.candidates import NONE, REDUCERS, Candidate
-from pomt.frontier.choice import (
-    Evaluated,
-    Goal,
-    Unresolved,
-    best_uniform,
-    preference,
-    to_verify,
-    unresolved,
-    unresolved_note,
+from pomt.frontier.certify import (
+    EXPLORE,
+    Certification,
+    certification_notes,
+    certified,
+    certified_uniform,
+    check_certifiable,
+    held_out_size,
 )
+from pomt.frontier.choice import Evaluated, Goal, best_uniform, preference, to_verify
+from pomt.frontier.distributed import ShardedCalibration
 from pomt.frontier.latency import LatencyModel, MixedCounts, ReducerCost
 from pomt.frontier.reducer_costs import COST_ROUNDS, measure_mixed_counts, measure_reducer_costs
 from pomt.frontier.search import FrontierResult, FrontierSettings, search_frontier, with_held_out
@@ -119,21 +119,18 @@ def verification_removals(ranked: Sequence[Decision], count: int) -> list[int]:
     return sorted({r for r in removals if r > 0})
 
 
-JOURNAL = "frontier-journal.jsonl"
-
-
 @dataclass(frozen=True)
 class FrontierSetup:
-    """The calibration images and their journal, and what the shipped schedule must meet."""
+    """The calibration images and their accuracy cache, and what the shipped schedule must meet."""
 
     calibration: Calibration | HostedCalibration  # hosted in a worker process while the frontier runs
     goal: Goal
-    journal: Path
+    cache: Path
 
 
-def journal_path(output_dir: str | Path, stem: str) -> Path:
-    """`<output>/<stem>.frontier-journal.jsonl`: every measured (schedule, split) accuracy, one line each."""
-    return Path(output_dir) / f"{stem}.{JOURNAL}"
+def cache_path(config: OfflineConfig, output_dir: str | Path, identity: Mapping) -> Path:
+    """`--accuracy-cache`, else the model's file under `<output>/cache/accuracy/` (named by model and weights)."""
+    return config.accuracy_cache or default_cache_path(Path(output_dir) / "cache", identity)
 
 
 def goal_of(config: OfflineConfig) -> Goal:
@@ -143,36 +140,46 @@ def goal_of(config: OfflineConfig) -> Goal:
                 config.accuracy_confidence)
 
 
+def held_out_share(config: OfflineConfig, images: int, max_drop_points: float | None) -> float:
+    """The share of `images` held out: `--held-out`, else as many as certification asks (`held_out_size`)."""
+    if config.held_out is not None:
+        return config.held_out
+    if max_drop_points is None:
+        return 0.5
+    return held_out_size(images, max_drop_points / 100, config.accuracy_confidence, config.finalists) / images
+
+
 def check_folder_resolves(config: OfflineConfig, images: int, max_drop_points: float, seed: int) -> None:
-    """Raise CalibrationError where the search split of `images` calibration images cannot resolve the drop asked."""
-    search = len(split_indices(images, config.held_out, seed)[SEARCH])
+    """Raise CalibrationError where the held-out split of `images` calibration images cannot certify the drop asked."""
+    held = len(split_indices(images, held_out_share(config, images, max_drop_points), seed)[HELD_OUT])
     try:
-        check_drop_resolution(search, max_drop_points)
+        check_certifiable(held, max_drop_points / 100, config.accuracy_confidence, config.finalists)
     except CalibrationError as error:
         sample = "the whole folder" if config.accuracy_samples is None or config.accuracy_samples >= images \
             else "--accuracy-samples"
-        raise CalibrationError(f"{sample}: {images} calibration images, {search} of them searched at --held-out "
-                               f"{config.held_out:g}; {error}") from None
+        raise CalibrationError(f"{sample}: {images} calibration images, {held} of them held out; {error}") from None
 
 
-def prepare_frontier(workload: Workload, config: OfflineConfig, run: Run, sample: Sample) -> FrontierSetup:
-    """Split and check the calibration images and open the journal (a run without --resume starts it afresh)."""
+def prepare_frontier(workload: Workload, config: OfflineConfig, run: Run, sample: Sample,
+                     sharded: bool = False) -> FrontierSetup:
+    """Split and check the calibration images and open the shared accuracy cache (`sharded`: over the job's ranks)."""
     dataset, kind = sample
     model, geometry = run.prepared.model, run.geometry
     if run.prepared.grid and min(run.prepared.grid) > geometry.prefix_tokens + 1:
         raise SettingError(f"the frontier prices schedules down to {geometry.prefix_tokens + 1} kept tokens, but the "
                            f"grid stops at {min(run.prepared.grid)}: leave --grid-token-stop out, or give --policy "
                            "utility")
-    path = journal_path(workload.output_dir, run.setup.stem)
     goal = goal_of(config)
     if goal.max_drop_points is not None:
         check_folder_resolves(config, len(dataset), goal.max_drop_points, workload.seed)
-    if not workload.resume:
-        path.unlink(missing_ok=True)
-    journal = AccuracyJournal(path, model_identity(model))
+    identity = model_identity(model)
+    path = cache_path(config, workload.output_dir, identity)
+    cache = AccuracyCache(path, identity)
     device = run.setup.device if run.replay is None else "cpu"
     classifier = Classifier(model, kind, device, parameter_dtype(model), config.accuracy_batch_size)
-    calibration = Calibration(classifier, dataset, journal, held_out=config.held_out, seed=workload.seed,
+    share = held_out_share(config, len(dataset), goal.max_drop_points)
+    kind_of = ShardedCalibration if sharded else Calibration
+    calibration = kind_of(classifier, dataset, cache, held_out=share, seed=workload.seed,
                               progress=workload.progress)
     return FrontierSetup(calibration, goal, path)
 
@@ -189,11 +196,11 @@ class FrontierFound:
     shippable: tuple[Evaluated, ...]
     uniform: Evaluated | None
     reps: int = 1  # forwards per visit, as the latency search settled
-    measured: int = 0  # accuracies measured by this run (the others were read from the journal)
+    measured: int = 0  # accuracies measured by this run (the others were read from the cache)
     seconds: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     to_verify: tuple[Evaluated, ...] = ()
-    unresolved: Unresolved | None = None  # faster schedules the search split was too small to tell
+    certification: Certification | None = None  # the finalists certified on the held-out images (a drop asked)
 
 
 def costs_path(output_dir: str | Path, stem: str) -> Path:
@@ -205,19 +212,19 @@ def reducer_costs(request: Request, run: Run) -> tuple[dict[str, ReducerCost], M
     """Each reducer's own cost and the calibration of mixed counts (live runs in `IN_PROCESS` runtimes), kept
     beside the outputs so that a resumed run prices every schedule as the killed one did; else none and a note."""
     workload = request.workload
-    if run.replay is not None or run.prepared.x is None:
-        return {}, None, ("replayed trace: reducer costs not measured, schedules priced from the curve alone",)
-    if workload.backend not in IN_PROCESS:
-        return {}, None, (f"reducer costs not measured on {workload.backend} (only where the live model runs: "
-                          f"{', '.join(IN_PROCESS)})",)
     path = costs_path(workload.output_dir, run.setup.stem)
-    if workload.resume and path.is_file():
+    if workload.resume and path.is_file() and run.replay is None:
         try:
             saved = json.loads(path.read_text(encoding="utf-8"))
             return ({m: ReducerCost.from_dict(c) for m, c in saved["reducers"].items()},
                     MixedCounts.from_dict(saved["mixed_counts"]), ())
         except (ValueError, KeyError, TypeError):
             pass  # unreadable or written before the mixed counts: measured again
+    if run.replay is not None or run.prepared.x is None:
+        return {}, None, ("replayed trace: reducer costs not measured, schedules priced from the curve alone",)
+    if workload.backend not in IN_PROCESS:
+        return {}, None, (f"reducer costs not measured on {workload.backend} (only where the live model runs: "
+                          f"{', '.join(IN_PROCESS)})",)
     model, x, device = run.prepared.model, run.prepared.x, run.setup.device
     timed = TimedModel(model, x, device, workload.threads, workload.backend)
     costs = measure_reducer_costs(timed, REDUCERS, Rounds(COST_ROUNDS, seed=workload.seed))
@@ -232,32 +239,44 @@ def find_frontier(request: Request, run: Run, setup: FrontierSetup, latency: Lat
     started = time.perf_counter()
     costs, mixed, notes = reducer_costs(request, run)
     cost_s = time.perf_counter() - started
-    model = LatencyModel(priced_curve(latency.search.points, latency.search.steps), geometry.num_tokens,
-                         geometry.prefix_tokens, geometry.depth, costs, mixed)
+    model = latency_model(geometry, latency, costs, mixed)
     settings = FrontierSettings(
         max_evals=config.max_evals, latency_budget_ms=config.latency_budget_ms,
         max_accuracy_drop=goal.max_drop_points if goal.max_drop_points is not None else DEFAULT_DROP,
-        confidence=goal.confidence, steps=tuple(sorted({s.fast_tokens for s in latency.search.steps})),
+        confidence=goal.confidence if goal.max_drop_points is None else EXPLORE,
+        steps=tuple(sorted({s.fast_tokens for s in latency.search.steps})),
     )
     started = time.perf_counter()
     # past what the search tells apart an accuracy stops early, unless the goal reads accuracies that low
     stop = settings.closely_searched if goal.latency_budget_ms is None and goal.min_accuracy is None else None
     result = search_frontier(model, lambda cs: calibration.measure(cs, SEARCH, stop_above=stop), settings)
-    verified = to_verify(result, goal, config.verify_candidates)  # what may ship, the best uniform one included
-    wanted = [NONE, *(e.candidate for e in result.frontier), *(e.candidate for e in verified)]
-    result = with_held_out(result, lambda cs: calibration.measure(cs, HELD_OUT), wanted)
+    if goal.max_drop_points is None:  # nothing to certify: what may ship, the best uniform one included, reported
+        verified = to_verify(result, goal, config.verify_candidates)
+        wanted = [NONE, *(e.candidate for e in result.frontier), *(e.candidate for e in verified)]
+        result = with_held_out(result, lambda cs: calibration.measure(cs, HELD_OUT), wanted)
+        certification, uniform = None, best_uniform(result, goal)
+    else:
+        result, certification = certified(result, goal, calibration, config.finalists, config.accuracy_batch_size)
+        verified, uniform = certification.certified, certified_uniform(certification)
     accuracy_s = time.perf_counter() - started
     seconds = {"reducer_costs": round(cost_s, 2), "accuracy": round(accuracy_s, 2),
                "latency": round(latency.seconds, 2)}
     by_candidate = {e.candidate: e for e in result.evaluated}  # the same schedules, held-out accuracy added
     stopped = stopped_note(result, calibration.size(SEARCH), settings.closely_searched)
-    untold = unresolved(result, goal)
     share = calibration.size(HELD_OUT) / (calibration.size(SEARCH) + calibration.size(HELD_OUT))
-    return FrontierFound(result, model, tuple(preference(result, goal)), best_uniform(result, goal),
-                         latency.search.reps, calibration.evaluated, seconds,
-                         notes + mixed_note(model) + result.notes + stopped
-                         + unresolved_note(untold, result.baseline, goal, share),
-                         tuple(by_candidate[e.candidate] for e in verified), untold)
+    told = () if certification is None else certification_notes(certification, share)
+    shippable = preference(result, goal) if certification is None else sorted(
+        (by_candidate[p.candidate] for p in certification.certified), key=lambda p: (p.predicted_ms, p.candidate))
+    return FrontierFound(result, model, tuple(shippable), uniform, latency.search.reps,
+                         calibration.evaluated, seconds, notes + mixed_note(model) + result.notes + stopped + told,
+                         tuple(by_candidate[e.candidate] for e in verified), certification)
+
+
+def latency_model(geometry: Geometry, latency: Latency, costs: Mapping[str, ReducerCost],
+                  mixed: MixedCounts | None) -> LatencyModel:
+    """The latency model of schedules: the priced curve of the latency search, the reducers' costs, mixed counts."""
+    return LatencyModel(priced_curve(latency.search.points, latency.search.steps), geometry.num_tokens,
+                        geometry.prefix_tokens, geometry.depth, costs, mixed)
 
 
 def mixed_note(latency: LatencyModel) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from pomt.accuracy import load_accuracy_curve
 from pomt.checks import METHODS, check_method, check_options, check_prune_block
 from pomt.errors import DatasetError, GridError, PolicyError, SettingError
+from pomt.frontier.certify import FINALISTS
 from pomt.frontier.search import MAX_EVALS
 from pomt.measurement.search import SearchSettings
 from pomt.models.geometry import Geometry
@@ -56,13 +57,21 @@ class OfflineConfig:
         None, "Frontier: most accuracy the schedule may lose against the unpruned model, in points (default 1.0).",
         min=0, panel=CHOICE)
     accuracy_confidence: float = option(
-        0.95, "Frontier: confidence that a schedule meets --max-accuracy-drop and --min-accuracy, judged on the "
-              "one-sided bound of its search-split accuracy (the drop paired with the unpruned model's on the same "
-              "images); 0.5 judges on the measured value.", min=0.5, max=0.999, panel=CHOICE)
+        0.95, "Frontier: confidence that the shipped schedule's drop is within --max-accuracy-drop, certified on "
+              "the held-out images with the error shared among the finalists (--min-accuracy is judged at it on "
+              "the search split).", min=0.5, max=0.999, panel=CHOICE)
     max_evals: int = option(MAX_EVALS, "Frontier: schedules whose accuracy the search may measure on the search split.",
                             min=1, panel=ADVANCED)
-    held_out: float = option(0.5, "Frontier: share of the calibration images held out to report the chosen "
-                                  "schedule's accuracy on.", min=0.05, max=0.95, panel=ADVANCED)
+    held_out: float | None = option(
+        None, "Frontier: share of the calibration images held out to certify the finalists on (default: half, more "
+              "where certifying --max-accuracy-drop asks for it, the search keeping at least a third).", min=0.05,
+        max=0.95, panel=ADVANCED)
+    accuracy_cache: Path | None = option(
+        None, "Frontier: the SQLite file of measured accuracies, shared by runs, ranks and devices (default: "
+              "<output-dir>/cache/accuracy/<model>-<weights>.sqlite).", panel=ADVANCED)
+    finalists: int = option(FINALISTS, "Frontier: schedules the search split passes that are certified on the "
+                                       "held-out images and verified (the error is shared among them).", min=1,
+                            max=12, panel=CHOICE)
     latency_budget_ms: float | None = option(None, "Latency the schedule must meet (ms, > 0).", min=0, panel=CHOICE)
     min_accuracy: float | None = option(None, "Lowest acceptable A(n), in [0, 1].", min=0, max=1, panel=CHOICE)
     max_remove: int | None = option(None, "Most tokens the schedule may remove (default: all but one with an "

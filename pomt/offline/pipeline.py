@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from pomt.accuracy import AccuracyCurve, save_accuracy_curve
 from pomt.device.fingerprint import Fingerprint
 from pomt.formats.schedule import Schedule
-from pomt.frontier.calibration import hosted
-from pomt.frontier.choice import held_out_note
+from pomt.frontier.calibration import HELD_OUT, SEARCH, hosted
+from pomt.frontier.choice import Goal
 from pomt.frontier.report import FrontierReport, document, rows
 from pomt.measurement.search import SearchResult, SearchSettings
 from pomt.models.geometry import Geometry
@@ -127,7 +127,7 @@ def frontier_result(request: Request, run: Run, chosen: FrontierRun, paths: dict
     latency, verdict = chosen.findings.latency, chosen.verdict.verdict
     if verdict.journal is not None:
         paths["verify"] = verdict.journal
-    paths["frontier_journal"] = Path(request.workload.output_dir) / chosen.report.document["journal"]
+    paths["accuracy_cache"] = Path(chosen.report.document["accuracy_cache"])
     paths |= write_outputs(Path(request.workload.output_dir), run, request.config, chosen.findings, chosen.schedule,
                            chosen.report)
     note = here_only_note(run.setup.fingerprint, latency, verdict)
@@ -159,34 +159,61 @@ class FrontierRun:
     report: FrontierReport
 
 
+@dataclass(frozen=True)
+class Calibrated:
+    """What the frontier's files say of its calibration: the goal, the accuracy kind, the splits' sizes, the cache."""
+
+    goal: Goal
+    kind: str
+    search_images: int
+    held_out_images: int
+    cache: Path
+
+    @classmethod
+    def of(cls, setup: FrontierSetup) -> Calibrated:
+        calibration = setup.calibration
+        return cls(setup.goal, calibration.kind, calibration.size(SEARCH), calibration.size(HELD_OUT), setup.cache)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "goal": asdict(self.goal), "cache": str(self.cache)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Calibrated:
+        return cls(**{**data, "goal": Goal(**data["goal"]), "cache": Path(data["cache"])})
+
+
 def choose_on_frontier(request: Request, run: Run, setup: FrontierSetup, latency: Latency) -> FrontierRun:
     """Search, verify, and build the schedule and the frontier's files (see the module docstring)."""
+    return conclude_frontier(request, run, Calibrated.of(setup), latency, find_frontier(request, run, setup, latency))
+
+
+def conclude_frontier(request: Request, run: Run, setup: Calibrated, latency: Latency,
+                      found: FrontierFound) -> FrontierRun:
+    """What the search found verified (where asked), and the schedule and the frontier's files built."""
     config, settings, goal = request.config, request.settings, setup.goal
-    found = find_frontier(request, run, setup, latency)
     verdict = decide_frontier(request, run, found, goal.describe())
-    note = held_out_note(verdict.chosen, found.result.baseline, goal)
-    if note is not None:
-        verdict = replace(verdict, verdict=replace(verdict.verdict, notes=(*verdict.verdict.notes, note)))
     ranking = Ranking(policy_setting(config, run.geometry, latency.search, None), (), latency.search)
     findings = Findings(latency, None, ranking, verdict.verdict)
-    kind, stem, result = setup.calibration.kind, run.setup.stem, found.result
+    kind, stem, result = setup.kind, run.setup.stem, found.result
     chosen = None if verdict.chosen is None else verdict.chosen.candidate
-    record = frontier_record(f"{stem}.frontier.json", kind, goal, result.baseline, verdict.chosen, found.uniform,
-                             verdict.measured, result.evals, found.unresolved)
+    record = frontier_record(f"{stem}.frontier.json", kind, goal, result.baseline, verdict.chosen,
+                             verdict.uniform, verdict.measured, result.evals, found.certification)
     schedule = final_schedule(run, config, settings, findings)
     schedule = as_schedule(replace(schedule, predicted=replace(schedule.predicted, accuracy_kind=kind)),
                            found.latency, chosen, record)
     schedule, launch = with_gpu_work(request, run, schedule)
     if launch is not None:
         verdict = replace(verdict, verdict=replace(verdict.verdict, notes=(*verdict.verdict.notes, launch)))
-    table = rows(result, found.latency.baseline, chosen, verdict.measured, goal.confidence, goal.max_drop_points)
+    certified = {} if found.certification is None else {
+        r["key"]: r for r in (found.certification.row(p) for p in found.certification.finalists)}
+    table = rows(result, found.latency.baseline, chosen, verdict.measured, goal.confidence, certified)
     facts = {"model": run.geometry.model, "stem": stem, "batch_size": run.setup.batch_size,
-             "accuracy_kind": kind, "search_images": setup.calibration.size("search"),
-             "held_out_images": setup.calibration.size("held_out"), "max_accuracy_drop": goal.max_drop_points,
+             "accuracy_kind": kind, "search_images": setup.search_images,
+             "held_out_images": setup.held_out_images, "max_accuracy_drop": goal.max_drop_points,
              "latency_budget_ms": goal.latency_budget_ms, "min_accuracy": goal.min_accuracy,
              "accuracy_confidence": goal.confidence, "chosen": None if chosen is None else chosen.key,
-             "best_uniform": record["best_uniform"], "unresolved": record["unresolved"],
-             "seconds": found.seconds, "journal": setup.journal.name,
+             "best_uniform": record["best_uniform"], "certification": record["certification"],
+             "seconds": found.seconds, "accuracy_cache": str(setup.cache),
              "reducer_costs": {m: c.to_dict() for m, c in found.latency.costs.items()},
              "mixed_counts": None if found.latency.mixed is None else {**found.latency.mixed.to_dict(),
                                                                        "kappa": round(found.latency.kappa, 6)}}

@@ -12,7 +12,7 @@ from pomt.device.allocator import STEADY_ADVICE
 from pomt.device.fingerprint import Fingerprint
 from pomt.errors import TraceError
 from pomt.formats.schedule import Schedule
-from pomt.frontier.candidates import Candidate
+from pomt.frontier.candidates import FAMILIES, Candidate
 from pomt.frontier.choice import Evaluated, verified_choice
 from pomt.frontier.reducer_costs import cost_function, method_cost
 from pomt.measurement.sources import LiveSource, MeasurementRun, journal_end_s
@@ -213,6 +213,13 @@ class FrontierVerdict:
     verdict: Verdict
     chosen: Evaluated | None = None
     measured: dict[Candidate, CandidateResult] = field(default_factory=dict)
+    uniform: Evaluated | None = None  # the uniform schedule to beat: of those that may ship, the fastest measured
+
+
+def fastest_uniform(points: Sequence[Evaluated], measured: Mapping[Candidate, CandidateResult]) -> Evaluated | None:
+    """The uniform-family schedule among `points` measured fastest (None: none was)."""
+    uniform = [p for p in points if p.family in FAMILIES and p.candidate in measured]
+    return max(uniform, key=lambda p: (measured[p.candidate].speedup, p.candidate), default=None)
 
 
 def reported_accuracy(point: Evaluated) -> float:
@@ -224,18 +231,23 @@ def decide_frontier(request: Request, run: Run, found: FrontierFound, goal: str)
     """Nothing when no frontier schedule meets `goal` (words); unverified on a replay or --no-verify; else verified."""
     config, latency = request.config, found.latency
     if not found.shippable:
-        reason = (f"no schedule on the frontier is predicted faster than the unpruned model and {goal} "
-                  f"({len(found.result.evaluated)} schedules evaluated)")
-        decision = frontier_decision(latency, None, reason, "no_candidate", config,
-                                     reported_accuracy(found.result.baseline))
-        return FrontierVerdict(Verdict(decision))
+        certification = found.certification
+        if certification is not None and certification.finalists:
+            c = certification.certifier
+            reason, code = (f"none of {len(certification.finalists)} finalists certified {goal} on up to {c.images} "
+                            "held-out images"), "not_certified"
+        else:
+            reason, code = (f"no schedule on the frontier is predicted faster than the unpruned model and {goal} "
+                            f"({len(found.result.evaluated)} schedules evaluated)"), "no_candidate"
+        decision = frontier_decision(latency, None, reason, code, config, reported_accuracy(found.result.baseline))
+        return FrontierVerdict(Verdict(decision), uniform=found.uniform)
     if run.replay is not None or not config.verify:
         note = ("replayed trace: the patched model was not measured, the schedule is unverified"
                 if run.replay is not None else "--no-verify: the schedule is unverified")
         first = found.shippable[0]
         decision = frontier_decision(latency, first, f"the best frontier schedule, {first.candidate.key} "
                                      f"({first.family}), {goal}", "unverified", config, reported_accuracy(first))
-        return FrontierVerdict(Verdict(decision, notes=(note,)), first)
+        return FrontierVerdict(Verdict(decision, notes=(note,)), first, uniform=found.uniform)
     return verify_shippable(request, run, found)
 
 
@@ -253,6 +265,7 @@ def verify_shippable(request: Request, run: Run, found: FrontierFound) -> Fronti
     notes += tuple(filter(None, [prediction_note(here.candidates, run.setup.fingerprint)]))
     by_index = {c.remove: c for c in here.candidates}
     measured = {p.candidate: by_index[i] for i, p in enumerate(points, start=1)}
+    uniform = fastest_uniform(points, measured) or found.uniform
     shippable = list(range(1, len(points) + 1))  # the best uniform schedule meets the goal too
     qualified = [i for i in shippable if by_index[i].qualifies]
     fresh, held = None, None
@@ -274,7 +287,7 @@ def verify_shippable(request: Request, run: Run, found: FrontierFound) -> Fronti
         decision = frontier_decision(latency, None, reason, "not_in_fresh_process" if qualified else "not_faster",
                                      config, reported_accuracy(found.result.baseline))
         return FrontierVerdict(Verdict(decision, replace(relabelled, chosen=None, reason=reason), fresh_record,
-                                       journal=journal, notes=notes), None, measured)
+                                       journal=journal, notes=notes), None, measured, uniform)
     point, result = points[index - 1], by_index[index]
     fallback = "" if index == shippable[0] else (
         f", measured faster than the predicted first, {points[0].candidate.key} ({by_index[1].speedup:.3f}x)"
@@ -288,7 +301,7 @@ def verify_shippable(request: Request, run: Run, found: FrontierFound) -> Fronti
     if fresh_record is not None:  # the fresh process's record speaks of what ships too
         fresh_record = replace(fresh_record, chosen=fresh_record.candidates[qualified.index(index)])
     return FrontierVerdict(Verdict(decision, replace(relabelled, chosen=chosen, reason=reason), fresh_record,
-                                   journal=journal, notes=notes), point, measured)
+                                   journal=journal, notes=notes), point, measured, uniform)
 
 
 def prediction_note(measured: Sequence[CandidateResult], fingerprint: Fingerprint) -> str | None:

@@ -15,7 +15,8 @@ from pomt.formats.curve import write_curve
 from pomt.formats.schedule import Schedule, save_schedule
 from pomt.formats.schedule_parts import MeasurementRecord, Verified
 from pomt.frontier.candidates import Candidate
-from pomt.frontier.choice import Evaluated, Goal, Unresolved, held_out_drop, held_out_inside
+from pomt.frontier.certify import Certification
+from pomt.frontier.choice import Evaluated, Goal, held_out_drop
 from pomt.frontier.report import FRONTIER_SET, FrontierReport, write_frontier
 from pomt.io import clear_stale, staged_set
 from pomt.measurement.drift import corrected_values
@@ -94,7 +95,7 @@ def verified_record(fingerprint: Fingerprint, verdict: Verdict) -> Verified | No
 
 def frontier_record(file: str, kind: str, goal: Goal, baseline: Evaluated, chosen: Evaluated | None,
                     uniform: Evaluated | None, measured: Mapping[Candidate, CandidateResult], evals: int,
-                    unresolved: Unresolved | None = None) -> dict:
+                    certification: Certification | None = None) -> dict:
     """The schedule's `frontier` object; speedups are the verification's where the schedules were verified."""
 
     def accuracies(point: Evaluated | None) -> dict | None:
@@ -125,9 +126,10 @@ def frontier_record(file: str, kind: str, goal: Goal, baseline: Evaluated, chose
             "unpruned": accuracies(baseline), "chosen": None if chosen is None else
             {"family": chosen.family, "key": chosen.candidate.key, **accuracies(chosen),
              "search_drop_bound_points": drop_bound(chosen), "verified_speedup": speedup(chosen),
-             "held_out_drop_points": None if (d := held_out_drop(chosen, baseline)) is None else round(d, 3),
-             "held_out_inside_search_interval": held_out_inside(chosen)}, "best_uniform": beat,
-            "unresolved": None if unresolved is None else unresolved.to_dict(baseline, goal.confidence)}
+             "held_out_drop_points": None if (d := held_out_drop(chosen)) is None else round(d, 3),
+             "certified_bound_points": None if certification is None or chosen.held_out is None else
+             round(100 * certification.bound(chosen), 3)}, "best_uniform": beat,
+            "certification": None if certification is None else certification.to_dict()}
 
 
 SET = {"curve": "curve.csv", "accuracy": "accuracy.csv", "plot": "png", "schedule": "schedule.json", **FRONTIER_SET}

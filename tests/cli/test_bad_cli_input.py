@@ -222,7 +222,7 @@ INFO = [
     case("NVIDIA GPU", "backend", "tensorrt", id="backend-tensorrt-on-cpu"),
     case("NVIDIA GPU", "backend", "cudagraph", id="backend-cudagraph-on-cpu"),
     case("unknown device 'tpu'", "backend", "eager", "--device", "tpu", id="backend-device-tpu"),
-    case("No such command", "measure", id="unknown-command"),
+    case("No such command", "measur", id="unknown-command"),
 ]
 
 OFFLINE = [

@@ -89,9 +89,10 @@ def test_the_default_calibration_sample_is_the_whole_folder_up_to_the_cap():
 
 
 def test_a_folder_large_enough_runs_the_defaults_and_a_smaller_one_says_what_it_allows():
-    check_folder_resolves(OfflineConfig(), 1_000, 1.0, seed=0)  # 500 search images resolve 1 point
+    check_folder_resolves(OfflineConfig(), 1_000, 1.0, seed=0)  # 666 held out certify 1 point for 4 finalists
     with pytest.raises(CalibrationError) as refused:
-        check_folder_resolves(OfflineConfig(), 400, 1.0, seed=0)
+        check_folder_resolves(OfflineConfig(), 600, 1.0, seed=0)
     message = str(refused.value)
-    assert message.startswith("the whole folder: 400 calibration images, 200 of them searched at --held-out 0.5")
-    assert "give at least 381 search images" in message and "allow a drop of" in message
+    assert message.startswith("the whole folder: 600 calibration images, 400 of them held out; 400 held-out images "
+                              "cannot certify a drop within 1 points at 95% for 4 finalists")
+    assert "--max-accuracy-drop" in message and "fewer --finalists" in message and "\n" not in message

@@ -1,7 +1,6 @@
-"""Accuracy of candidate schedules on calibration images: the splits, the journal, candidates evaluated together
+"""Accuracy of candidate schedules on calibration images: the splits, the cache, candidates evaluated together
 (the blocks before their first cut run once for all), and the calibration hosted in a worker process."""
 
-import json
 
 import pytest
 import torch
@@ -9,10 +8,10 @@ from torch.utils.data import TensorDataset
 
 from pomt.accuracy import AGREEMENT, TOP1, eval_transform, open_image_folder
 from pomt.errors import AccuracyCacheError, DatasetError, PatchError
+from pomt.frontier.cache import AccuracyCache
 from pomt.frontier.calibration import (
     HELD_OUT,
     SEARCH,
-    AccuracyJournal,
     Calibration,
     Classifier,
     candidate_logits,
@@ -48,7 +47,7 @@ def images():
 
 
 def calibration(model, dataset, path, kind=TOP1):
-    return Calibration(Classifier(model, kind, batch_size=4), dataset, AccuracyJournal(path, model_identity(model)))
+    return Calibration(Classifier(model, kind, batch_size=4), dataset, AccuracyCache(path, model_identity(model)))
 
 
 def test_the_split_is_seeded_disjoint_and_complete():
@@ -60,7 +59,7 @@ def test_the_split_is_seeded_disjoint_and_complete():
 
 
 def test_measured_accuracies_are_the_counts_on_the_splits_images(model, images, tmp_path):
-    cal = calibration(model, images, tmp_path / "acc.jsonl")
+    cal = calibration(model, images, tmp_path / "acc.sqlite")
     found = cal.measure(CANDIDATES, SEARCH)
     search = [images[i] for i in cal.indices[SEARCH]]
     batch = (torch.stack([x for x, _ in search]), torch.stack([y for _, y in search]))
@@ -69,48 +68,25 @@ def test_measured_accuracies_are_the_counts_on_the_splits_images(model, images, 
     assert cal.evaluated == 3 and found[CANDIDATES[0]].trials == cal.size(SEARCH) == 15
 
 
-def test_a_journal_is_read_back_and_a_killed_line_measured_again(model, images, tmp_path):
-    path = tmp_path / "acc.jsonl"
+def test_results_are_read_back_from_the_cache_and_another_models_is_refused(model, images, tmp_path):
+    path = tmp_path / "acc.sqlite"
     first = calibration(model, images, path).measure(CANDIDATES, SEARCH)
-    with path.open("ab") as handle:
-        handle.write(b'{"key": "search|half-writ')  # a kill in the middle of a line
     again = calibration(model, images, path)
     assert again.measure(CANDIDATES, SEARCH) == first and again.evaluated == 0
-    assert path.read_bytes().endswith(b"}\n")  # the cut line is gone
-    held = again.measure(CANDIDATES[:1], HELD_OUT)
-    assert again.evaluated == 1 and held[CANDIDATES[0]].trials == 15
-    lines = path.read_text().splitlines()
-    assert json.loads(lines[0])["identity"]["weights"] == model_identity(model)["weights"] and len(lines) == 5
-
-
-def test_a_line_journalled_before_drops_were_paired_is_measured_again(model, images, tmp_path):
-    path = tmp_path / "acc.jsonl"
-    first = calibration(model, images, path).measure(CANDIDATES[:1])[CANDIDATES[0]]
-    header, line = path.read_text().splitlines()
-    entry = json.loads(line)
-    del entry["lost"], entry["gained"]  # as such a journal wrote it
-    path.write_text(header + "\n" + json.dumps(entry) + "\n")
-    again = calibration(model, images, path)
-    assert again.cached(CANDIDATES[0]) is None
-    assert again.measure(CANDIDATES[:1])[CANDIDATES[0]] == first and again.evaluated == 1
-    assert calibration(model, images, path).cached(CANDIDATES[0]) == first  # the later line wins
-
-
-def test_a_journal_of_another_model_is_refused(model, images, tmp_path):
-    path = tmp_path / "acc.jsonl"
     calibration(model, images, path).measure(CANDIDATES[:1])
     other = create_model("test_vit", 64, num_classes=4)
     with torch.no_grad():
         other.head.bias.add_(1.0)
     with pytest.raises(AccuracyCacheError, match="belongs to another model .*weights"):
         calibration(other, images, path)
-    path.write_text("not json\n")
-    with pytest.raises(AccuracyCacheError, match="not a pomt accuracy cache"):
+    path.unlink()
+    path.write_text("not a database\n")
+    with pytest.raises(AccuracyCacheError, match="is not SQLite or is corrupt"):
         calibration(model, images, path)
 
 
 def test_other_images_or_another_kind_are_other_keys(model, images, tmp_path):
-    path = tmp_path / "acc.jsonl"
+    path = tmp_path / "acc.sqlite"
     calibration(model, images, path).measure(CANDIDATES[:1])
     moved = TensorDataset(images.tensors[0] + 1, images.tensors[1])
     assert calibration(model, moved, path).cached(CANDIDATES[0]) is None
@@ -128,7 +104,7 @@ def test_an_image_folder_is_named_by_its_files(model, tmp_path):
 
 
 def test_a_drop_surely_beyond_the_limit_stops_and_counts_only_where_stopping_is_asked(model, images, tmp_path):
-    path = tmp_path / "acc.jsonl"
+    path = tmp_path / "acc.sqlite"
     cal = calibration(model, images, path)
     stopped = cal.measure(CANDIDATES, SEARCH, stop_above=-0.95)  # on 4 images, surely above -95 points
     pruned, unpruned = CANDIDATES[:2], CANDIDATES[2]  # topk removing nothing is the unpruned model
@@ -247,17 +223,17 @@ def tiny_calibration(path):
     generator = torch.Generator().manual_seed(0)
     images = TensorDataset(torch.randn(30, 3, 64, 64, generator=generator),
                            torch.randint(0, 4, (30,), generator=generator))
-    return Calibration(Classifier(model, TOP1, batch_size=4), images, AccuracyJournal(path, model_identity(model)))
+    return Calibration(Classifier(model, TOP1, batch_size=4), images, AccuracyCache(path, model_identity(model)))
 
 
 def refuse_forward(*_, **__):
     raise AssertionError("the accuracy forwards ran in the timing process")
 
 
-def test_a_hosted_calibration_answers_as_here_journals_the_same_and_runs_no_forward_here(tmp_path):
-    here = tiny_calibration(tmp_path / "here.jsonl")
+def test_a_hosted_calibration_answers_as_here_caches_the_same_and_runs_no_forward_here(tmp_path):
+    here = tiny_calibration(tmp_path / "here.sqlite")
     expected = {split: here.measure(HOSTED_CANDIDATES, split) for split in (SEARCH, HELD_OUT)}
-    away = tiny_calibration(tmp_path / "away.jsonl")
+    away = tiny_calibration(tmp_path / "away.sqlite")
     with hosted(away) as hosted_away:
         away.classifier.model.forward = refuse_forward  # the worker holds its own model object, given before this
         # its own copy: weights a worker maps in shared memory slowed the parent's forwards by 40%
@@ -267,11 +243,15 @@ def test_a_hosted_calibration_answers_as_here_journals_the_same_and_runs_no_forw
         assert hosted_away.evaluated == 2 * len(HOSTED_CANDIDATES) and hosted_away.seconds > 0
         later = HOSTED_CANDIDATES[1:]
         assert hosted_away.measure(later, SEARCH) == {c: expected[SEARCH][c] for c in later}
-        assert hosted_away.evaluated == 2 * len(HOSTED_CANDIDATES)  # read back from its journal, not measured again
-    journalled = AccuracyJournal(tmp_path / "away.jsonl", model_identity(here.classifier.model))
-    assert journalled.entries == AccuracyJournal(tmp_path / "here.jsonl", model_identity(here.classifier.model)).entries
+        assert hosted_away.evaluated == 2 * len(HOSTED_CANDIDATES)  # read back from its cache, not measured again
+    identity = model_identity(here.classifier.model)
+    away_cache = AccuracyCache(tmp_path / "away.sqlite", identity)
+    here_cache = AccuracyCache(tmp_path / "here.sqlite", identity)
+    for candidate in HOSTED_CANDIDATES:
+        for split in here.split_ids.values():
+            assert away_cache.get(candidate, split) == here_cache.get(candidate, split)
 
 
 def test_an_error_in_the_worker_arrives_here_as_itself(tmp_path):
-    with hosted(tiny_calibration(tmp_path / "j.jsonl")) as away, pytest.raises(PatchError, match="remove at most 15"):
+    with hosted(tiny_calibration(tmp_path / "j.sqlite")) as away, pytest.raises(PatchError, match="remove at most 15"):
         away.measure([Candidate.of("pomt", {0: 40})], SEARCH)  # test_vit at 64 px has 16 patch tokens

@@ -16,24 +16,14 @@ from pomt.frontier.candidates import Candidate
 from pomt.frontier.choice import (
     Evaluated,
     Goal,
-    Unresolved,
     accuracy_at_least,
-    best_by_family,
     best_uniform,
-    bound_text,
     drop_within,
-    fastest_held_out_by_family,
     first_verified,
     held_out_drop,
-    held_out_inside,
-    held_out_note,
-    next_faster_missing,
-    next_step_note,
     pareto_front,
     preference,
     to_verify,
-    unresolved,
-    unresolved_note,
     verified_choice,
 )
 from pomt.frontier.latency import LatencyModel
@@ -116,40 +106,6 @@ def test_the_uniform_schedule_to_beat_is_the_best_uniform_one_within_the_goal():
     assert best_uniform(result(), Goal(1.0)).candidate.key == "tome:0=2,1=2"
     assert best_uniform(result(), Goal(max_drop_points=None, latency_budget_ms=6.9)).family == "topk-rate"
     assert best_uniform(result(), Goal(0.5)) is None
-    best = best_by_family(list(result().evaluated), 0.9, Goal(10.0))
-    assert {f: p.candidate.key for f, p in best.items()} == {"tome-constant": "tome:0=4,1=4",
-                                                             "topk-rate": "topk:3=30"}
-
-
-def test_each_family_names_its_next_step_up_that_misses_the_goal():
-    faster_still = point("tome", {0: 6, 1: 6}, "tome-constant", 6.2, 70)
-    evaluated = list(result([*POINTS, faster_still]).evaluated)
-    missing = next_faster_missing(evaluated, 0.9, Goal(1.0))
-    # the nearest faster one, not the fastest; top-k has no best, so its step up is any faster one that misses
-    assert {f: p.candidate.key for f, p in missing.items()} == {"tome-constant": "tome:0=4,1=4",
-                                                                "topk-rate": "topk:3=30"}
-    loose = next_faster_missing(evaluated, 0.9, Goal(10.0))  # tome:0=4,1=4 and top-k meet it now
-    assert {f: p.candidate.key for f, p in loose.items()} == {"tome-constant": "tome:0=6,1=6"}
-    assert next_faster_missing(evaluated, 0.9, Goal(40.0)) == {}
-    assert next_step_note("topk-rate", missing["topk-rate"], 10.0, 0.95) == \
-        "topk-rate's next step up misses the goal: topk:3=30 (predicted 1.538x), search split unpaired"
-    paired = Evaluated(Candidate.of("tome", dict.fromkeys(range(12), 3)), "tome-constant", 8.0,
-                       Proportion(281, 404, 7, 1))
-    note = next_step_note("tome-constant", paired, 10.0, 0.95)
-    assert note.endswith("(predicted 1.250x), search split drop +1.49 points (7 lost, 1 gained of 404), bound "
-                         f"{100 * paired.search.drop_bound(0.95):.2f}")
-
-
-def test_the_fastest_uniform_schedule_within_the_drop_held_out_is_judged_on_its_held_out_drop():
-    base = UNPRUNED.with_held_out(Proportion(180, 200))
-    held = {"tome:0=2,1=2": 180, "tome:0=4,1=4": 179, "topk:3=30": 140}  # tome:0=4,1=4 misses on search only
-    points = [p.with_held_out(Proportion(held[p.candidate.key], 200)) if p.candidate.key in held else p
-              for p in POINTS]
-    best = fastest_held_out_by_family(points, base, 1.0)
-    assert {f: p.candidate.key for f, p in best.items()} == {"tome-constant": "tome:0=4,1=4"}
-    assert {f: p.candidate.key for f, p in fastest_held_out_by_family(points, base, 0.25).items()} == \
-        {"tome-constant": "tome:0=2,1=2"}
-    assert fastest_held_out_by_family(points, UNPRUNED, 1.0) == {}  # the unpruned model not measured held out
 
 
 def test_the_table_has_every_schedule_its_intervals_and_what_was_verified():
@@ -170,17 +126,14 @@ def test_the_table_has_every_schedule_its_intervals_and_what_was_verified():
     assert record["search_lost"] == 21 and record["search_gained"] == 19 and record["held_out_lost"] is None
     assert record["search_drop_bound_points"] == pytest.approx(3.125, abs=1e-3)  # at 95%; 0.5 reads the drop
     assert row(paired, 10.0, None, confidence=0.5)["search_drop_bound_points"] == pytest.approx(0.5)
-    assert record["search_images_to_bound"] is None and record["search_untold"] is None  # no drop asked
-    asked = row(paired, 10.0, None, max_drop_points=1.0, baseline_accuracy=0.8)  # 0.5 measured
-    assert asked["search_untold"] and asked["search_images_to_bound"] == paired.search.images_to_bound(0.01, 0.95)
-    assert asked["search_images_to_bound"] > 400
-    met = row(paired, 10.0, None, max_drop_points=4.0, baseline_accuracy=0.8)
-    assert met["search_images_to_bound"] == 400 and met["search_untold"] is False
-    edge = Evaluated(Candidate.of("tome", {0: 3}), "search-tome", 6.0, Proportion(388, 404, 12, 8))  # 0.99 measured
-    at_edge = row(edge, 10.0, None, max_drop_points=1.0, baseline_accuracy=392 / 404)
-    assert at_edge["search_untold"] and at_edge["search_images_to_bound"] is None  # beyond a million images
-    both = rows(found, 10.0, chosen, verified, max_drop_points=1.0)[0]
-    assert both["search_images_to_bound"] is None and both["search_untold"] is None  # the unpruned model
+    assert record["certified"] is None and record["held_out_images_to_certify"] is None  # not a finalist
+    finalist = {"verdict": "failed", "bound_points": 3.5, "images_to_certify": 1200}
+    told = row(paired, 10.0, None, certified=finalist)
+    assert told["certified"] is False and told["held_out_drop_bound_points"] == 3.5
+    assert told["held_out_images_to_certify"] == 1200
+    marked = rows(found, 10.0, chosen, verified, certified={chosen.key: {**finalist, "verdict": "certified"}})
+    assert [r["certified"] for r in marked if r["key"] == chosen.key] == [True]
+    assert all(r["certified"] is None for r in marked if r["key"] != chosen.key)
     doc = document(found, table, {"model": "m"}, ["the search's note", "the verification's note"])
     assert doc["format"] == "pomt.frontier" and doc["model"] == "m" and len(doc["schedules"]) == len(POINTS) + 1
     assert doc["notes"] == ["the search's note", "the verification's note"]
@@ -192,6 +145,13 @@ def test_tome_removals_are_written_as_each_block_really_merges():
     assert effective_removal(latency, Candidate.of("pomt", {1: 5, 3: 2})) == {1: 5, 3: 2}
 
 
+def test_the_held_out_drop_is_the_paired_drop_on_the_images_measured():
+    chosen = point("tome", {0: 2}, "search-tome", 6.0, 89)
+    assert held_out_drop(chosen) is None  # not measured held out
+    assert held_out_drop(chosen.with_held_out(Proportion(87, 100, 4, 1))) == pytest.approx(3.0)
+    assert held_out_drop(chosen.with_held_out(Proportion(87, 100))) is None  # not paired
+
+
 def test_the_frontier_record_names_the_uniform_schedule_beaten_and_by_how_much():
     chosen, uniform = POINTS[3], POINTS[0]
     measured = {chosen.candidate: CandidateResult(1, 6.0, 1.6, (1.5, 1.7), 0.001, True),
@@ -200,82 +160,6 @@ def test_the_frontier_record_names_the_uniform_schedule_beaten_and_by_how_much()
     assert record["file"] == "x.frontier.json" and record["chosen"]["verified_speedup"] == 1.6
     beat = record["best_uniform"]
     assert beat["key"] == "tome:0=2,1=2" and beat["speedup_over"] == 1.28 and beat["predicted_speedup_over"] == 1.3333
-
-
-def test_the_record_and_a_note_say_where_the_held_out_split_broke_the_search_splits_word():
-    baseline = UNPRUNED.with_held_out(Proportion(90, 100))
-    chosen = point("tome", {0: 2}, "search-tome", 6.0, 89)  # search 0.89 [0.81, 0.94]
-    agrees = chosen.with_held_out(Proportion(89, 100))
-    assert held_out_inside(agrees) and held_out_drop(agrees, baseline) == pytest.approx(1.0)
-    assert held_out_note(agrees, baseline, Goal(1.0)) is None  # inside, and a drop of exactly the goal
-    assert held_out_inside(chosen) is None and held_out_drop(chosen, baseline) is None  # not measured held out
-    assert held_out_note(chosen, baseline, Goal(1.0)) is None
-
-    over = chosen.with_held_out(Proportion(87, 100))  # inside the search interval, 3 points below the unpruned
-    note = held_out_note(over, baseline, Goal(1.0))
-    assert "drop of 3.00 points exceeds the goal of 1" in note and "outside" not in note
-    assert held_out_note(over, baseline, Goal(None, latency_budget_ms=7.0)) is None  # no drop was asked
-
-    flattered = chosen.with_held_out(Proportion(75, 100))
-    assert held_out_inside(flattered) is False
-    note = held_out_note(flattered, baseline, Goal(1.0))
-    assert "0.750 lies outside its search-split interval [0.81" in note and "exceeds the goal" in note
-
-    record = frontier_record("x.frontier.json", "top1", Goal(1.0), baseline, flattered, None, {}, 6)
-    assert record["chosen"]["held_out_drop_points"] == 15.0
-    assert record["chosen"]["held_out_inside_search_interval"] is False
-
-
-def test_faster_schedules_within_the_goal_only_on_their_measured_drop_are_reported_with_the_images_to_tell():
-    base = Evaluated(Candidate.of("pomt", {}), "unpruned", 10.0, Proportion(286, 404, 0, 0))
-    met = Evaluated(Candidate.of("tome", {0: 3}), "search-tome", 8.0, Proportion(286, 404, 2, 2))
-    edge = Evaluated(Candidate.of("tome", {0: 16, 1: 9}), "search-tome", 5.5, Proportion(283, 404, 10, 7))
-    churn = Evaluated(Candidate.of("tome", {0: 15, 1: 9}), "search-tome", 6.0, Proportion(288, 404, 12, 14))
-    churn2 = Evaluated(Candidate.of("tome", {0: 9, 1: 9}), "search-tome", 7.0, Proportion(286, 404, 10, 10))
-    lossy = Evaluated(Candidate.of("tome", {0: 20}), "search-tome", 5.0, Proportion(280, 404, 10, 4))
-    slower = Evaluated(Candidate.of("tome", {5: 3}), "search-tome", 9.0, Proportion(286, 404, 9, 9))
-    points = (base, met, edge, churn, churn2, lossy, slower)
-    found = FrontierResult(base, points, tuple(pareto_front(points)), len(points))
-    assert preference(found, Goal(1.0))[0] == met  # the others' bounds are above 1 point
-    untold = unresolved(found, Goal(1.0))  # lossy measured beyond the goal, slower is not faster
-    assert [p for p, _ in untold.schedules] == [edge, churn, churn2]
-    assert untold.fastest == (edge, edge.search.images_to_bound(0.01, 0.95))  # 0.74 points measured: many
-    assert untold.fewest_images == (churn, 743) and untold.fastest[1] > 10_000
-    note = unresolved_note(untold, base, Goal(1.0), held_out_share=0.5)[0]
-    assert note.startswith("3 schedules predicted faster than the fastest that met the goal meet it on the measured")
-    assert "The fastest, tome:0=16,1=9 (predicted 1.82x, drop +0.74 points, 17 of 404 images changed" in note
-    assert ("the one the fewest would tell, tome:0=15,1=9 (predicted 1.67x, drop -0.50 points, 26 of 404 images "
-            "changed, bound 1.59) would be bounded within 1 points on about 743 search images at the same rates "
-            "(--accuracy-samples 1486 at this held-out share)") in note
-    assert unresolved_note(None, base, Goal(1.0), 0.5) == ()
-    for goal in (Goal(1.0, confidence=0.5), Goal(1.0, min_accuracy=0.5), Goal(1.0, latency_budget_ms=9.0),
-                 Goal(None, latency_budget_ms=9.0), Goal(4.0)):  # nothing to tell, or not the fastest that ships
-        assert unresolved(found, goal) is None
-    wider = unresolved(found, Goal(2.0))  # churn meets 2 points; edge is bounded at 2.44, lossy at 3.03
-    assert wider.schedules == ((lossy, 3586), (edge, 768)) and wider.fewest_images == (edge, 768)
-    alone = Unresolved(((churn, 743),))
-    alone_note = unresolved_note(alone, base, Goal(1.0), 0.5)[0]
-    assert alone_note.startswith("1 schedule predicted faster than the fastest that met the goal meets it")
-    assert "the one the fewest" not in alone_note  # the fastest is that one
-    record = frontier_record("x.frontier.json", "top1", Goal(1.0), base, met, None, {}, 6, untold)
-    assert record["unresolved"]["schedules"] == 3 and record["unresolved"]["fastest"]["key"] == "tome:0=16,1=9"
-    assert record["unresolved"]["fewest_images"] == {
-        "key": "tome:0=15,1=9", "predicted_speedup": 1.6667, "search_drop_points": -0.495,
-        "search_drop_bound_points": 1.591, "search_changed": 26, "search_images": 404, "search_images_to_bound": 743}
-    assert frontier_record("x.frontier.json", "top1", Goal(1.0), base, met, None, {}, 6)["unresolved"] is None
-
-
-def test_a_bound_that_misses_the_goal_by_less_than_a_hundredth_never_reads_as_the_goal():
-    """4 lost and 5 gained of 404, the unpruned model right on 292: a bound of 1.0036 points, over a 1-point goal
-    (a run on the Intel VM printed it "bound 1.00" beside "would be bounded within 1 points")."""
-    base = Evaluated(Candidate.of("pomt", {}), "unpruned", 10.0, Proportion(292, 404, 0, 0))
-    edge = Evaluated(Candidate.of("tome", {0: 8, 1: 9}), "search-tome", 7.5, Proportion(293, 404, 4, 5))
-    bound = 100 * edge.search.drop_bound(0.95)
-    assert 1.0 < bound < 1.005 and not Goal(1.0).meets(edge, base.accuracy)
-    note = unresolved_note(Unresolved(((edge, 405),)), base, Goal(1.0), held_out_share=0.5)[0]
-    assert "9 of 404 images changed, bound just over 1) would be bounded within 1 points on about 405" in note
-    assert bound_text(1.59, 1.0) == "1.59" and bound_text(0.999, 1.0) == "1.00" and bound_text(2.004, 2.0) == \
-        "just over 2"
 
 
 def test_a_schedule_that_does_not_verify_falls_back_to_the_next_or_to_nothing():

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pomt.checks import check_drop_resolution
 from pomt.errors import CalibrationError
-from pomt.frontier.calibration import FORMAT, VERSION
+from pomt.frontier.cache import AccuracyCache
+from pomt.frontier.certify import check_certifiable, images_to_certify_unchanged
 
 from conftest import assert_one_line_error, run_in_process, schedule_dict
 from support.tiny_data import make_image_folder
@@ -56,19 +56,17 @@ def test_a_schedule_the_model_cannot_run_is_refused(tmp_path, method, prune, fra
 def test_too_few_calibration_images_for_the_drop_is_refused_before_measuring(tmp_path, images):
     result = run_in_process("offline", *TINY, "--dataset-root", str(images), "--agreement",
                             "--output-dir", str(tmp_path))
-    assert_one_line_error(result, "8 search images", "wider than the 1 points asked by --max-accuracy-drop",
-                          "at least 381 search images")
+    assert_one_line_error(result, "held-out images cannot certify a drop within 1 points at 95% for 4 finalists",
+                          f"that takes {images_to_certify_unchanged(0.01, 0.95)}")
     _nothing_measured(tmp_path)
 
 
-def test_an_accuracy_journal_of_another_model_is_refused_before_measuring(tmp_path, images):
-    journal = tmp_path / f"{STEM}.frontier-journal.jsonl"
-    foreign = {"format": FORMAT, "version": VERSION, "identity": {"model": "deit_small_patch16_224"}}
-    journal.write_text(json.dumps(foreign) + "\n")
-    result = run_in_process("offline", *TINY, "--dataset-root", str(images), "--agreement", "--resume",
-                            "--max-accuracy-drop", "50", "--output-dir", str(tmp_path))
+def test_an_accuracy_cache_of_another_model_is_refused_before_measuring(tmp_path, images):
+    cache = tmp_path / "foreign.sqlite"
+    AccuracyCache(cache, {"model": "deit_small_patch16_224", "weights": "0123456789abcdef"})
+    result = run_in_process("offline", *TINY, "--dataset-root", str(images), "--agreement", "--accuracy-cache",
+                            str(cache), "--max-accuracy-drop", "50", "--output-dir", str(tmp_path))
     assert_one_line_error(result, "belongs to another model", "deit_small_patch16_224")
-    assert json.loads(journal.read_text()) == foreign  # nothing lost
     _nothing_measured(tmp_path)
 
 
@@ -91,10 +89,10 @@ def test_frontier_settings_out_of_range_are_refused(tmp_path, args, fragments):
     assert_one_line_error(run_in_process("offline", *TINY, *args, "--output-dir", str(tmp_path)), *fragments)
 
 
-def test_the_drop_resolution_is_the_wilson_bound_of_no_change():
-    assert check_drop_resolution(381, 1.0) == 381
-    with pytest.raises(CalibrationError, match=r"380 search images .* within 1\.00 points"):
-        check_drop_resolution(380, 1.0)
-    assert check_drop_resolution(8, 50.0) == 8
+def test_the_held_out_images_must_certify_an_unchanged_schedule():
+    needed = images_to_certify_unchanged(0.01, 0.95)
+    check_certifiable(needed, 0.01, 0.95)
+    with pytest.raises(CalibrationError, match=rf"{needed - 1} held-out images cannot certify .* takes {needed}"):
+        check_certifiable(needed - 1, 0.01, 0.95)
     with pytest.raises(CalibrationError, match="must be positive"):
-        check_drop_resolution(1000, 0.0)
+        check_certifiable(1000, 0.0, 0.95)

@@ -9,7 +9,8 @@ from torch.utils.data import TensorDataset
 
 from pomt.accuracy import AGREEMENT, TOP1, eval_transform, open_image_folder
 from pomt.errors import PatchError
-from pomt.frontier.calibration import HELD_OUT, SEARCH, AccuracyJournal, Calibration, Classifier, model_identity
+from pomt.frontier.cache import AccuracyCache
+from pomt.frontier.calibration import HELD_OUT, SEARCH, Calibration, Classifier, model_identity
 from pomt.frontier.candidates import NONE, REDUCERS, Candidate, uniform_families
 from pomt.frontier.choice import Goal, ordered, pareto_front
 from pomt.frontier.latency import LatencyModel, ReducerCost
@@ -126,7 +127,7 @@ def test_a_search_by_agreement_on_a_random_tiny_vit_end_to_end(tmp_path):
     images = TensorDataset(torch.randn(24, 3, 64, 64, generator=torch.Generator().manual_seed(0)),
                            torch.full((24,), -1))
     calibration = Calibration(Classifier(model, AGREEMENT, batch_size=8), images,
-                              AccuracyJournal(tmp_path / "a.jsonl", model_identity(model)))
+                              AccuracyCache(tmp_path / "a.sqlite", model_identity(model)))
     latency = LatencyModel({n: 1.0 + 0.1 * n for n in range(2, 18)}, 17, 1, 6)
     settings = FrontierSettings(reducers=("topk", "l2norm"), max_evals=36, max_accuracy_drop=10.0)
     result = search_frontier(latency, lambda cs: calibration.measure(cs, SEARCH), settings)
@@ -142,7 +143,7 @@ def test_a_search_on_a_trained_tiny_vit_end_to_end(trained, tmp_path):
     dataset, kind = open_image_folder(root, eval_transform(model, (96, 96)))
     assert kind == TOP1
     calibration = Calibration(Classifier(model, kind, batch_size=40), dataset,
-                              AccuracyJournal(tmp_path / "acc.jsonl", model_identity(model)))
+                              AccuracyCache(tmp_path / "acc.sqlite", model_identity(model)))
     latency = LatencyModel({n: 1.0 + 0.1 * n for n in range(2, 38)}, 37, 1, 6)
     settings = FrontierSettings(reducers=("pomt", "tome"), max_evals=40, max_accuracy_drop=5.0)
     result = search_frontier(latency, lambda cs: calibration.measure(cs, SEARCH), settings)

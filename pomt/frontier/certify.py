@@ -1,0 +1,221 @@
+"""Certification of the finalists on the held-out images (pure): the search explores on its own split, and the few
+schedules sent to verification are certified on images its choice never saw, each at the family-wise error
+1 - confidence divided among them (Bonferroni), so the promise holds for whichever certified schedule ships.
+
+A finalist is measured in looks at a quarter, a half, three quarters and all of the held-out images: it stops as
+certified at the first look where its paired drop bound is within the goal, or as failed once its drop is surely
+beyond it. Each interim look spends `INTERIM_SPEND` of the finalist's error and the last the rest (a union bound),
+so the looks keep the promise; stopping for failure only gives up chances to certify."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from pomt.errors import CalibrationError
+from pomt.frontier.calibration import HELD_OUT
+from pomt.frontier.candidates import FAMILIES, NONE
+from pomt.frontier.choice import Evaluated, FrontierResult, Goal, ordered
+from pomt.frontier.search import with_held_out
+from pomt.stats import Proportion
+
+LOOKS = (0.25, 0.5, 0.75, 1.0)  # shares of the held-out images at which a finalist may be certified
+INTERIM_SPEND = 0.05  # of a finalist's error spent at each interim look; the last look spends the rest
+FAIL_CONFIDENCE = 0.999  # of a drop surely beyond the goal, checked after every batch
+FINALISTS = 4  # finalists certified at most by default: the share of error each gets and the held-out size plan on it
+CERTIFIED, FAILED = "certified", "failed"
+
+
+@dataclass(frozen=True)
+class Certifier:
+    """The sequential test of `finalists` schedules on `images` held-out images measured `batch_size` at a time, at
+    family-wise `confidence`, of a drop within `max_drop` (a fraction); called on a running count it says stop."""
+
+    finalists: int
+    images: int
+    batch_size: int
+    max_drop: float
+    confidence: float
+
+    @property
+    def error(self) -> float:
+        """The error each finalist may spend (Bonferroni)."""
+        return (1.0 - self.confidence) / max(1, self.finalists)
+
+    @property
+    def looks(self) -> tuple[int, ...]:
+        """Held-out images at each look: whole batches, the last all of them."""
+        sizes = [min(self.images, math.ceil(share * self.images / self.batch_size) * self.batch_size)
+                 for share in LOOKS]
+        return tuple(sorted(set(sizes) | {self.images}))
+
+    def look_confidence(self, images: int) -> float | None:
+        """The one-sided confidence of the bound judged at a look of `images` (None: not a look)."""
+        looks = self.looks
+        if images not in looks:
+            return None
+        interim = self.error * INTERIM_SPEND
+        spent = interim if images < self.images else self.error - interim * (len(looks) - 1)
+        return 1.0 - spent
+
+    def certified(self, measured: Proportion) -> bool:
+        """Whether the running count certifies its drop within the goal at a look."""
+        confidence = self.look_confidence(measured.trials)
+        bound = None if confidence is None else measured.drop_bound(confidence)
+        return bound is not None and bound <= self.max_drop + 1e-12
+
+    def failed(self, measured: Proportion) -> bool:
+        """Whether the drop is surely beyond the goal (lower bound at `FAIL_CONFIDENCE`)."""
+        floor = measured.drop_floor(FAIL_CONFIDENCE)
+        return floor is not None and floor > self.max_drop
+
+    def __call__(self, measured: Proportion) -> bool:
+        return self.certified(measured) or self.failed(measured)
+
+    def verdict(self, measured: Proportion) -> str:
+        """`CERTIFIED` or `FAILED` for a finalist's final count (stopped at a look, or over every image)."""
+        return CERTIFIED if self.certified(measured) else FAILED
+
+    def final_confidence(self) -> float:
+        """The confidence of the bound at the last look."""
+        return self.look_confidence(self.images) or self.confidence
+
+    def images_to_certify(self, measured: Proportion) -> int | None:
+        """Held-out images on which a schedule with these rates would certify at the last look (None: never)."""
+        return measured.images_to_bound(self.max_drop, self.final_confidence())
+
+    def key(self) -> str:
+        """What the counts of this test depend on (a stopped count is only reused by the same test)."""
+        return f"certify:{self.finalists}:{self.confidence:g}:{self.max_drop:g}:{self.batch_size}"
+
+
+def images_to_certify_unchanged(max_drop: float, confidence: float, finalists: int = FINALISTS) -> int:
+    """Held-out images on which a schedule that changed none would certify at the last look: the fewest worth
+    holding out."""
+    last_spend = (1.0 - confidence) / max(1, finalists) * (1 - (len(LOOKS) - 1) * INTERIM_SPEND)
+    return Proportion(1, 1, 0, 0).images_to_bound(max_drop, 1.0 - last_spend) or 1_000_000
+
+
+def check_certifiable(held_out: int, max_drop: float, confidence: float, finalists: int = FINALISTS) -> None:
+    """Raise CalibrationError where `held_out` images could not certify even a schedule that changed no prediction."""
+    if max_drop <= 0:
+        raise CalibrationError(f"--max-accuracy-drop must be positive, got {100 * max_drop:g}")
+    needed = images_to_certify_unchanged(max_drop, confidence, finalists)
+    if held_out < needed:
+        raise CalibrationError(
+            f"{held_out} held-out images cannot certify a drop within {100 * max_drop:g} points at {confidence:.0%} "
+            f"for {finalists} finalists, not even of a schedule that changes no prediction: that takes {needed} "
+            "(more images, a larger --max-accuracy-drop, a lower --accuracy-confidence or fewer --finalists)")
+
+
+def held_out_size(images: int, max_drop: float, confidence: float, finalists: int = FINALISTS) -> int:
+    """Images to hold out of `images` for certification: half, raised towards twice what an unchanged schedule
+    needs but leaving the search at least a third."""
+    wanted = 2 * images_to_certify_unchanged(max_drop, confidence, finalists)
+    return min(images - 1, max(1, round(images / 2), min(wanted, images - math.ceil(images / 3))))
+
+
+class Measures(Protocol):
+    """What certification measures on (`Calibration`, `HostedCalibration`)."""
+
+    def size(self, split: str) -> int: ...
+
+    def measure(self, candidates: Sequence, split: str, stop_above: float | None = None,
+                certifier: Certifier | None = None) -> Mapping: ...
+
+
+EXPLORE = 0.5  # the search split judges drops on their measured value: it explores, the held-out images certify
+
+
+def finalists(result: FrontierResult, goal: Goal, count: int = FINALISTS) -> list[Evaluated]:
+    """At most `count` schedules to certify, in order: the fastest the search split passes on the measured drop and
+    on its bound at the goal's confidence, each overall and among the uniform families (their best picked by the
+    same rule), then the next fastest passed on the measured drop; all predicted faster than the unpruned model."""
+    baseline = result.baseline
+    faster = [p for p in result.evaluated if not p.candidate.unpruned and p.predicted_ms < baseline.predicted_ms]
+    bold = ordered(faster, baseline.accuracy, replace(goal, confidence=EXPLORE))
+    safe = ordered(faster, baseline.accuracy, goal)
+
+    def uniform(points: list[Evaluated]) -> list[Evaluated]:
+        return [p for p in points if p.family in FAMILIES]
+
+    ladder = [ps[0] for ps in (bold, uniform(bold), safe, uniform(safe)) if ps] + bold
+    return list(dict.fromkeys(ladder))[:count]
+
+
+@dataclass(frozen=True)
+class Certification:
+    """The finalists with their held-out counts, and the test that judged them."""
+
+    certifier: Certifier
+    finalists: tuple[Evaluated, ...]
+
+    def verdict(self, point: Evaluated) -> str:
+        return FAILED if point.held_out is None else self.certifier.verdict(point.held_out)
+
+    @property
+    def certified(self) -> tuple[Evaluated, ...]:
+        return tuple(p for p in self.finalists if self.verdict(p) == CERTIFIED)
+
+    def bound(self, point: Evaluated) -> float | None:
+        """The drop bound a finalist was judged on (a fraction): at its look, or at the last look."""
+        held = point.held_out
+        confidence = self.certifier.look_confidence(held.trials) or self.certifier.final_confidence()
+        return held.drop_bound(confidence)
+
+    def row(self, point: Evaluated) -> dict:
+        """One finalist as the schedule and frontier files state it (drops in points)."""
+        held, bound = point.held_out, self.bound(point)
+        to_certify = None if self.verdict(point) == CERTIFIED else self.certifier.images_to_certify(held)
+        return {"key": point.candidate.key, "family": point.family, "verdict": self.verdict(point),
+                "images": held.trials, "lost": held.lost, "gained": held.gained,
+                "drop_points": round(100 * held.drop, 3),
+                "bound_points": None if bound is None else round(100 * bound, 3),
+                "images_to_certify": to_certify}
+
+    def to_dict(self) -> dict:
+        c = self.certifier
+        return {"confidence": c.confidence, "finalists": c.finalists, "held_out_images": c.images,
+                "looks": list(c.looks), "max_drop_points": round(100 * c.max_drop, 6),
+                "schedules": [self.row(p) for p in self.finalists]}
+
+
+def certified(result: FrontierResult, goal: Goal, calibration: Measures, count: int,
+              batch_size: int) -> tuple[FrontierResult, Certification]:
+    """At most `count` finalists the search split passes, measured on the held-out images (`batch_size` at a time)
+    until each is certified or fails."""
+    chosen = finalists(result, goal, count)
+    certifier = Certifier(max(1, len(chosen)), calibration.size(HELD_OUT), batch_size, goal.max_drop_points / 100,
+                          goal.confidence)
+    wanted = [NONE, *(p.candidate for p in chosen)]
+    result = with_held_out(result, lambda cs: calibration.measure(cs, HELD_OUT, certifier=certifier), wanted)
+    by_candidate = {e.candidate: e for e in result.evaluated}
+    return result, Certification(certifier, tuple(by_candidate[p.candidate] for p in chosen))
+
+
+def certified_uniform(certification: Certification) -> Evaluated | None:
+    """The fastest predicted certified schedule of a uniform family: the one to beat (None: none certified)."""
+    uniform = [p for p in certification.certified if p.family in FAMILIES]
+    return min(uniform, key=lambda p: (p.predicted_ms, p.candidate), default=None)
+
+
+def certification_notes(certification: Certification, held_out_share: float) -> tuple[str, ...]:
+    """What the certification found, and which failed finalists more images would certify and how many."""
+    c = certification.certifier
+    certified = certification.certified
+    lines = [f"certified {len(certified)} of {len(certification.finalists)} finalists on up to {c.images} held-out "
+             f"images (drop within {100 * c.max_drop:g} points, {c.confidence:.0%} for all together)"]
+    for point in certification.finalists:
+        if certification.verdict(point) == CERTIFIED:
+            continue
+        row = certification.row(point)
+        text = (f"not certified: {row['key']} ({row['family']}), held-out drop {row['drop_points']:+.2f} points "
+                f"({row['lost']} lost, {row['gained']} gained of {row['images']}), bound {row['bound_points']:.2f}")
+        if row["images_to_certify"] is not None:
+            more = row["images_to_certify"]
+            text += (f"; at the same rates about {more} held-out images would certify it (--accuracy-samples "
+                     f"{math.ceil(more / held_out_share)} at this held-out share)")
+        lines.append(text)
+    return tuple(lines)
