@@ -17,15 +17,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import timm
-import torch
 from matplotlib import cbook
 from PIL import Image, ImageEnhance, ImageOps
 from sklearn.datasets import load_sample_images
 
-from pomt.digits import CACHE_DIR, MANIFEST, SPLITS, DigitsCase, Recipe, calibration_accuracy, timm_name, train
+from pomt.digits import CACHE_DIR, MANIFEST, SPLITS, DigitsCase, Recipe, timm_name, trained_case
 from pomt.errors import DatasetError
-from pomt.io import atomic_write_bytes, atomic_write_json
 
 # Each photo's grid of regions (rows, columns): one class per region, `CLASSES` in all (`digits.train`'s classifier).
 GRIDS = {"china": (2, 2), "flower": (2, 2), "grace_hopper": (2, 1)}
@@ -174,18 +171,4 @@ def crops_case(recipe: Recipe = FRONTIER, cache_dir: str | Path = CACHE_DIR, pro
     root = write_crops(cache_dir, recipe.data)
     key = hashlib.sha256(f"{recipe.key()}/{root.name}".encode()).hexdigest()[:12]
     stem = cache_dir / f"crops_{timm_name(recipe.model)}_{key}"
-    checkpoint, sidecar = stem.with_suffix(".pth"), stem.with_suffix(".json")
-    if checkpoint.is_file() and sidecar.is_file():
-        facts = json.loads(sidecar.read_text(encoding="utf-8"))
-        return DigitsCase(recipe, checkpoint, root, facts["accuracy"], facts["calibration_images"],
-                          facts["train_s"], facts["threads"], reused=True)
-    model, train_s = train(recipe, root / "train", progress, device)
-    accuracy, images = calibration_accuracy(model, root / "calibration", recipe.data.size, device=device)
-    buffer = io.BytesIO()
-    torch.save({"state_dict": {k: v.cpu() for k, v in model.state_dict().items()}}, buffer)
-    atomic_write_bytes(checkpoint, buffer.getvalue())
-    threads = torch.get_num_threads()
-    atomic_write_json(sidecar, {"recipe": asdict(recipe), "timm": timm.__version__, "data": root.name,
-                                "accuracy": accuracy, "calibration_images": images, "train_s": round(train_s, 2),
-                                "threads": threads, "device": device})
-    return DigitsCase(recipe, checkpoint, root, accuracy, images, round(train_s, 2), threads, reused=False)
+    return trained_case(recipe, root, stem, progress, device, extra={"data": root.name})

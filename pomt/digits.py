@@ -152,7 +152,13 @@ def digits_case(recipe: Recipe = Recipe(), cache_dir: str | Path = CACHE_DIR, pr
     """The digits model of `recipe`: read from the cache, else trained (on `device`) and saved."""
     cache_dir = Path(cache_dir)
     root = write_digits(cache_dir, recipe.data)
-    stem = cache_dir / f"digits_{timm_name(recipe.model)}_{recipe.key()}"
+    return trained_case(recipe, root, cache_dir / f"digits_{timm_name(recipe.model)}_{recipe.key()}", progress, device)
+
+
+def trained_case(recipe: Recipe, root: Path, stem: Path, progress: bool = False, device: str = "cpu",
+                 extra: dict | None = None) -> DigitsCase:
+    """The model of `recipe` trained on `root`'s folders: read from `stem`.pth/.json, else trained and saved
+    there (`extra`: more facts for the sidecar)."""
     checkpoint, sidecar = stem.with_suffix(".pth"), stem.with_suffix(".json")
     if checkpoint.is_file() and sidecar.is_file():
         facts = json.loads(sidecar.read_text(encoding="utf-8"))
@@ -164,9 +170,9 @@ def digits_case(recipe: Recipe = Recipe(), cache_dir: str | Path = CACHE_DIR, pr
     torch.save({"state_dict": {k: v.cpu() for k, v in model.state_dict().items()}}, buffer)
     atomic_write_bytes(checkpoint, buffer.getvalue())
     threads = torch.get_num_threads()
-    atomic_write_json(sidecar, {"recipe": asdict(recipe), "timm": timm.__version__, "accuracy": accuracy,
-                                "calibration_images": images, "train_s": round(train_s, 2), "threads": threads,
-                                "device": device})
+    atomic_write_json(sidecar, {"recipe": asdict(recipe), "timm": timm.__version__, **(extra or {}),
+                                "accuracy": accuracy, "calibration_images": images, "train_s": round(train_s, 2),
+                                "threads": threads, "device": device})
     return DigitsCase(recipe, checkpoint, root, accuracy, images, round(train_s, 2), threads, reused=False)
 
 
