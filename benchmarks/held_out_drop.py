@@ -1,22 +1,23 @@
 """Does the schedule the frontier ships keep its accuracy promise on images nothing chose it on?
 
 Every schedule a frontier run measured (`<stem>.frontier.json`, from `benchmarks/frontier.py`) is measured once on
-every calibration image of the digits case. Each seeded split then halves the images into A and B and replays
-pomt's selection on A: a `held_out_size` part of A certifies, the rest is the search split; the `finalists` are
-picked on the search part's paired counts and certified batch by batch on the other part by the `Certifier`; the
-fastest predicted certified finalist ships (none: the unpruned model). Its paired drop on B says whether the
-promise held: the share of splits within the goal should be at least the confidence (a schedule whose true drop
-sits at the goal reads beyond it on B about half the time, so the share understates the promise). Speedups are
-predicted; several runs' files pool their schedules, each at its mean predicted share of the unpruned latency.
+every calibration image of the case (`--case`, digits by default). Each seeded split then halves the images into A
+and B and replays pomt's selection on A: a `held_out_size` part of A certifies, the rest is the search split; the
+`finalists` are picked on the search part's paired counts and certified batch by batch on the other part by the
+`Certifier`; the fastest predicted certified finalist ships (none: the unpruned model). Its paired drop on B says
+whether the promise held: the share of splits within the goal should be at least the confidence (a schedule whose
+true drop sits at the goal reads beyond it on B about half the time, so the share understates the promise). Speedups
+are predicted; several runs' files pool their schedules, each at its mean predicted share of the unpruned latency.
 Writes `<stem>.held-out-drop.csv` (a row per split), `.json` (the summary) and `.png` (the shipped drops on B).
 Usage: python benchmarks/held_out_drop.py bin/frontier-bench/bs16/<stem>.frontier.json [more.frontier.json ...]
-       [--splits 200] [--drop 1.0] [--gain 1.10] [--confidences 0.95] [--finalists 4] [--accuracy-batch-size 32]
-       [--output DIR]
+       [--case digits|crops] [--splits 200] [--drop 1.0] [--gain 1.10] [--confidences 0.95] [--finalists 4]
+       [--accuracy-batch-size 32] [--output DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,6 @@ import torch
 from tqdm import tqdm
 
 from pomt.accuracy import eval_transform, image_loader, open_image_folder, seeded_subset
-from pomt.digits import FRONTIER, digits_case
 from pomt.frontier.calibration import Classifier, image_outcomes, paired_counts
 from pomt.frontier.candidates import NONE, Candidate
 from pomt.frontier.certify import (
@@ -128,7 +128,7 @@ def certify(measured: Measured, split: Split, goal: Goal, count: int, batch_size
     """The unpruned model on the search part, and at most `count` finalists picked there and certified on the
     held-out part (as `pomt.frontier.certify.certified` does)."""
     result = measured.search_result(split.search)
-    chosen = finalists(result, goal, count)
+    chosen = finalists(result, goal, len(split.held_out), count)
     certifier = Certifier(max(1, len(chosen)), len(split.held_out), batch_size, goal.max_drop_points / 100,
                           goal.confidence)
     judged = tuple(p.with_held_out(certification_count(measured, p.candidate, split.held_out, certifier))
@@ -212,9 +212,9 @@ def report(found: Sequence[dict], gain: float) -> list[str]:
                      f"{s['uniform_speedup']:7.3f}x {s['gain_met']:8.3f} | {s['uniform_promise']:15.3f}{mark}")
     for s in found:
         if s["held_out_images"] < s["unchanged_needs"]:
-            lines.append(f"at {s['confidence']:g} with {s['finalists']} finalists the {s['held_out_images']} held-out "
-                         f"images cannot certify even an unchanged schedule (that takes {s['unchanged_needs']}): "
-                         "nothing certifies, the unpruned model ships")
+            lines.append(f"at {s['confidence']:g} the {s['held_out_images']} held-out images cannot certify even an "
+                         f"unchanged schedule among {s['finalists']} finalists (that takes {s['unchanged_needs']}): "
+                         "fewer are certified, each at a larger share of the error, or none")
     return lines
 
 
@@ -251,9 +251,11 @@ def write_outputs(folder: Path, stem: str, rows: Sequence[dict], found: Sequence
             plot_drops(Path(f"{base}.png"), rows, drop)]
 
 
-def measure(schedules: Sequence[Schedule]) -> Measured:
-    """Every schedule measured on every calibration image of the digits case (its trained model)."""
-    case = digits_case(FRONTIER)
+def measure(schedules: Sequence[Schedule], case_name: str = "digits") -> Measured:
+    """Every schedule measured on every calibration image of the case (`pomt.digits` or `pomt.crops`, its trained
+    model)."""
+    module = importlib.import_module(f"pomt.{case_name}")
+    case = getattr(module, f"{case_name}_case")(module.FRONTIER)
     model = case.load()
     dataset, kind = open_image_folder(case.calibration_root, eval_transform(model, model_geometry(model).input_size))
     dataset = seeded_subset(dataset, len(dataset), 0)
@@ -266,6 +268,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("frontier", type=Path, nargs="+",
                         help="<stem>.frontier.json of benchmarks/frontier.py runs (one model and batch size)")
+    parser.add_argument("--case", choices=("digits", "crops"), default="digits",
+                        help="the real-data case the frontier runs were of (pomt.digits, pomt.crops)")
     parser.add_argument("--splits", type=int, default=200)
     parser.add_argument("--drop", type=float, default=1.0, help="the goal, points")
     parser.add_argument("--gain", type=float, default=1.10, help="the shipped schedule's speedup over the uniform one")
@@ -279,7 +283,7 @@ def main() -> None:
         parser.error("--splits, --accuracy-batch-size and --finalists must be at least 1")
     torch.set_num_threads(args.threads)
     schedules = measured_schedules(args.frontier)
-    measured = measure(schedules)
+    measured = measure(schedules, args.case)
     runs = args.frontier[0].name if len(args.frontier) == 1 else f"{len(args.frontier)} runs"
     print(f"{len(schedules)} schedules of {runs} on {measured.images} calibration images; {args.splits} seeded "
           f"splits into halves A (searched and certified) and B (fresh); goal: drop <= {args.drop:g} points, "

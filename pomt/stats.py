@@ -180,3 +180,39 @@ def difference_interval(a: Proportion, b: Proportion, confidence: float = CONFID
     d = a.value - b.value
     return (d - math.sqrt((a.value - a_low) ** 2 + (b_high - b.value) ** 2),
             d + math.sqrt((a_high - a.value) ** 2 + (b.value - b_low) ** 2))
+
+
+def largest_lost_within(base: int, gained: int, images: int, max_drop: float, confidence: float) -> int:
+    """The most images a schedule may lose, gaining `gained`, for its paired drop bound at `confidence` to stay within
+    `max_drop` (a fraction), where the unpruned model gets `base` of `images` right; -1 where even none is too many."""
+    def within(lost: int) -> bool:
+        return paired_drop_bound(base - lost + gained, lost, gained, images, confidence) <= max_drop + 1e-12
+
+    if not within(0):
+        return -1
+    low, high = 0, base + 1  # within(low) holds; high is past the most there is to lose
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if within(middle) else (low, middle)
+    return low
+
+
+def chance_bound_within(base_rate: float, lost_rate: float, gained_rate: float, images: int, max_drop: float,
+                        confidence: float) -> float:
+    """The chance that a paired count on `images` fresh images has its drop bound at `confidence` within `max_drop`,
+    where the unpruned model is right on a `base_rate` share and the schedule loses a `lost_rate` and gains a
+    `gained_rate` share of all images: lost ~ Binomial(right, lost / base), gained ~ Binomial(wrong, gained / (1 -
+    base)), the unpruned model's right images at their expected count."""
+    from scipy.stats import binom
+
+    base = min(images, max(0, round(base_rate * images)))
+    wrong = images - base
+    lose = min(1.0, lost_rate / base_rate) if base_rate > 0 else 0.0
+    gain = min(1.0, gained_rate / (1 - base_rate)) if base_rate < 1 else 0.0
+    most_gained = wrong if gain >= 1 else int(binom.ppf(1 - 1e-9, wrong, gain)) if gain > 0 else 0
+    chance = 0.0
+    for gained in range(most_gained + 1):
+        lost = largest_lost_within(base, gained, images, max_drop, confidence)
+        if lost >= 0:
+            chance += float(binom.pmf(gained, wrong, gain) * binom.cdf(lost, base, lose))
+    return min(1.0, chance)

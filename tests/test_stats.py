@@ -1,11 +1,16 @@
-"""Wilson intervals of measured accuracies."""
+"""Wilson intervals of measured accuracies, paired drop bounds and the chance a fresh count bounds its drop."""
 
+import math
+
+import numpy as np
 import pytest
 
 from pomt.stats import (
     Proportion,
+    chance_bound_within,
     difference_interval,
     half_width,
+    largest_lost_within,
     one_sided_interval,
     paired_difference_interval,
     paired_drop_bound,
@@ -144,3 +149,39 @@ def test_images_to_bound_is_where_the_same_rates_would_meet_the_goal():
 def test_the_measured_drop_is_lost_less_gained_over_the_images():
     assert Proportion(288, 404, 12, 14).drop == pytest.approx(-2 / 404)
     assert Proportion(288, 404).drop is None
+
+
+@pytest.mark.parametrize(("base", "gained", "images", "max_drop", "confidence"), [
+    (800, 0, 1000, 0.01, 0.95), (800, 5, 1000, 0.01, 0.99), (1150, 3, 1200, 0.02, 0.9), (500, 40, 600, 0.05, 0.95),
+])
+def test_the_largest_loss_within_the_drop_sits_at_the_bounds_edge(base, gained, images, max_drop, confidence):
+    lost = largest_lost_within(base, gained, images, max_drop, confidence)
+    assert lost >= 0
+    assert paired_drop_bound(base - lost + gained, lost, gained, images, confidence) <= max_drop
+    assert paired_drop_bound(base - lost - 1 + gained, lost + 1, gained, images, confidence) > max_drop
+
+
+def test_no_loss_is_within_a_drop_the_images_cannot_bound():
+    assert largest_lost_within(90, 0, 100, 0.01, 0.99) == -1
+
+
+@pytest.mark.parametrize(("base_rate", "lost_rate", "gained_rate", "images"), [
+    (0.875, 0.005, 0.004, 1200), (0.8, 0.01, 0.003, 800), (0.95, 0.002, 0.0, 2000), (0.9, 0.02, 0.015, 600),
+])
+def test_the_chance_of_a_bound_within_the_drop_matches_sampled_counts(base_rate, lost_rate, gained_rate, images):
+    rng = np.random.default_rng(7)
+    base = round(base_rate * images)
+    lost = rng.binomial(base, lost_rate / base_rate, 4000)
+    gained = rng.binomial(images - base, gained_rate / (1 - base_rate), 4000)
+    pairs = zip(lost.tolist(), gained.tolist(), strict=True)
+    within = np.mean([paired_drop_bound(base - a + b, a, b, images, 0.99) <= 0.01 for a, b in pairs])
+    chance = chance_bound_within(base_rate, lost_rate, gained_rate, images, 0.01, 0.99)
+    assert abs(chance - within) <= 4 * math.sqrt(max(chance * (1 - chance), 1e-4) / 4000) + 0.005
+
+
+def test_the_chance_of_a_bound_within_the_drop_grows_with_images_and_falls_with_losses():
+    by_images = [chance_bound_within(0.9, 0.004, 0.002, n, 0.01, 0.99) for n in (500, 1000, 2000, 4000)]
+    by_losses = [chance_bound_within(0.9, rate, 0.002, 1000, 0.01, 0.99) for rate in (0.0, 0.004, 0.008, 0.012)]
+    assert by_images == sorted(by_images) and by_images[-1] > 0.9 > by_images[0]
+    assert by_losses == sorted(by_losses, reverse=True) and by_losses[-1] < 0.05
+    assert chance_bound_within(0.9, 0.0, 0.0, 4000, 0.01, 0.99) == pytest.approx(1.0)

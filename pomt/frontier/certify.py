@@ -5,7 +5,12 @@ schedules sent to verification are certified on images its choice never saw, eac
 A finalist is measured in looks at a quarter, a half, three quarters and all of the held-out images: it stops as
 certified at the first look where its paired drop bound is within the goal, or as failed once its drop is surely
 beyond it. Each interim look spends `INTERIM_SPEND` of the finalist's error and the last the rest (a union bound),
-so the looks keep the promise; stopping for failure only gives up chances to certify."""
+so the looks keep the promise; stopping for failure only gives up chances to certify.
+
+The finalists are planned on the search split: each schedule's chance to certify on the held-out images at its
+share of the error (`certify_chance`), and how many to certify and which, to make the expected speedup of the
+fastest certified one highest (`finalists`): a bolder schedule is sent only where the held-out images give it a
+chance, and a safer one holds the run where it fails."""
 
 from __future__ import annotations
 
@@ -19,12 +24,13 @@ from pomt.frontier.calibration import HELD_OUT
 from pomt.frontier.candidates import FAMILIES, NONE
 from pomt.frontier.choice import Evaluated, FrontierResult, Goal, ordered
 from pomt.frontier.search import with_held_out
-from pomt.stats import Proportion
+from pomt.stats import Proportion, chance_bound_within, one_sided_interval
 
 LOOKS = (0.25, 0.5, 0.75, 1.0)  # shares of the held-out images at which a finalist may be certified
 INTERIM_SPEND = 0.05  # of a finalist's error spent at each interim look; the last look spends the rest
 FAIL_CONFIDENCE = 0.999  # of a drop surely beyond the goal, checked after every batch
 FINALISTS = 4  # finalists certified at most by default: the share of error each gets and the held-out size plan on it
+MIN_GAIN = 0.01  # of expected speedup a further finalist must add, else the error stays with fewer
 CERTIFIED, FAILED = "certified", "failed"
 
 
@@ -127,22 +133,67 @@ class Measures(Protocol):
 
 
 EXPLORE = 0.5  # the search split judges drops on their measured value: it explores, the held-out images certify
+PLAN_CONFIDENCE = 0.75  # a finalist's chance is planned on its search-split loss rate at this upper bound: the
+# search chose it among many for the images it lost, so its held-out loss tends to be higher
 
 
-def finalists(result: FrontierResult, goal: Goal, count: int = FINALISTS) -> list[Evaluated]:
-    """At most `count` schedules to certify, in order: the fastest the search split passes on the measured drop and
-    on its bound at the goal's confidence, each overall and among the uniform families (their best picked by the
-    same rule), then the next fastest passed on the measured drop; all predicted faster than the unpruned model."""
+def certify_chance(point: Evaluated, baseline: Proportion, plan: Certifier) -> float:
+    """The chance that `point` certifies at the last look of `plan`, at its search-split gain rate and its loss rate
+    at the upper bound at `PLAN_CONFIDENCE`; 0 where its search count is not paired or stopped early."""
+    search = point.search
+    if not search.paired or search.trials < baseline.trials or not search.trials:
+        return 0.0
+    lost_rate = one_sided_interval(search.lost, search.trials, PLAN_CONFIDENCE)[1]
+    base_rate = (search.successes + search.lost - search.gained) / search.trials
+    return chance_bound_within(base_rate, lost_rate, search.gained / search.trials, plan.images, plan.max_drop,
+                               plan.final_confidence())
+
+
+def expected_speedup(picked: Sequence[tuple[float, float]]) -> float:
+    """The expected speedup of what ships from finalists given as (speedup, chance to certify), taken as
+    independent: the fastest certified one's, or 1 (the unpruned model) where none certifies."""
+    expected, none_yet = 0.0, 1.0
+    for speedup, chance in sorted(picked, reverse=True):
+        expected += none_yet * chance * speedup
+        none_yet *= 1 - chance
+    return expected + none_yet
+
+
+def ladder(pool: Sequence[Evaluated], baseline: Evaluated, plan: Certifier) -> tuple[list[Evaluated], float]:
+    """At most `plan.finalists` of `pool` and their expected speedup as `plan` certifies them: first the uniform
+    schedule of the highest expected speedup (its predicted speedup times its `certify_chance`: the best of the
+    uniform families by the same rule), where more than one is certified; then one at a time the schedule that most
+    raises the `expected_speedup` of them all, while one raises it by `MIN_GAIN`."""
+    odds = {p: (baseline.predicted_ms / p.predicted_ms, certify_chance(p, baseline.search, plan)) for p in pool}
+    uniform = [p for p in pool if p.family in FAMILIES]
+    chosen = [max(uniform, key=lambda p: odds[p][0] * odds[p][1])] if uniform and plan.finalists > 1 else []
+    now = expected_speedup([odds[p] for p in chosen])
+    while len(chosen) < plan.finalists:
+        gains = {p: expected_speedup([odds[q] for q in (*chosen, p)]) for p in pool if p not in chosen}
+        best = max(gains, key=gains.get, default=None)
+        if best is None or gains[best] <= now + MIN_GAIN:
+            break
+        chosen.append(best)
+        now = gains[best]
+    return chosen, now
+
+
+def finalists(result: FrontierResult, goal: Goal, held_out: int, count: int = FINALISTS) -> list[Evaluated]:
+    """At most `count` schedules to certify on `held_out` images: the `ladder` of the number of finalists (each
+    certified at its share of the error) whose shipped schedule has the highest expected speedup, a uniform one
+    among them where `count` > 1. Only schedules predicted faster than the unpruned model that the search split
+    passes on the measured drop are taken."""
     baseline = result.baseline
     faster = [p for p in result.evaluated if not p.candidate.unpruned and p.predicted_ms < baseline.predicted_ms]
-    bold = ordered(faster, baseline.accuracy, replace(goal, confidence=EXPLORE))
-    safe = ordered(faster, baseline.accuracy, goal)
-
-    def uniform(points: list[Evaluated]) -> list[Evaluated]:
-        return [p for p in points if p.family in FAMILIES]
-
-    ladder = [ps[0] for ps in (bold, uniform(bold), safe, uniform(safe)) if ps] + bold
-    return list(dict.fromkeys(ladder))[:count]
+    pool = ordered(faster, baseline.accuracy, replace(goal, confidence=EXPLORE))
+    best: tuple[list[Evaluated], float] = ([], 1.0)
+    fewest = 2 if count > 1 and any(p.family in FAMILIES for p in pool) else 1  # a uniform one to beat, certified
+    for size in range(fewest, count + 1) if pool else ():
+        chosen, expected = ladder(pool, baseline, Certifier(size, held_out, 1, goal.max_drop_points / 100,
+                                                             goal.confidence))
+        if expected > best[1] + MIN_GAIN:
+            best = (chosen, expected)
+    return best[0]
 
 
 @dataclass(frozen=True)
@@ -186,7 +237,7 @@ def certified(result: FrontierResult, goal: Goal, calibration: Measures, count: 
               batch_size: int) -> tuple[FrontierResult, Certification]:
     """At most `count` finalists the search split passes, measured on the held-out images (`batch_size` at a time)
     until each is certified or fails."""
-    chosen = finalists(result, goal, count)
+    chosen = finalists(result, goal, calibration.size(HELD_OUT), count)
     certifier = Certifier(max(1, len(chosen)), calibration.size(HELD_OUT), batch_size, goal.max_drop_points / 100,
                           goal.confidence)
     wanted = [NONE, *(p.candidate for p in chosen)]

@@ -71,16 +71,17 @@ def test_the_harmless_schedule_is_certified_and_ships_and_the_lossy_one_fails_on
     split = module.Split(search=images[:1000], held_out=images[1000:2000], fresh=images[2000:])
     goal = Goal(1.0, confidence=0.95)
     baseline, certification = module.certify(measured, split, goal, 4, 32)
-    assert [p.candidate for p in certification.finalists] == [LOSSY, HARMLESS, SLOWER]  # all pass the search part
+    # the faster uniform one leads; the slower one adds nothing the fastest, sure on the search part, does not
+    assert [p.candidate for p in certification.finalists] == [HARMLESS, LOSSY]
     verdicts = {p.candidate: certification.verdict(p) for p in certification.finalists}
-    assert verdicts == {LOSSY: FAILED, HARMLESS: CERTIFIED, SLOWER: CERTIFIED}
+    assert verdicts == {LOSSY: FAILED, HARMLESS: CERTIFIED}
     held = {p.candidate: p.held_out for p in certification.finalists}
     assert held[LOSSY].trials < 1000 and held[LOSSY].trials % 32 == 0  # stopped after a batch: surely beyond
     assert held[HARMLESS].trials in certification.certifier.looks and held[HARMLESS].lost == 0
     shipped, uniform = module.picks(baseline, certification)
-    assert shipped.candidate == uniform.candidate == HARMLESS  # the faster of the two certified
+    assert shipped.candidate == uniform.candidate == HARMLESS  # the one certified
     row = module.replay(measured, split, goal, 4, 32)
-    assert (row["shipped"], row["certified"], row["finalists"]) == (HARMLESS.key, 2, 3)
+    assert (row["shipped"], row["certified"], row["finalists"]) == (HARMLESS.key, 1, 2)
     assert row["shipped_drop"] == 0 and row["shipped_within"] and row["shipped_speedup"] == pytest.approx(1.25)
     assert row["shipped_over_uniform"] == pytest.approx(1.0)
 

@@ -21,18 +21,21 @@ from pomt.frontier.certify import (
     FINALISTS,
     INTERIM_SPEND,
     LOOKS,
+    MIN_GAIN,
     Certification,
     Certifier,
     certification_notes,
     certified,
     certified_uniform,
+    certify_chance,
     check_certifiable,
+    expected_speedup,
     finalists,
     held_out_size,
     images_to_certify_unchanged,
 )
 from pomt.frontier.choice import Evaluated, FrontierResult, Goal, pareto_front
-from pomt.stats import Proportion
+from pomt.stats import Proportion, chance_bound_within
 
 DROP = 0.01  # one point
 CERTIFIER = Certifier(1, 1000, 50, DROP, 0.95)  # looks at 250, 500, 750 and 1000 images
@@ -287,16 +290,18 @@ def point(removal: dict, family: str, ms: float, lost: int, gained: int, method:
     return Evaluated(Candidate.of(method, removal), family, ms, counts(1000, lost, gained, 800))
 
 
-FAST_BOLD = point({0: 9}, "search", 5.0, 20, 11)  # 0.9 points measured, its bound near 1.8
-UNIFORM_BOLD = point({0: 8}, "tome-constant", 6.0, 15, 7)  # 0.8, near 1.6
-NEXT_BOLD = point({0: 7}, "search", 6.5, 12, 4)  # 0.8, near 1.5
-FAST_SAFE = point({0: 6}, "search", 7.0, 2, 2)  # 0, near 0.3
-UNIFORM_SAFE = point({3: 60}, "topk-rate", 8.0, 1, 0, method="topk")  # 0.1, near 0.4
+PLANNED = 1000  # held-out images the finalists are planned on
+FAST_RISKY = point({0: 9}, "search", 5.0, 20, 11)  # 0.9 points measured on the search split: little chance
+UNIFORM_RISKY = point({0: 8}, "tome-constant", 6.0, 15, 7)  # 0.8 points measured
+NEXT_RISKY = point({0: 7}, "search", 6.5, 12, 4)  # 0.8 points measured
+FAST_SAFE = point({0: 6}, "search", 7.0, 2, 2)  # 0 measured, few changed: likely to certify
+BOLD = point({0: 10}, "search", 5.5, 25, 20)  # 0.5 measured over many changes: certifies on many images only
+UNIFORM_SAFE = point({3: 60}, "topk-rate", 8.0, 1, 0, method="topk")  # 0.1 measured, very likely
 LOSSY = point({0: 12}, "search", 4.0, 30, 5)  # 2.5 points measured: passes nothing
 SLOWER = point({5: 1}, "search", 12.0, 0, 0)  # passes everything, predicted slower than unpruned
 AS_SLOW = point({6: 1}, "tome-decreasing", 10.0, 0, 0)  # predicted as slow as unpruned
 UNPRUNED_AGAIN = Evaluated(NONE, "tome-constant", 9.0, counts(1000, 0, 0, 800))  # r = 0 is the unpruned model
-POINTS = (FAST_BOLD, UNIFORM_BOLD, NEXT_BOLD, FAST_SAFE, UNIFORM_SAFE, LOSSY, SLOWER, AS_SLOW, UNPRUNED_AGAIN)
+POINTS = (FAST_RISKY, UNIFORM_RISKY, NEXT_RISKY, FAST_SAFE, UNIFORM_SAFE, LOSSY, SLOWER, AS_SLOW, UNPRUNED_AGAIN)
 
 
 def frontier(points=POINTS, baseline=BASE) -> FrontierResult:
@@ -304,34 +309,100 @@ def frontier(points=POINTS, baseline=BASE) -> FrontierResult:
     return FrontierResult(baseline, evaluated, tuple(pareto_front(evaluated)), len(evaluated))
 
 
+def plan(finalists_: int = FINALISTS, images: int = PLANNED) -> Certifier:
+    return Certifier(finalists_, images, 1, DROP, GOAL.confidence)
+
+
+def odds(point_: Evaluated, plan_: Certifier) -> tuple[float, float]:
+    return BASE.predicted_ms / point_.predicted_ms, certify_chance(point_, BASE.search, plan_)
+
+
 def test_the_search_split_figures_sit_where_the_finalists_test_needs_them():
-    for p in (FAST_BOLD, UNIFORM_BOLD, NEXT_BOLD):
-        assert p.search.drop <= 0.01 < p.search.drop_bound(GOAL.confidence)
-    for p in (FAST_SAFE, UNIFORM_SAFE, SLOWER):
-        assert p.search.drop_bound(GOAL.confidence) <= 0.01
+    chances = {p: certify_chance(p, BASE.search, plan()) for p in POINTS if not p.candidate.unpruned}
+    assert max(chances[p] for p in (FAST_RISKY, UNIFORM_RISKY, NEXT_RISKY)) < 0.2
+    assert min(chances[p] for p in (FAST_SAFE, UNIFORM_SAFE)) > 0.7
+    assert chances[UNIFORM_SAFE] > chances[FAST_SAFE]
     assert LOSSY.search.drop > 0.01
-    assert {p.family for p in (UNIFORM_BOLD, UNIFORM_SAFE, AS_SLOW, UNPRUNED_AGAIN)} <= set(FAMILIES)
+    assert {p.family for p in (UNIFORM_RISKY, UNIFORM_SAFE, AS_SLOW, UNPRUNED_AGAIN)} <= set(FAMILIES)
     assert "search" not in FAMILIES
 
 
-def test_the_finalists_are_the_fastest_on_the_measured_drop_and_on_its_bound_overall_and_uniform_then_the_next():
-    assert finalists(frontier(), GOAL) == [FAST_BOLD, UNIFORM_BOLD, FAST_SAFE, UNIFORM_SAFE]
-    assert finalists(frontier(), GOAL, count=10) == [FAST_BOLD, UNIFORM_BOLD, FAST_SAFE, UNIFORM_SAFE, NEXT_BOLD]
-    assert finalists(frontier(), GOAL, count=2) == [FAST_BOLD, UNIFORM_BOLD]
-    assert finalists(frontier(), GOAL, count=0) == []
+def test_the_chance_to_certify_is_planned_on_a_loss_rate_above_the_measured_one():
+    planned = certify_chance(FAST_SAFE, BASE.search, plan())
+    search = FAST_SAFE.search
+    at_measured = chance_bound_within(0.8, search.lost / 1000, search.gained / 1000, PLANNED, DROP,
+                                      plan().final_confidence())
+    assert 0 < planned < at_measured
 
 
-def test_a_finalist_picked_by_several_rules_is_certified_once():
-    assert finalists(frontier((UNIFORM_SAFE, SLOWER)), GOAL) == [UNIFORM_SAFE]  # picked by all four rules
-    assert finalists(frontier((UNIFORM_SAFE, NEXT_BOLD)), GOAL) == [NEXT_BOLD, UNIFORM_SAFE]
-    assert finalists(frontier((FAST_SAFE, UNIFORM_SAFE)), GOAL) == [FAST_SAFE, UNIFORM_SAFE]
-    assert finalists(frontier((FAST_BOLD, NEXT_BOLD, FAST_SAFE)), GOAL) == [FAST_BOLD, FAST_SAFE, NEXT_BOLD]
+def test_a_count_stopped_early_or_not_paired_has_no_chance_to_certify():
+    stopped = replace(FAST_SAFE, search=counts(300, 0, 0, 240))
+    unpaired = replace(FAST_SAFE, search=Proportion(800, 1000))
+    assert certify_chance(stopped, BASE.search, plan()) == 0.0
+    assert certify_chance(unpaired, BASE.search, plan()) == 0.0
+
+
+def test_the_chance_to_certify_grows_with_the_held_out_images_and_falls_with_the_finalists():
+    by_images = [certify_chance(FAST_SAFE, BASE.search, plan(images=n)) for n in (400, 800, 1600, 3200)]
+    by_finalists = [certify_chance(FAST_SAFE, BASE.search, plan(finalists_=k)) for k in (1, 2, 4, 8)]
+    assert by_images == sorted(by_images) and by_images[0] < by_images[-1]
+    assert by_finalists == sorted(by_finalists, reverse=True) and by_finalists[0] > by_finalists[-1]
+
+
+@pytest.mark.parametrize(("picked", "expected"), [
+    ([], 1.0), ([(2.0, 0.0)], 1.0), ([(2.0, 1.0)], 2.0), ([(2.0, 0.5)], 1.5),
+    ([(2.0, 0.5), (1.5, 1.0)], 0.5 * 2.0 + 0.5 * 1.5), ([(1.5, 1.0), (2.0, 0.5)], 0.5 * 2.0 + 0.5 * 1.5),
+    ([(3.0, 0.2), (2.0, 0.5), (1.2, 0.9)], 0.2 * 3 + 0.8 * 0.5 * 2 + 0.8 * 0.5 * (0.9 * 1.2 + 0.1)),
+])
+def test_the_expected_speedup_is_the_fastest_certified_ones_or_the_unpruned_models(picked, expected):
+    assert expected_speedup(picked) == pytest.approx(expected)
+
+
+def test_a_uniform_schedule_leads_the_finalists_and_each_further_one_raises_the_expected_speedup():
+    for images in (600, PLANNED, 3000):
+        chosen = finalists(frontier(), GOAL, images)
+        assert 1 < len(chosen) <= FINALISTS and len(set(chosen)) == len(chosen)
+        assert chosen[0] == UNIFORM_SAFE and FAST_SAFE in chosen
+        for size in range(1, len(chosen)):
+            before = expected_speedup([odds(p, plan(len(chosen), images)) for p in chosen[:size]])
+            after = expected_speedup([odds(p, plan(len(chosen), images)) for p in chosen[:size + 1]])
+            assert after > before
+
+
+def test_the_finalists_beat_every_pair_led_by_a_uniform_schedule_in_expected_speedup():
+    chosen = finalists(frontier(), GOAL, PLANNED)
+    mine = expected_speedup([odds(p, plan(len(chosen))) for p in chosen])
+    pool = [FAST_RISKY, UNIFORM_RISKY, NEXT_RISKY, FAST_SAFE, UNIFORM_SAFE]
+    for uniform in (UNIFORM_RISKY, UNIFORM_SAFE):
+        for other in pool:
+            assert mine >= expected_speedup([odds(uniform, plan(2)), odds(other, plan(2))]) - 1e-9
+
+
+def test_more_held_out_images_make_the_finalists_bolder():
+    points = (*POINTS, BOLD)
+    few, many = finalists(frontier(points), GOAL, 600), finalists(frontier(points), GOAL, 20_000)
+    assert BOLD not in few and BOLD in many
+    assert min(p.predicted_ms for p in many) < min(p.predicted_ms for p in few)
+
+
+def test_one_finalist_is_the_single_best_bet_and_none_is_none():
+    (one,) = finalists(frontier(), GOAL, PLANNED, count=1)
+    pool = [FAST_RISKY, UNIFORM_RISKY, NEXT_RISKY, FAST_SAFE, UNIFORM_SAFE]
+    assert one == max(pool, key=lambda p: expected_speedup([odds(p, plan(1))]))
+    assert finalists(frontier(), GOAL, PLANNED, count=0) == []
+
+
+def test_a_schedule_that_adds_less_than_the_least_gain_is_no_finalist():
+    hopeless = replace(FAST_RISKY, predicted_ms=8.0, search=counts(1000, 30, 20, 800))  # 1 point measured
+    assert (BASE.predicted_ms / hopeless.predicted_ms - 1) * certify_chance(hopeless, BASE.search, plan(1)) < MIN_GAIN
+    assert finalists(frontier((hopeless,)), GOAL, PLANNED) == []
+    assert finalists(frontier((hopeless, FAST_SAFE)), GOAL, PLANNED) == [FAST_SAFE]
 
 
 def test_nothing_slower_than_unpruned_nor_the_unpruned_model_is_a_finalist():
-    picked = finalists(frontier(), GOAL, count=100)
+    picked = finalists(frontier(), GOAL, PLANNED, count=100)
     assert not {SLOWER, AS_SLOW, UNPRUNED_AGAIN, LOSSY, BASE} & set(picked)
-    assert finalists(frontier((SLOWER, AS_SLOW, UNPRUNED_AGAIN, LOSSY)), GOAL, count=100) == []
+    assert finalists(frontier((SLOWER, AS_SLOW, UNPRUNED_AGAIN, LOSSY)), GOAL, PLANNED, count=100) == []
 
 
 # the certification's record
@@ -440,7 +511,7 @@ def losing_every(step: int, images: int = 4000) -> np.ndarray:
     return right
 
 
-LOSES_3 = Evaluated(Candidate.of("pomt", {3: 40}), "search", 5.0, counts(1000, 3, 0))  # held out: 3 points lost
+LOSES_3 = Evaluated(Candidate.of("pomt", {3: 40}), "search", 5.0, counts(1000, 6, 0))  # held out: 3 points lost
 LOSES_08 = Evaluated(Candidate.of("tome", dict.fromkeys(range(12), 2)), "tome-decreasing", 6.0, counts(1000, 4, 0))
 KEEPS = Evaluated(Candidate.of("tome", dict.fromkeys(range(12), 1)), "tome-constant", 7.0, counts(1000, 0, 0))
 MISSES = Evaluated(Candidate.of("topk", {3: 50}), "topk-rate", 4.0, counts(1000, 30, 0))  # 3 points on the search
@@ -453,11 +524,11 @@ def test_the_finalists_are_certified_on_the_held_out_images_at_the_goal_shared_a
     measures = HeldOutOutcomes(HELD, 4000)
     found, cert = certified(frontier((MISSES, LOSES_3, LOSES_08, KEEPS), baseline), GOAL, measures, 4, 100)
     assert cert.certifier == Certifier(3, 4000, 100, 0.01, 0.95)  # looks at 1000, 2000, 3000 and 4000 images
-    assert [p.candidate for p in cert.finalists] == [LOSES_3.candidate, LOSES_08.candidate, KEEPS.candidate]
+    assert [p.candidate for p in cert.finalists] == [KEEPS.candidate, LOSES_08.candidate, LOSES_3.candidate]
     [(asked, certifier)] = measures.asked
-    assert asked == [NONE, LOSES_3.candidate, LOSES_08.candidate, KEEPS.candidate] and certifier is cert.certifier
-    assert [cert.verdict(p) for p in cert.finalists] == [FAILED, FAILED, CERTIFIED]
-    lossy, close, kept = (p.held_out for p in cert.finalists)
+    assert asked == [NONE, KEEPS.candidate, LOSES_08.candidate, LOSES_3.candidate] and certifier is cert.certifier
+    assert [cert.verdict(p) for p in cert.finalists] == [CERTIFIED, FAILED, FAILED]
+    kept, close, lossy = (p.held_out for p in cert.finalists)
     assert lossy.trials < 4000 and lossy.trials % 100 == 0 and lossy.drop > 0.02  # stopped once surely beyond
     assert (close.trials, close.lost, close.gained) == (4000, 32, 0)  # 0.8 points: not certified on 4000 images
     assert cert.row(cert.finalists[1])["images_to_certify"] > 4000
@@ -473,6 +544,6 @@ def test_fewer_finalists_share_the_error_among_fewer():
     baseline = Evaluated(NONE, "unpruned", 10.0, counts(1000, 0, 0))
     found, cert = certified(frontier((LOSES_3, LOSES_08, KEEPS), baseline), GOAL, HeldOutOutcomes(HELD, 4000), 1, 100)
     assert cert.certifier == Certifier(1, 4000, 100, 0.01, 0.95)
-    assert [p.candidate for p in cert.finalists] == [LOSES_3.candidate] and cert.certified == ()
+    assert [p.candidate for p in cert.finalists] == [LOSES_08.candidate] and cert.certified == ()
     assert certified_uniform(cert) is None
     assert next(e for e in found.evaluated if e.candidate == KEEPS.candidate).held_out is None
