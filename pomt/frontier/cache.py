@@ -3,7 +3,8 @@ searches for several devices, runs side by side; what was committed survives a k
 
 The file is in WAL mode: readers never wait for the writer, and each `add` is one committed transaction. `get` reads
 the file, so what another process wrote since is seen. A result over fewer images (a candidate stopped early)
-never replaces one over more of the same (split, key).
+never replaces one over more of the same (split, key). Each result keeps the `origin` that first measured it (a
+search's latency curve), so a search can start from what others measured (`known`).
 """
 
 from __future__ import annotations
@@ -16,29 +17,38 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from pomt.errors import AccuracyCacheError
 from pomt.frontier.candidates import Candidate
 from pomt.stats import Proportion
 
 FORMAT = "pomt.accuracy-cache"
-VERSION = 1
+VERSION = 2
 BUSY_SECONDS = 60.0  # how long one statement waits for another process's lock
 ATTEMPTS = 5  # of a transaction still locked out after BUSY_SECONDS
 SCHEMA = (
     "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE results (split TEXT NOT NULL, key TEXT NOT NULL, method TEXT NOT NULL, removal TEXT NOT NULL, "
     "correct INTEGER NOT NULL, images INTEGER NOT NULL, lost INTEGER, gained INTEGER, written_at REAL NOT NULL, "
-    "PRIMARY KEY (split, key))",
+    "origin TEXT NOT NULL, PRIMARY KEY (split, key))",
 )
-UPSERT = ("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (split, key) DO UPDATE SET "
+UPSERT = ("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (split, key) DO UPDATE SET "
           "(method, removal, correct, images, lost, gained, written_at) = (excluded.method, excluded.removal, "
           "excluded.correct, excluded.images, excluded.lost, excluded.gained, excluded.written_at) "
           "WHERE excluded.images >= results.images")
 SELECT = "SELECT correct, images, lost, gained FROM results WHERE split = ? AND key = ?"
+KNOWN = "SELECT method, removal, correct, images, lost, gained FROM results WHERE split = ? AND origin != ?"
 _FORKED: list[sqlite3.Connection] = []  # a parent's connections in a forked child: kept, never used nor closed
 T = TypeVar("T")
+
+
+class Held(NamedTuple):
+    """An in-memory cache's entry: the candidate, its result, the origin that first measured it."""
+
+    candidate: Candidate
+    result: Proportion
+    origin: str
 
 
 def canonical_json(data: object) -> str:
@@ -65,7 +75,7 @@ class AccuracyCache:
     def __init__(self, path: str | Path | None, identity: Mapping) -> None:
         self.path = None if path is None else Path(path)
         self.identity = dict(identity)
-        self._memory: dict[tuple[str, str], Proportion] | None = {} if self.path is None else None
+        self._memory: dict[tuple[str, str], Held] | None = {} if self.path is None else None
         self._db: sqlite3.Connection | None = None
         if self.path is not None:
             self._open()
@@ -150,25 +160,37 @@ class AccuracyCache:
     def get(self, candidate: Candidate, split: str) -> Proportion | None:
         """The result held for `candidate` on `split`, as the file holds it now; None if there is none."""
         if self._memory is not None:
-            return self._memory.get((split, candidate.key))
+            held = self._memory.get((split, candidate.key))
+            return None if held is None else held.result
         row = self._run(lambda db: db.execute(SELECT, (split, candidate.key)).fetchone())
         return None if row is None else Proportion(*row)
 
-    def add(self, candidate: Candidate, split: str, result: Proportion) -> Proportion:
-        """Record one result, committed before returning; the result held afterwards (one over more images stays)."""
+    def add(self, candidate: Candidate, split: str, result: Proportion, origin: str = "") -> Proportion:
+        """Record one result, committed before returning; the result held afterwards (one over more images stays,
+        and the origin that first measured it)."""
         if self._memory is not None:
             held = self._memory.get((split, candidate.key))
-            if held is None or result.trials >= held.trials:
-                self._memory[(split, candidate.key)] = held = result
-            return held
+            if held is None or result.trials >= held.result.trials:
+                held = Held(candidate, result, origin if held is None else held.origin)
+                self._memory[(split, candidate.key)] = held
+            return held.result
         row = (split, candidate.key, candidate.method, canonical_json(candidate.to_dict()["removal"]),
-               result.successes, result.trials, result.lost, result.gained, time.time())
+               result.successes, result.trials, result.lost, result.gained, time.time(), origin)
 
         def write(db: sqlite3.Connection) -> tuple:
             db.execute(UPSERT, row)
             return db.execute(SELECT, (split, candidate.key)).fetchone()
 
         return Proportion(*self._run(lambda db: self._transaction(db, write)))
+
+    def known(self, split: str, exclude_origin: str) -> dict[Candidate, Proportion]:
+        """Every result held on exactly `split` that an origin other than `exclude_origin` measured first."""
+        if self._memory is not None:
+            return {h.candidate: h.result for (s, _), h in self._memory.items()
+                    if s == split and h.origin != exclude_origin}
+        rows = self._run(lambda db: db.execute(KNOWN, (split, exclude_origin)).fetchall())
+        return {Candidate.from_dict({"method": method, "removal": json.loads(removal)}): Proportion(*counts)
+                for method, removal, *counts in rows}
 
     def __len__(self) -> int:
         if self._memory is not None:

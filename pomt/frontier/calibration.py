@@ -112,17 +112,20 @@ class Classifier:
 
 
 class Calibration:
-    """The model as counted, its calibration images in two splits, and the cache of what was measured on them."""
+    """The model as counted, its calibration images in two splits, and the cache of what was measured on them; what
+    it measures is cached under `origin` (the search's latency curve: `known` leaves its own results out)."""
 
     def __init__(self, classifier: Classifier, dataset: Dataset, cache: AccuracyCache, *,
-                 held_out: float = 0.5, seed: int = 0, progress: bool = False) -> None:
+                 held_out: float = 0.5, seed: int = 0, progress: bool = False, origin: str = "") -> None:
         self.classifier, self.kind, self.cache, self.progress = classifier, classifier.kind, cache, progress
+        self.origin = origin
         self.indices = split_indices(len(dataset), held_out, seed)
         self.datasets = {name: Subset(dataset, idx) for name, idx in self.indices.items()}
         data = dataset_digest(dataset)
         self.split_ids = {name: f"{name}:{self.kind}:{data}:" + hashlib.sha256(str(idx).encode()).hexdigest()[:12]
                           for name, idx in self.indices.items()}
         self.evaluated, self.seconds = 0, 0.0  # candidates measured (not read back) by this object, and their time
+        self.unpruned: dict[str, torch.Tensor] = {}  # the unpruned model's top-1 classes by split, once counted
 
     def size(self, split: str = SEARCH) -> int:
         return len(self.indices[split])
@@ -135,6 +138,12 @@ class Calibration:
         if found is None or not found.paired or (found.trials < self.size(split) and not stopped):
             return None
         return found
+
+    def known(self, split: str = SEARCH, stopped: bool = False) -> dict[Candidate, Proportion]:
+        """The paired results on `split` that other origins measured first (those stopped early too if `stopped`)."""
+        size = self.size(split)
+        return {c: p for c, p in self.cache.known(self.split_ids[split], self.origin).items()
+                if p.paired and (stopped or p.trials >= size)}
 
     def measure(self, candidates: Sequence[Candidate], split: str = SEARCH, stop_above: float | None = None,
                 certifier: Stop | None = None) -> dict[Candidate, Proportion]:
@@ -150,16 +159,22 @@ class Calibration:
             stop = certifier if stop_above is None else partial(surely_dropped_more, drop=stop_above)
             counted = self.count(missing, split, stop)
             for candidate in missing:
-                self.cache.add(candidate, self.split_ids[split] + test, counted[candidate])
+                self.cache.add(candidate, self.split_ids[split] + test, counted[candidate], self.origin)
             self.evaluated += len(missing)
             self.seconds += time.perf_counter() - start
         return {c: self.cached(c, split, stopped, test) for c in unique}
 
     def count(self, candidates: Sequence[Candidate], split: str,
               stop: Callable[[Proportion], bool] | None) -> dict[Candidate, Proportion]:
-        """`count_correct` over the split's images in one pass (`ShardedCalibration`: over the job's ranks)."""
-        batches = _batches(image_loader(self.datasets[split], self.classifier.batch_size), self.progress)
-        return count_correct(self.classifier, candidates, batches, stop)
+        """`count_correct` over the split's images in one pass (`ShardedCalibration`: over the job's ranks), against
+        the unpruned model's classes on the split, found once in a pass of their own."""
+        if split not in self.unpruned:
+            self.unpruned[split] = unpruned_classes(self.classifier, self.batches(split))
+        return count_correct(self.classifier, candidates, self.batches(split), stop, self.unpruned[split])
+
+    def batches(self, split: str) -> Iterable:
+        """The split's images and labels in batches, in order (with a progress bar where asked)."""
+        return _batches(image_loader(self.datasets[split], self.classifier.batch_size), self.progress)
 
 
 def surely_dropped_more(measured: Proportion, drop: float, confidence: float = STOP_CONFIDENCE) -> bool:
@@ -217,29 +232,46 @@ def candidate_logits(model: nn.Module, candidates: Sequence[Candidate], images: 
 
 
 def _outcomes_of_batch(classifier: Classifier, candidates: Sequence[Candidate], images: torch.Tensor,
-                       labels: torch.Tensor) -> dict[Candidate, torch.Tensor]:
-    """{candidate: whether each image's top-1 is right} on one batch; `NONE` among the candidates."""
+                       labels: torch.Tensor, unpruned: torch.Tensor | None = None) -> dict[Candidate, torch.Tensor]:
+    """{candidate: whether each image's top-1 is right} on one batch; `NONE` among the candidates, not run where
+    `unpruned` holds its top-1 classes on the batch."""
     model, agreement = classifier.model, classifier.kind == AGREEMENT
     classes = getattr(model, "num_classes", None)
     if not agreement and classes is not None and int(labels.max()) >= classes:
         raise DatasetError(f"the images have more classes than the model's {classes} outputs; use a "
                            "matching checkpoint or unlabelled images (agreement)")
-    logits = candidate_logits(model, candidates, images.to(classifier.device, classifier.dtype))
+    run = [c for c in candidates if unpruned is None or not c.unpruned]
+    logits = candidate_logits(model, run, images.to(classifier.device, classifier.dtype)) if run else {}
     top1 = {c: out.argmax(dim=-1) for c, out in logits.items()}
+    if unpruned is not None:
+        top1[NONE] = unpruned.to(classifier.device)
     target = top1[NONE] if agreement else labels.to(classifier.device)
     return {c: (top1[c] == target).cpu() for c in candidates}
 
 
+def unpruned_classes(classifier: Classifier, batches: Iterable) -> torch.Tensor:
+    """The unpruned model's top-1 class of each image, in order: what `image_outcomes` compares with instead of
+    running it again."""
+    with torch.inference_mode():
+        found = [classifier.model(images.to(classifier.device, classifier.dtype)).argmax(dim=-1).cpu()
+                 for images, _ in batches]
+    return torch.cat(found) if found else torch.zeros(0, dtype=torch.long)
+
+
 def image_outcomes(classifier: Classifier, candidates: Sequence[Candidate], batches: Iterable,
-                   stop: Callable[[Proportion], bool] | None = None) -> dict[Candidate, torch.Tensor]:
-    """{candidate: for each image in order, whether its top-1 is right}, `NONE` among them; after each batch a
-    candidate whose `paired_counts` `stop` accepts stops, and once all asked for have, so does the pass."""
+                   stop: Callable[[Proportion], bool] | None = None,
+                   unpruned: torch.Tensor | None = None) -> dict[Candidate, torch.Tensor]:
+    """{candidate: for each image in order, whether its top-1 is right}, `NONE` among them (not run where `unpruned`
+    holds its `unpruned_classes`); after each batch a candidate whose `paired_counts` `stop` accepts stops, and once
+    all asked for have, so does the pass."""
     wanted = list(dict.fromkeys([*candidates, NONE]))
     right: dict[Candidate, list[torch.Tensor]] = {c: [] for c in wanted}
-    asked, active = set(candidates), list(wanted)
+    asked, active, start = set(candidates), list(wanted), 0
     with torch.inference_mode():
         for images, labels in batches:
-            for candidate, outcome in _outcomes_of_batch(classifier, active, images, labels).items():
+            classes = None if unpruned is None else unpruned[start: start + len(images)]
+            start += len(images)
+            for candidate, outcome in _outcomes_of_batch(classifier, active, images, labels, classes).items():
                 right[candidate].append(outcome)
             if stop is not None:
                 seen = torch.cat(right[NONE])
@@ -257,9 +289,11 @@ def paired_counts(outcomes: torch.Tensor, reference: torch.Tensor) -> Proportion
 
 
 def count_correct(classifier: Classifier, candidates: Sequence[Candidate], batches: Iterable,
-                  stop: Callable[[Proportion], bool] | None = None) -> dict[Candidate, Proportion]:
-    """{candidate: its `paired_counts` against the unpruned model} (`image_outcomes`, with its `stop`)."""
-    right = image_outcomes(classifier, candidates, batches, stop)
+                  stop: Callable[[Proportion], bool] | None = None,
+                  unpruned: torch.Tensor | None = None) -> dict[Candidate, Proportion]:
+    """{candidate: its `paired_counts` against the unpruned model} (`image_outcomes`, with its `stop` and
+    `unpruned`)."""
+    right = image_outcomes(classifier, candidates, batches, stop, unpruned)
     return {c: paired_counts(right[c], right[NONE]) for c in dict.fromkeys(candidates)}
 
 
@@ -271,17 +305,25 @@ def _host(calibration: Calibration) -> None:
     _HOSTED["calibration"] = calibration
 
 
-def _measure(job: tuple[list[Candidate], str, float | None, Stop | None]) -> tuple[dict[Candidate, Proportion], int,
-                                                                                  float]:
+def _measure(job: tuple[str, list[Candidate], str, float | None, Stop | None]) -> tuple[dict[Candidate, Proportion],
+                                                                                       int, float]:
     calibration = _HOSTED["calibration"]
-    return calibration.measure(*job), calibration.evaluated, calibration.seconds
+    calibration.origin, *asked = job
+    return calibration.measure(*asked), calibration.evaluated, calibration.seconds
+
+
+def _known(job: tuple[str, str, bool]) -> dict[Candidate, Proportion]:
+    calibration = _HOSTED["calibration"]
+    calibration.origin, split, stopped = job
+    return calibration.known(split, stopped)
 
 
 class HostedCalibration:
-    """A `Calibration` whose `measure` runs in a worker process holding its copy: the same answers and counters."""
+    """A `Calibration` whose `measure` and `known` run in a worker process holding its copy: the same answers and
+    counters, under this object's `origin`."""
 
     def __init__(self, calibration: Calibration, worker: FreshWorker) -> None:
-        self.kind, self.indices = calibration.kind, calibration.indices
+        self.kind, self.indices, self.origin = calibration.kind, calibration.indices, calibration.origin
         self.evaluated, self.seconds = calibration.evaluated, calibration.seconds
         self._worker = worker
         worker.run_copied(_host, calibration)  # returns once the worker holds it
@@ -292,9 +334,13 @@ class HostedCalibration:
     def measure(self, candidates: Sequence[Candidate], split: str = SEARCH, stop_above: float | None = None,
                 certifier: Stop | None = None) -> dict[Candidate, Proportion]:
         """`Calibration.measure` in the worker; its counters follow."""
-        job = (list(candidates), split, stop_above, certifier)
+        job = (self.origin, list(candidates), split, stop_above, certifier)
         found, self.evaluated, self.seconds = self._worker.run(_measure, job)
         return found
+
+    def known(self, split: str = SEARCH, stopped: bool = False) -> dict[Candidate, Proportion]:
+        """`Calibration.known` in the worker."""
+        return self._worker.run(_known, (self.origin, split, stopped))
 
 
 @contextmanager

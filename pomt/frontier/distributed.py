@@ -18,7 +18,15 @@ from torch.utils.data import Dataset, Subset
 from pomt.accuracy import _batches, image_loader
 from pomt.device.fingerprint import resolve_device
 from pomt.errors import DatasetError, PomtError
-from pomt.frontier.calibration import NONE, Calibration, Classifier, _outcomes_of_batch, image_outcomes, paired_counts
+from pomt.frontier.calibration import (
+    NONE,
+    SEARCH,
+    Calibration,
+    Classifier,
+    _outcomes_of_batch,
+    image_outcomes,
+    paired_counts,
+)
 from pomt.frontier.candidates import Candidate
 from pomt.stats import Proportion
 
@@ -145,6 +153,14 @@ def sharded_counts(classifier: Classifier, candidates: Sequence[Candidate], data
 
 class ShardedCalibration(Calibration):
     """A `Calibration` whose passes the job's ranks share: every rank holds one process's counts exactly."""
+
+    def known(self, split: str = SEARCH, stopped: bool = False) -> dict[Candidate, Proportion]:
+        """Rank 0's `Calibration.known` on every rank: the ranks' searches start from the same schedules."""
+        place = ranks()
+        found = [super().known(split, stopped) if place.rank == 0 else None]
+        if place.size > 1:
+            dist.broadcast_object_list(found, src=0)
+        return found[0]
 
     def count(self, candidates: Sequence[Candidate], split: str,
               stop: Callable[[Proportion], bool] | None) -> dict[Candidate, Proportion]:

@@ -1,7 +1,10 @@
 """The speed-accuracy frontier of schedules across blocks and reducers, searched on a measured-accuracy budget.
 
 Latency is predicted (`LatencyModel`); accuracy is measured on the search split, every candidate counting against
-`max_evals`, cached or not, so a resumed search decides alike. In order: the unpruned model and the uniform
+`max_evals`, cached or not, so a resumed search decides alike. A search may start from `known` schedules, measured on
+these images by searches for other latency curves: held from the start and priced here, they count against `max_evals`
+too, but such a search always keeps `WARM_FRESH` of `max_evals` fresh measurements for proposals of its own, and the
+unpruned model and uniform families it holds cost nothing. In order: the unpruned model and the uniform
 families; per reducer, single-block probes that fit an additive stand-in for the drop (`pomt.frontier.surrogate`),
 whose dynamic programme proposes the fastest schedules; the rest of the budget split between reducers by promise
 (`bisection_shares`), half bisecting the proposals, half refitting the stand-in (`refine`).
@@ -34,6 +37,7 @@ Oracle = Callable[[Sequence[Candidate]], Mapping[Candidate, Proportion]]
 MAX_EVALS = 80  # measured accuracies a search may spend by default
 MIN_BISECTION = 3  # evaluations a reducer's bisection gets at least (as far as its proposals go)
 NEAR_MISS = 2  # times the goal: how far past it by the refitted stand-in a proposal may still be measured
+WARM_FRESH = 0.2  # of max_evals: the fresh measurements a search holding known schedules has for its own proposals
 
 
 @dataclass(frozen=True)
@@ -83,37 +87,40 @@ class ReducerPlan:
 
 
 class FrontierSearch:
-    """One search: the latency model, the accuracy oracle, the settings, and what was measured so far."""
+    """One search: the latency model, the accuracy oracle, the settings, the `known` schedules it starts from, and
+    what it holds so far."""
 
-    def __init__(self, latency: LatencyModel, oracle: Oracle, settings: FrontierSettings = FrontierSettings()) -> None:
+    def __init__(self, latency: LatencyModel, oracle: Oracle, settings: FrontierSettings = FrontierSettings(),
+                 known: Mapping[Candidate, Proportion] | None = None) -> None:
         self.latency, self.oracle, self.settings = latency, oracle, settings
-        self.records: dict[Candidate, Evaluated] = {}
-        self.asked = 0
+        self.known = dict(known or {})
+        self.records: dict[Candidate, Evaluated] = known_records(latency, settings, self.known)
+        self.asked = self.forced = 0  # fresh measurements, and those of them forced (unpruned, uniform families)
         self.notes: list[str] = []
 
     @property
     def left(self) -> int:
-        return max(0, self.settings.max_evals - self.asked)
+        """What the budget still allows: `max_evals` less what was asked, or with known schedules `warm_left`."""
+        if not self.known:
+            return max(0, self.settings.max_evals - self.asked)
+        return warm_left(self.settings.max_evals, len(self.records), self.asked - self.forced)
 
     def measure(self, labelled: Mapping[Candidate, str], force: bool = False) -> None:
-        """Measure the candidates not measured yet in one oracle call, within the budget unless `force`."""
+        """Measure the candidates not held yet in one oracle call, within the budget unless `force`."""
         new = [c for c in labelled if c not in self.records][: None if force else self.left]
         if not new:
             return
         results = self.oracle(new)
         self.asked += len(new)
+        self.forced += len(new) if force else 0
         self.records.update({c: Evaluated(c, labelled[c], self.latency.predict(c), results[c]) for c in new})
 
     def run(self) -> FrontierResult:
         """Search within the budget and return every schedule evaluated, with the frontier."""
-        s, lat = self.settings, self.latency
+        s = self.settings
         self.measure({NONE: "unpruned"}, force=True)
-        families = uniform_families(lat.num_tokens, lat.prefix_tokens, lat.depth, s.steps, s.family_points)
-        labelled: dict[Candidate, str] = {}
-        for name, candidates in families.items():
-            labelled.update({c: name for c in candidates if c not in labelled})
-        self.measure(labelled, force=True)
-        if self.asked > s.max_evals:
+        self.measure(family_labels(self.latency, self.settings), force=True)
+        if self.asked > s.max_evals and not self.left:
             self.notes.append(f"the uniform families alone took {self.asked} evaluations (max_evals "
                               f"{s.max_evals}): no per-block search")
         plans = {m: self.plan_reducer(m, self.left // (len(s.reducers) - i)) for i, m in enumerate(s.reducers)}
@@ -125,6 +132,9 @@ class FrontierSearch:
             spare += self.refine(method, plans[method], share - first)
         for method in shares:  # what a refit left unspent, to the most promising reducer that can use it
             spare = self.refine(method, plans[method], spare)
+        if self.known:
+            self.notes.append(f"started from {len(self.known)} schedules other searches measured on these images; "
+                              f"{self.asked} measured fresh")
         evaluated = tuple(self.records.values())
         return FrontierResult(self.records[NONE], evaluated, tuple(pareto_front(evaluated)), self.asked,
                               tuple(self.notes))
@@ -132,18 +142,30 @@ class FrontierSearch:
     def plan_reducer(self, method: str, budget: int) -> ReducerPlan | None:
         """Probes within half of `budget`, their stand-in and proposals (None: too few for probes at two blocks)."""
         s, lat = self.settings, self.latency
-        shares = s.probe_shares
-        blocks = min(s.probe_blocks, (budget // 2) // max(1, len(shares)))
+        blocks = self.probe_blocks(method, budget)
         if blocks < 2:
             if budget:
                 self.notes.append(f"{method}: {budget} evaluations left, too few for a per-block search")
             return None
-        probes = probe_candidates(method, lat.num_tokens, lat.prefix_tokens, lat.depth, blocks, shares)
+        probes = probe_candidates(method, lat.num_tokens, lat.prefix_tokens, lat.depth, blocks, s.probe_shares)
         self.measure_probes(method, probes)
         measured = {probes[c]: self.records[c].search for c in probes if c in self.records}
         surrogate = fit_surrogate(measured, self.records[NONE].search, s.stand_in_confidence)
         proposals, within = self.propose(method, surrogate)
         return ReducerPlan(proposals, min((lat.predict(c) for c in within), default=lat.baseline), surrogate)
+
+    def probe_blocks(self, method: str, budget: int) -> int:
+        """The blocks to probe at: as many as half of `budget` measures, up to `probe_blocks`; with known schedules,
+        more where the probes not held yet fit in it."""
+        s, lat = self.settings, self.latency
+        fitting = min(s.probe_blocks, (budget // 2) // max(1, len(s.probe_shares)))
+
+        def fresh(blocks: int) -> int:
+            probes = probe_candidates(method, lat.num_tokens, lat.prefix_tokens, lat.depth, blocks, s.probe_shares)
+            return sum(c not in self.records for c in probes)
+
+        more = range(s.probe_blocks, fitting, -1) if self.known else ()
+        return next((blocks for blocks in more if fresh(blocks) <= budget // 2), fitting)
 
     def propose(self, method: str, surrogate: DropSurrogate) -> tuple[list[Candidate], list[Candidate]]:
         """The programme's proposals, slowest first (the fastest for each stand-in drop up to `drop_span` times
@@ -212,7 +234,7 @@ class FrontierSearch:
         baseline, cap = self.records[NONE].search, s.closely_searched
         near = NEAR_MISS * s.max_accuracy_drop / 100
         shares = refit_shares(plan.surrogate.shares)
-        stop = min(self.asked + budget, s.max_evals)
+        stop = self.asked + min(budget, self.left)
         while self.asked < stop:
             observed = [(c, lat.counts(c), min(cap, judged_drop(e.search, baseline, s.stand_in_confidence)))
                         for c, e in self.records.items() if c.method == method]
@@ -258,6 +280,31 @@ class FrontierSearch:
             measured(i)
 
 
+def warm_left(max_evals: int, held: int, proposed: int) -> int:
+    """What the budget of a search holding known schedules still allows: `max_evals` less the schedules it `held`,
+    but at least what is left of `WARM_FRESH` of `max_evals` after the fresh measurements it `proposed`."""
+    return max(0, max_evals - held, math.ceil(WARM_FRESH * max_evals) - proposed)
+
+
+def family_labels(latency: LatencyModel, settings: FrontierSettings) -> dict[Candidate, str]:
+    """The unpruned model and every uniform family's candidates, each labelled by the first family holding it."""
+    labelled = {NONE: "unpruned"}
+    families = uniform_families(latency.num_tokens, latency.prefix_tokens, latency.depth, settings.steps,
+                                settings.family_points)
+    for name, candidates in families.items():
+        labelled.update({c: name for c in candidates if c not in labelled})
+    return labelled
+
+
+def known_records(latency: LatencyModel, settings: FrontierSettings,
+                  known: Mapping[Candidate, Proportion]) -> dict[Candidate, Evaluated]:
+    """The `known` schedules priced by `latency`, labelled by family (`known-<method>` outside them), families
+    first, the rest in order."""
+    labelled = family_labels(latency, settings) if known else {}
+    order = [*(c for c in labelled if c in known), *sorted(set(known) - set(labelled))]
+    return {c: Evaluated(c, labelled.get(c, f"known-{c.method}"), latency.predict(c), known[c]) for c in order}
+
+
 def refit_pick(proposals: Sequence[Candidate], within: Sequence[Candidate], measured: Container[Candidate],
                predict: Callable[[Candidate], float], best_ms: float,
                near_miss: Callable[[Candidate], bool]) -> Candidate | None:
@@ -270,10 +317,11 @@ def refit_pick(proposals: Sequence[Candidate], within: Sequence[Candidate], meas
     return max(faster, key=lambda c: (predict(c), c), default=None)
 
 
-def search_frontier(latency: LatencyModel, oracle: Oracle,
-                    settings: FrontierSettings = FrontierSettings()) -> FrontierResult:
-    """The frontier of schedules `latency` prices and `oracle` measures the accuracy of (`FrontierSearch`)."""
-    return FrontierSearch(latency, oracle, settings).run()
+def search_frontier(latency: LatencyModel, oracle: Oracle, settings: FrontierSettings = FrontierSettings(),
+                    known: Mapping[Candidate, Proportion] | None = None) -> FrontierResult:
+    """The frontier of schedules `latency` prices and `oracle` measures the accuracy of, starting from the `known`
+    ones (`FrontierSearch`)."""
+    return FrontierSearch(latency, oracle, settings, known).run()
 
 
 def with_held_out(result: FrontierResult, oracle: Oracle,

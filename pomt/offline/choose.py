@@ -4,6 +4,7 @@ ship as (`build_schedule`, `as_schedule`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -15,7 +16,7 @@ from pomt.errors import CalibrationError, PolicyError, SettingError
 from pomt.formats.curve import rounded
 from pomt.formats.schedule import BlockRemoval, Schedule, utc_now
 from pomt.formats.schedule_parts import MeasurementRecord, Prediction, SchedulePolicy, Verified
-from pomt.frontier.cache import AccuracyCache, default_cache_path
+from pomt.frontier.cache import AccuracyCache, canonical_json, default_cache_path
 from pomt.frontier.calibration import (
     HELD_OUT,
     SEARCH,
@@ -249,7 +250,9 @@ def find_frontier(request: Request, run: Run, setup: FrontierSetup, latency: Lat
     started = time.perf_counter()
     # past what the search tells apart an accuracy stops early, unless the goal reads accuracies that low
     stop = settings.closely_searched if goal.latency_budget_ms is None and goal.min_accuracy is None else None
-    result = search_frontier(model, lambda cs: calibration.measure(cs, SEARCH, stop_above=stop), settings)
+    calibration.origin = search_origin(run.setup.stem, latency)
+    known = calibration.known(SEARCH, stopped=stop is not None)  # what searches on other curves measured
+    result = search_frontier(model, lambda cs: calibration.measure(cs, SEARCH, stop_above=stop), settings, known)
     if goal.max_drop_points is None:  # nothing to certify: what may ship, the best uniform one included, reported
         verified = to_verify(result, goal, config.verify_candidates)
         wanted = [NONE, *(e.candidate for e in result.frontier), *(e.candidate for e in verified)]
@@ -270,6 +273,15 @@ def find_frontier(request: Request, run: Run, setup: FrontierSetup, latency: Lat
     return FrontierFound(result, model, tuple(shippable), uniform, latency.search.reps,
                          calibration.evaluated, seconds, notes + mixed_note(model) + result.notes + stopped + told,
                          tuple(by_candidate[e.candidate] for e in verified), certification)
+
+
+def search_origin(stem: str, latency: Latency) -> str:
+    """The origin of the accuracies this run measures: its stem and a digest of its latency curve's points and steps,
+    the same for a resumed run of the same trace (and the split steps), another for another device's curve."""
+    search = latency.search
+    curve = {"points": [[p.tokens, round(p.latency_ms, 6)] for p in sorted(search.points, key=lambda p: p.tokens)],
+             "steps": sorted([s.tokens, s.upper_tokens] for s in search.steps)}
+    return f"{stem}:{hashlib.sha256(canonical_json(curve).encode()).hexdigest()[:12]}"
 
 
 def latency_model(geometry: Geometry, latency: Latency, costs: Mapping[str, ReducerCost],

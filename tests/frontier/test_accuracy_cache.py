@@ -1,5 +1,6 @@
 """The shared accuracy cache: results round trip, processes writing one file at once, a writer killed mid-write, what
-another process wrote seen at once, partial results never replacing complete ones, and bad files refused in one line."""
+another process wrote seen at once, partial results never replacing complete ones, the first origin kept and what
+other origins measured listed, and bad files refused in one line."""
 
 from __future__ import annotations
 
@@ -174,14 +175,23 @@ def sqlite_of(path: Path, *statements: str) -> Path:
     return path
 
 
+VERSION_1 = (  # a file without origins, as the first version wrote it
+    "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE results (split TEXT NOT NULL, key TEXT NOT NULL, method TEXT NOT NULL, removal TEXT NOT NULL, "
+    "correct INTEGER NOT NULL, images INTEGER NOT NULL, lost INTEGER, gained INTEGER, written_at REAL NOT NULL, "
+    "PRIMARY KEY (split, key))",
+    f"INSERT INTO meta VALUES ('format', '{FORMAT}'), ('version', '1'), ('identity', '{json.dumps(IDENTITY)}')",
+    "INSERT INTO results VALUES ('s', 'none', 'none', '{}', 1, 2, 0, 0, 0.0)",
+)
 BAD_FILES = {
     "text": (lambda p: p.write_text("a\n" * 100) and p, "is not SQLite or is corrupt"),
     "corrupt": (corrupted, "is not SQLite or is corrupt"),
     "another-sqlite": (lambda p: sqlite_of(p, "CREATE TABLE notes (text TEXT)"), "not a pomt accuracy cache"),
     "another-meta": (lambda p: sqlite_of(p, "CREATE TABLE meta (name, value)", "CREATE TABLE results (a)"),
                      "not a pomt accuracy cache"),
-    "version": (lambda p: sqlite_of(filled(p), "UPDATE meta SET value = '2' WHERE name = 'version'"),
-                "is of version 2, this pomt reads version 1"),
+    "version": (lambda p: sqlite_of(filled(p), "UPDATE meta SET value = '3' WHERE name = 'version'"),
+                "is of version 3, this pomt reads version 2"),
+    "version-1": (lambda p: sqlite_of(p, *VERSION_1), "is of version 1, this pomt reads version 2; delete it"),
     "other-model": (lambda p: AccuracyCache(p, dict(IDENTITY, model="other", weights="f" * 16)).path,
                     "belongs to another model .model 'other', now 'test_vit', weights 'f+', now '0123"),
     "folder": (lambda p: p.mkdir() or p, "is a folder; choose a file path"),
@@ -198,3 +208,38 @@ def test_a_bad_cache_file_is_refused_in_one_line_and_left_as_it_was(tmp_path, ca
         AccuracyCache(path, IDENTITY)
     assert "\n" not in str(caught.value) and caught.value.__cause__ is None
     assert (path.read_bytes() if path.is_file() else None) == before
+
+
+@pytest.mark.parametrize("in_file", [True, False], ids=["file", "memory"])
+def test_a_result_keeps_the_origin_that_first_measured_it(tmp_path, in_file):
+    cache = AccuracyCache(tmp_path / "acc.sqlite" if in_file else None, IDENTITY)
+    candidate = Candidate.parse("tome:0=4,3=2")
+    cache.add(candidate, SEARCH, Proportion(1, 4, 3, 0), origin="bs1")  # stopped early
+    assert cache.add(candidate, SEARCH, Proportion(18, 20, 2, 0), origin="bs16") == Proportion(18, 20, 2, 0)
+    assert cache.known(SEARCH, "bs16") == {candidate: Proportion(18, 20, 2, 0)}  # still bs1's
+    assert cache.known(SEARCH, "bs1") == {}
+    if in_file:
+        with sqlite3.connect(cache.path) as db:
+            assert db.execute("SELECT origin FROM results").fetchall() == [("bs1",)]
+        db.close()
+
+
+@pytest.mark.parametrize("in_file", [True, False], ids=["file", "memory"])
+def test_known_lists_what_other_origins_measured_on_exactly_that_split(tmp_path, in_file):
+    cache = AccuracyCache(tmp_path / "acc.sqlite" if in_file else None, IDENTITY)
+    theirs = {NONE: Proportion(15, 20, 0, 0), Candidate.parse("topk:1=3,2=1"): Proportion(12, 20, 4, 1),
+              Candidate.parse("pomt:3=8"): Proportion(3, 8, 5, 0)}
+    for candidate, result in theirs.items():
+        cache.add(candidate, SEARCH, result, origin="bs1")
+    mine = Candidate.parse("tome:0=2")
+    cache.add(mine, SEARCH, Proportion(14, 20, 1, 0), origin="bs16")
+    cache.add(Candidate.parse("tome:0=3"), HELD, Proportion(9, 20, 2, 0), origin="bs1")  # another split
+    cache.add(Candidate.parse("tome:0=1"), f"{SEARCH}|certify:0.01:0.95", Proportion(9, 20), origin="bs1")
+    cache.add(Candidate.parse("tome:1=1"), "", Proportion(2, 3), origin="")  # no origin, another split
+    known = cache.known(SEARCH, "bs16")
+    assert known == theirs and all(type(c) is Candidate for c in known)
+    assert cache.known(SEARCH, "bs1") == {mine: Proportion(14, 20, 1, 0)}
+    assert cache.known(SEARCH, "") == {**theirs, mine: Proportion(14, 20, 1, 0)}
+    again = pickle.loads(pickle.dumps(cache))
+    assert again.known(SEARCH, "bs16") == theirs and again.known(HELD, "") == {Candidate.parse("tome:0=3"):
+                                                                                Proportion(9, 20, 2, 0)}

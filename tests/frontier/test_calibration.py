@@ -23,6 +23,7 @@ from pomt.frontier.calibration import (
     shares_prefix,
     split_indices,
     surely_dropped_more,
+    unpruned_classes,
 )
 from pomt.frontier.candidates import NONE, Candidate
 from pomt.models.registry import create_model
@@ -255,3 +256,37 @@ def test_a_hosted_calibration_answers_as_here_caches_the_same_and_runs_no_forwar
 def test_an_error_in_the_worker_arrives_here_as_itself(tmp_path):
     with hosted(tiny_calibration(tmp_path / "j.sqlite")) as away, pytest.raises(PatchError, match="remove at most 15"):
         away.measure([Candidate.of("pomt", {0: 40})], SEARCH)  # test_vit at 64 px has 16 patch tokens
+
+
+def counting_blocks(model):
+    """A list that grows by one each time any block of `model` runs."""
+    runs = []
+    for block in model.blocks:
+        block.register_forward_hook(lambda *_: runs.append(1))
+    return runs
+
+
+@pytest.mark.parametrize("kind", [TOP1, AGREEMENT])
+def test_given_the_unpruned_classes_the_counts_are_the_same_and_the_unpruned_model_does_not_run(kind):
+    vit = create_model("test_vit", 64, num_classes=10)
+    images = torch.randn(9, 3, 64, 64, generator=torch.Generator().manual_seed(4))
+    batches = [(images[:4], torch.arange(4) % 10), (images[4:], torch.arange(5) % 10)]
+    early = [Candidate.of("tome", {0: 2}), Candidate.of("pomt", {0: 5})]  # both cut at the first block
+    plain = count_correct(Classifier(vit, kind), early, batches)
+    classes = unpruned_classes(Classifier(vit, kind), batches)
+    runs = counting_blocks(vit)
+    given = count_correct(Classifier(vit, kind), early, batches, unpruned=classes)
+    assert given == plain
+    assert len(runs) == 2 * len(early) * len(vit.blocks)  # each candidate's own blocks, per batch, and no more
+    reference = count_correct(Classifier(vit, kind), [NONE], batches)
+    assert count_correct(Classifier(vit, kind), [NONE], batches, unpruned=classes) == reference
+
+
+def test_a_calibration_finds_the_unpruned_classes_once_per_split(model, images, tmp_path):
+    measured = calibration(model, images, tmp_path / "cache.sqlite")
+    first = measured.measure(CANDIDATES[:1])
+    kept = measured.unpruned[SEARCH].clone()
+    second = measured.measure(CANDIDATES[1:])
+    assert torch.equal(measured.unpruned[SEARCH], kept) and set(measured.unpruned) == {SEARCH}
+    fresh = calibration(model, images, None)  # nothing cached: counted in one pass of its own
+    assert fresh.measure(CANDIDATES) == {**first, **second}
