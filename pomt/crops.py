@@ -11,8 +11,6 @@ import hashlib
 import io
 import json
 import math
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from sklearn.datasets import load_sample_images
 
 from pomt.digits import CACHE_DIR, MANIFEST, SPLITS, DigitsCase, Recipe, timm_name, trained_case
 from pomt.errors import DatasetError
+from pomt.io import staged_folder
 
 # Each photo's grid of regions (rows, columns): one class per region, `CLASSES` in all (`digits.train`'s classifier).
 GRIDS = {"china": (2, 2), "flower": (2, 2), "grace_hopper": (2, 1)}
@@ -135,11 +134,9 @@ def write_crops(cache_dir: str | Path, spec: CropsSpec = CropsSpec()) -> Path:
     root = Path(cache_dir) / f"crops_{spec.size}px_{spec.key(photo_digests)}"
     if (root / MANIFEST).is_file():
         return root
-    root.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}."))
     counts = {"train": spec.train, "calibration": spec.calibration}
     files: dict[str, str] = {}
-    try:
+    with staged_folder(root) as staging:
         label = 0
         for name, path in paths.items():
             with Image.open(path) as opened:
@@ -156,11 +153,6 @@ def write_crops(cache_dir: str | Path, spec: CropsSpec = CropsSpec()) -> Path:
         images = {split: label * counts[split] for split in SPLITS}
         manifest = {"spec": asdict(spec), "photos": photo_digests, "images": images, "files": files}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        shutil.rmtree(root, ignore_errors=True)  # a folder without its manifest is incomplete
-        staging.rename(root)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return root
 
 

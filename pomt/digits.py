@@ -9,8 +9,6 @@ import hashlib
 import io
 import json
 import math
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,7 +23,7 @@ from tqdm.auto import tqdm
 
 from pomt.accuracy import eval_transform, image_loader, open_image_folder
 from pomt.errors import DatasetError
-from pomt.io import atomic_write_bytes, atomic_write_json
+from pomt.io import atomic_write_bytes, atomic_write_json, staged_folder
 from pomt.models.registry import create_model
 
 CACHE_DIR = Path("bin/cache")
@@ -79,9 +77,7 @@ def write_digits(cache_dir: str | Path, spec: DigitsSpec = DigitsSpec()) -> Path
         return root
     digits = load_digits()
     splits = split_per_class(digits.target, spec)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}."))
-    try:
+    with staged_folder(root) as staging:
         for name, indices in splits.items():
             for index in indices:
                 folder = staging / name / str(int(digits.target[index]))
@@ -89,11 +85,6 @@ def write_digits(cache_dir: str | Path, spec: DigitsSpec = DigitsSpec()) -> Path
                 render(digits.images[index], spec.size).save(folder / f"{index:04d}.png")
         counts = {name: len(indices) for name, indices in splits.items()}
         (staging / MANIFEST).write_text(json.dumps({"spec": asdict(spec), "images": counts}, indent=2) + "\n")
-        shutil.rmtree(root, ignore_errors=True)  # a folder without its manifest is incomplete
-        staging.rename(root)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return root
 
 

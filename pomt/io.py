@@ -92,6 +92,22 @@ def staged_set(folder: str | Path, name: str, last: Sequence[str] = ()) -> Itera
         _move_committed(staging)
 
 
+@contextmanager
+def staged_folder(root: str | Path) -> Iterator[Path]:
+    """Build a whole folder in the yielded hidden folder beside `root`; on leaving it replaces `root` (a half-built
+    one included); an error removes it and leaves `root` as it was."""
+    root = Path(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}."))
+    try:
+        yield staging
+        shutil.rmtree(root, ignore_errors=True)
+        staging.rename(root)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
 def clear_stale(folder: str | Path, name: str) -> None:
     """Clear what a killed writer of the set `name` left in `folder`: finish a committed set, remove the rest."""
     folder = Path(folder)

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from pomt.io import atomic_save_figure, atomic_write_csv, atomic_write_json  # noqa: E402
+from pomt.io import atomic_save_figure, atomic_write_csv, atomic_write_json, staged_folder  # noqa: E402
 
 
 def _mode(path) -> int:
@@ -41,3 +41,18 @@ def test_failed_figure_leaves_no_file(tmp_path):
     with pytest.raises(RuntimeError):
         atomic_save_figure(tmp_path / "plot.png", Broken())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_staged_folder_replaces_the_root_whole_or_leaves_it_as_it_was(tmp_path):
+    root = tmp_path / "built"
+    root.mkdir()
+    (root / "half").write_text("an earlier half-built folder")
+    with staged_folder(root) as staging:
+        (staging / "MANIFEST").write_text("whole")
+        assert not (root / "MANIFEST").exists()  # nothing in place before leaving
+    assert sorted(p.name for p in root.iterdir()) == ["MANIFEST"]
+    with pytest.raises(RuntimeError), staged_folder(root) as staging:
+        (staging / "other").write_text("never in place")
+        raise RuntimeError("build failed")
+    assert sorted(p.name for p in root.iterdir()) == ["MANIFEST"]
+    assert [p.name for p in tmp_path.iterdir()] == ["built"]  # no staging left beside it
