@@ -4,7 +4,9 @@ searches for several devices, runs side by side; what was committed survives a k
 The file is in WAL mode: readers never wait for the writer, and each `add` is one committed transaction. `get` reads
 the file, so what another process wrote since is seen. A result over fewer images (a candidate stopped early)
 never replaces one over more of the same (split, key). Each result keeps the `origin` that first measured it (a
-search's latency curve), so a search can start from what others measured (`known`).
+search's latency curve), so a search can start from what others measured (`known`): what they had measured when that
+origin first asked, so a resumed search starts alike. The unpruned model's top-1 class of each image of a split
+(`classes`), which every result on it is counted against, is kept once per split.
 """
 
 from __future__ import annotations
@@ -19,12 +21,18 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
+import numpy as np
+
 from pomt.errors import AccuracyCacheError
 from pomt.frontier.candidates import Candidate
 from pomt.stats import Proportion
 
 FORMAT = "pomt.accuracy-cache"
-VERSION = 2
+VERSION = 3
+MIGRATES = {"2": (  # from version: what to add
+    "CREATE TABLE classes (split TEXT PRIMARY KEY, classes BLOB NOT NULL)",
+    "CREATE TABLE origins (origin TEXT PRIMARY KEY, seen_upto INTEGER NOT NULL)",
+)}
 BUSY_SECONDS = 60.0  # how long one statement waits for another process's lock
 ATTEMPTS = 5  # of a transaction still locked out after BUSY_SECONDS
 SCHEMA = (
@@ -32,14 +40,21 @@ SCHEMA = (
     "CREATE TABLE results (split TEXT NOT NULL, key TEXT NOT NULL, method TEXT NOT NULL, removal TEXT NOT NULL, "
     "correct INTEGER NOT NULL, images INTEGER NOT NULL, lost INTEGER, gained INTEGER, written_at REAL NOT NULL, "
     "origin TEXT NOT NULL, PRIMARY KEY (split, key))",
+    *MIGRATES["2"],
 )
 UPSERT = ("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (split, key) DO UPDATE SET "
           "(method, removal, correct, images, lost, gained, written_at) = (excluded.method, excluded.removal, "
           "excluded.correct, excluded.images, excluded.lost, excluded.gained, excluded.written_at) "
           "WHERE excluded.images >= results.images")
 SELECT = "SELECT correct, images, lost, gained FROM results WHERE split = ? AND key = ?"
-KNOWN = "SELECT method, removal, correct, images, lost, gained FROM results WHERE split = ? AND origin != ?"
+CLASSES_OF = "SELECT classes FROM classes WHERE split = ?"
+SEEN = ("INSERT INTO origins SELECT ?, COALESCE(MAX(rowid), 0) FROM results WHERE true "
+        "ON CONFLICT (origin) DO NOTHING")  # an origin's first ask: the results written so far (rowids grow as
+# results are written; pomt never runs VACUUM, which could renumber them)
+KNOWN = ("SELECT method, removal, correct, images, lost, gained FROM results WHERE split = ? AND origin != ? AND "
+         "rowid <= (SELECT seen_upto FROM origins WHERE origin = ?)")
 _FORKED: list[sqlite3.Connection] = []  # a parent's connections in a forked child: kept, never used nor closed
+CLASS_DTYPE = "<i4"  # a class index as the file keeps it
 T = TypeVar("T")
 
 
@@ -49,6 +64,7 @@ class Held(NamedTuple):
     candidate: Candidate
     result: Proportion
     origin: str
+    number: int  # in the order first written
 
 
 def canonical_json(data: object) -> str:
@@ -76,6 +92,8 @@ class AccuracyCache:
         self.path = None if path is None else Path(path)
         self.identity = dict(identity)
         self._memory: dict[tuple[str, str], Held] | None = {} if self.path is None else None
+        self._seen: dict[str, int] = {}  # in memory only: by origin, the entries written when it first asked
+        self._classes: dict[str, bytes] = {}  # in memory only
         self._db: sqlite3.Connection | None = None
         if self.path is not None:
             self._open()
@@ -113,7 +131,11 @@ class AccuracyCache:
         if meta.get("format") != FORMAT:
             raise AccuracyCacheError(f"{self.path} is a SQLite file but not a pomt accuracy cache; "
                                      "choose another cache file")
-        if meta.get("version") != str(VERSION):
+        if meta.get("version") in MIGRATES:
+            for statement in MIGRATES[meta["version"]]:
+                db.execute(statement)
+            db.execute("UPDATE meta SET value = ? WHERE name = 'version'", (str(VERSION),))
+        elif meta.get("version") != str(VERSION):
             raise AccuracyCacheError(f"accuracy cache {self.path} is of version {meta.get('version')}, this pomt "
                                      f"reads version {VERSION}; delete it or choose another cache file")
         found, now = json.loads(meta.get("identity") or "{}"), json.loads(stored)
@@ -171,7 +193,8 @@ class AccuracyCache:
         if self._memory is not None:
             held = self._memory.get((split, candidate.key))
             if held is None or result.trials >= held.result.trials:
-                held = Held(candidate, result, origin if held is None else held.origin)
+                held = (Held(candidate, result, origin, len(self._memory)) if held is None
+                        else held._replace(result=result))
                 self._memory[(split, candidate.key)] = held
             return held.result
         row = (split, candidate.key, candidate.method, canonical_json(candidate.to_dict()["removal"]),
@@ -184,13 +207,38 @@ class AccuracyCache:
         return Proportion(*self._run(lambda db: self._transaction(db, write)))
 
     def known(self, split: str, exclude_origin: str) -> dict[Candidate, Proportion]:
-        """Every result held on exactly `split` that an origin other than `exclude_origin` measured first."""
+        """Every result held on exactly `split` that an origin other than `exclude_origin` measured first, among
+        those written when `exclude_origin` first asked: asked again (a resumed search), it gets them alike."""
         if self._memory is not None:
+            upto = self._seen.setdefault(exclude_origin, len(self._memory))
             return {h.candidate: h.result for (s, _), h in self._memory.items()
-                    if s == split and h.origin != exclude_origin}
-        rows = self._run(lambda db: db.execute(KNOWN, (split, exclude_origin)).fetchall())
+                    if s == split and h.origin != exclude_origin and h.number < upto}
+
+        def read(db: sqlite3.Connection) -> list:
+            db.execute(SEEN, (exclude_origin,))
+            return db.execute(KNOWN, (split, exclude_origin, exclude_origin)).fetchall()
+
+        rows = self._run(lambda db: self._transaction(db, read))
         return {Candidate.from_dict({"method": method, "removal": json.loads(removal)}): Proportion(*counts)
                 for method, removal, *counts in rows}
+
+    def classes(self, split: str) -> np.ndarray | None:
+        """The unpruned model's top-1 class of each image of `split`, in order; None if not kept."""
+        if self._memory is not None:
+            data = self._classes.get(split)
+        else:
+            row = self._run(lambda db: db.execute(CLASSES_OF, (split,)).fetchone())
+            data = None if row is None else row[0]
+        return None if data is None else np.frombuffer(data, dtype=CLASS_DTYPE).astype(np.int64)
+
+    def add_classes(self, split: str, classes: np.ndarray) -> None:
+        """Keep the unpruned model's classes on `split` (the first kept stay: they are the same)."""
+        data = np.asarray(classes).astype(CLASS_DTYPE).tobytes()
+        if self._memory is not None:
+            self._classes.setdefault(split, data)
+            return
+        self._run(lambda db: self._transaction(
+            db, lambda d: d.execute("INSERT OR IGNORE INTO classes VALUES (?, ?)", (split, data))))
 
     def __len__(self) -> int:
         if self._memory is not None:
@@ -203,8 +251,9 @@ class AccuracyCache:
 
     def __getstate__(self) -> dict:
         """Pickled as its path and identity (a copy of the entries in memory): unpickling opens the file again."""
-        return {"path": self.path, "identity": self.identity, "memory": self._memory}
+        return {"path": self.path, "identity": self.identity, "memory": self._memory, "classes": self._classes,
+                "seen": self._seen}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["path"], state["identity"])
-        self._memory = state["memory"]
+        self._memory, self._classes, self._seen = state["memory"], state["classes"], state["seen"]

@@ -1,6 +1,7 @@
 """The shared accuracy cache: results round trip, processes writing one file at once, a writer killed mid-write, what
 another process wrote seen at once, partial results never replacing complete ones, the first origin kept and what
-other origins measured listed, and bad files refused in one line."""
+other origins measured listed, the unpruned model's classes kept per split, a version 2 file taken on, and bad files
+refused in one line."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pickle
 import sqlite3
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pomt.errors import AccuracyCacheError
@@ -189,9 +191,9 @@ BAD_FILES = {
     "another-sqlite": (lambda p: sqlite_of(p, "CREATE TABLE notes (text TEXT)"), "not a pomt accuracy cache"),
     "another-meta": (lambda p: sqlite_of(p, "CREATE TABLE meta (name, value)", "CREATE TABLE results (a)"),
                      "not a pomt accuracy cache"),
-    "version": (lambda p: sqlite_of(filled(p), "UPDATE meta SET value = '3' WHERE name = 'version'"),
-                "is of version 3, this pomt reads version 2"),
-    "version-1": (lambda p: sqlite_of(p, *VERSION_1), "is of version 1, this pomt reads version 2; delete it"),
+    "version": (lambda p: sqlite_of(filled(p), "UPDATE meta SET value = '4' WHERE name = 'version'"),
+                "is of version 4, this pomt reads version 3"),
+    "version-1": (lambda p: sqlite_of(p, *VERSION_1), "is of version 1, this pomt reads version 3; delete it"),
     "other-model": (lambda p: AccuracyCache(p, dict(IDENTITY, model="other", weights="f" * 16)).path,
                     "belongs to another model .model 'other', now 'test_vit', weights 'f+', now '0123"),
     "folder": (lambda p: p.mkdir() or p, "is a folder; choose a file path"),
@@ -243,3 +245,49 @@ def test_known_lists_what_other_origins_measured_on_exactly_that_split(tmp_path,
     again = pickle.loads(pickle.dumps(cache))
     assert again.known(SEARCH, "bs16") == theirs and again.known(HELD, "") == {Candidate.parse("tome:0=3"):
                                                                                 Proportion(9, 20, 2, 0)}
+
+
+@pytest.mark.parametrize("in_file", [True, False], ids=["file", "memory"])
+def test_the_unpruned_classes_of_a_split_are_kept_once_and_read_back(tmp_path, in_file):
+    cache = AccuracyCache(tmp_path / "acc.sqlite" if in_file else None, IDENTITY)
+    classes = np.array([3, 0, 999, 2, 1])
+    assert cache.classes(SEARCH) is None
+    cache.add_classes(SEARCH, classes)
+    cache.add_classes(SEARCH, np.zeros(5, dtype=np.int64))  # the first kept stay
+    assert np.array_equal(cache.classes(SEARCH), classes) and cache.classes(HELD) is None
+    again = pickle.loads(pickle.dumps(cache))
+    assert again.classes(SEARCH).dtype == np.int64 and np.array_equal(again.classes(SEARCH), classes)
+
+
+VERSION_2 = (  # a file with origins but no classes table
+    VERSION_1[0],
+    VERSION_1[1].replace("PRIMARY KEY (split, key))", "origin TEXT NOT NULL, PRIMARY KEY (split, key))"),
+    VERSION_1[2].replace("'1'", "'2'"),
+    "INSERT INTO results VALUES ('s', 'none', 'none', '{}', 1, 2, 0, 0, 0.0, 'bs1')",
+)
+
+
+def test_a_version_2_file_is_taken_on_with_its_results(tmp_path):
+    path = sqlite_of(tmp_path / "acc.sqlite", *VERSION_2)
+    cache = AccuracyCache(path, IDENTITY)
+    assert cache.get(NONE, "s") == Proportion(1, 2, 0, 0) and cache.known("s", "bs16") == {NONE: Proportion(1, 2, 0, 0)}
+    cache.add_classes("s", np.array([1, 1]))
+    cache.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT value FROM meta WHERE name = 'version'").fetchone() == (str(VERSION),)
+    db.close()
+    assert np.array_equal(AccuracyCache(path, IDENTITY).classes("s"), [1, 1])
+
+
+@pytest.mark.parametrize("in_file", [True, False], ids=["file", "memory"])
+def test_an_origin_knows_what_others_had_written_when_it_first_asked(tmp_path, in_file):
+    cache = AccuracyCache(tmp_path / "acc.sqlite" if in_file else None, IDENTITY)
+    early, late = Candidate.parse("tome:0=2"), Candidate.parse("tome:0=3")
+    cache.add(early, SEARCH, Proportion(14, 20, 1, 0), origin="bs1")
+    assert cache.known(SEARCH, "bs16") == {early: Proportion(14, 20, 1, 0)}
+    cache.add(late, SEARCH, Proportion(13, 20, 2, 0), origin="bs1")
+    cache.add(early, SEARCH, Proportion(28, 40, 2, 0), origin="bs1")  # more images of one it knew: read as they are
+    assert cache.known(SEARCH, "bs16") == {early: Proportion(28, 40, 2, 0)}  # asked again: alike
+    assert cache.known(SEARCH, "bs4") == {early: Proportion(28, 40, 2, 0), late: Proportion(13, 20, 2, 0)}
+    if in_file:
+        assert AccuracyCache(cache.path, IDENTITY).known(SEARCH, "bs16") == {early: Proportion(28, 40, 2, 0)}
