@@ -222,6 +222,48 @@ def image_loader(dataset: Dataset, batch_size: int, workers: int = 0) -> DataLoa
     return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers)
 
 
+HELD_BYTES = 512 * 2**20  # decoded images a `HeldBatches` budget keeps in memory by default
+
+
+class Budget:
+    """Bytes that `HeldBatches` sharing it may still keep."""
+
+    def __init__(self, total: int = HELD_BYTES) -> None:
+        self.left = total
+
+
+class HeldBatches:
+    """`image_loader`'s batches of `dataset`, in order, decoded once: the first ones kept in memory as far as the
+    `budget` goes, the rest read again on each pass (starting at the first not kept, so the batches are alike)."""
+
+    def __init__(self, dataset: Dataset, batch_size: int, budget: Budget) -> None:
+        self.dataset, self.batch_size, self.budget = dataset, batch_size, budget
+        self.kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.full = False  # no more may be kept
+
+    def __len__(self) -> int:
+        return -(-len(self.dataset) // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        yield from list(self.kept)
+        start = len(self.kept) * self.batch_size
+        if start >= len(self.dataset):
+            return
+        rest = Subset(self.dataset, range(start, len(self.dataset)))
+        for images, labels in image_loader(rest, self.batch_size):
+            self._keep(images, labels)
+            yield images, labels
+
+    def _keep(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        """Keep the batch after the last kept one while the budget allows (never one after a gap)."""
+        size = images.element_size() * images.numel() + labels.element_size() * labels.numel()
+        if self.full or size > self.budget.left:
+            self.full = True
+            return
+        self.kept.append((images, labels))
+        self.budget.left -= size
+
+
 def save_accuracy_curve(path: str | Path, curve: AccuracyCurve) -> Path:
     return atomic_write_csv(path, curve.rows(), CURVE_COLUMNS)
 

@@ -2,11 +2,14 @@
 
 import pytest
 import torch
+from torch.utils.data import Dataset, TensorDataset
 
 from pomt.accuracy import (
     AGREEMENT,
     TOP1,
     AccuracyCurve,
+    Budget,
+    HeldBatches,
     Images,
     accuracy_token_counts,
     eval_transform,
@@ -145,3 +148,48 @@ def test_curve_file_round_trip_and_errors(tmp_path):
         load_accuracy_curve(bad)
     with pytest.raises(CurveError, match="not found"):
         load_accuracy_curve(tmp_path / "none.csv")
+
+
+class CountedReads(Dataset):
+    """A dataset that counts the images read from it."""
+
+    def __init__(self, images: int) -> None:
+        generator = torch.Generator().manual_seed(5)
+        self.data = TensorDataset(torch.randn(images, 3, 8, 8, generator=generator), torch.arange(images) % 3)
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int):
+        self.reads += 1
+        return self.data[index]
+
+
+def same_batches(found, expected) -> bool:
+    return len(found) == len(expected) and all(torch.equal(a, c) and torch.equal(b, d)
+                                               for (a, b), (c, d) in zip(found, expected, strict=True))
+
+
+BATCH_BYTES = 4 * (3 * 8 * 8 * 4 + 8)  # a batch of 4 images of 3x8x8 float32 and their int64 labels
+
+
+@pytest.mark.parametrize("kept", [0, 2, 6])
+def test_held_batches_are_the_loaders_and_the_kept_ones_are_read_once(kept):
+    dataset = CountedReads(23)  # 6 batches of 4, the last of 3
+    expected = list(image_loader(dataset.data, 4))
+    held = HeldBatches(dataset, 4, Budget(kept * BATCH_BYTES))
+    assert len(held) == 6
+    stopped = iter(held)
+    next(stopped)  # a pass stopped after its first batch
+    stopped.close()
+    assert same_batches(list(held), expected) and same_batches(list(held), expected)
+    # read: 4 images in the stopped pass, then each pass all but those kept before it (kept 2: 19, then 15)
+    assert len(held.kept) == kept and dataset.reads == {0: 4 + 23 + 23, 2: 4 + 19 + 15, 6: 4 + 19}[kept]
+
+
+def test_held_batches_of_two_splits_share_one_budget():
+    budget = Budget(3 * BATCH_BYTES)
+    first, second = HeldBatches(CountedReads(8), 4, budget), HeldBatches(CountedReads(20), 4, budget)
+    list(first), list(second)
+    assert len(first.kept) == 2 and len(second.kept) == 1 and budget.left == 0
