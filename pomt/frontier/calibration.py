@@ -23,7 +23,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 from torch.utils.data import Dataset, Subset, TensorDataset
 
-from pomt.accuracy import AGREEMENT, TOP1, _batches, image_loader
+from pomt.accuracy import AGREEMENT, TOP1, Budget, HeldBatches, _batches
 from pomt.errors import DatasetError
 from pomt.frontier.cache import AccuracyCache
 from pomt.frontier.candidates import NONE, Candidate
@@ -126,6 +126,8 @@ class Calibration:
                           for name, idx in self.indices.items()}
         self.evaluated, self.seconds = 0, 0.0  # candidates measured (not read back) by this object, and their time
         self.unpruned: dict[str, torch.Tensor] = {}  # the unpruned model's top-1 classes by split, once counted
+        self.held: dict[str, HeldBatches] = {}  # each split's batches, decoded once within `budget`
+        self.budget = Budget()
 
     def size(self, split: str = SEARCH) -> int:
         return len(self.indices[split])
@@ -167,14 +169,35 @@ class Calibration:
     def count(self, candidates: Sequence[Candidate], split: str,
               stop: Callable[[Proportion], bool] | None) -> dict[Candidate, Proportion]:
         """`count_correct` over the split's images in one pass (`ShardedCalibration`: over the job's ranks), against
-        the unpruned model's classes on the split, found once in a pass of their own."""
+        the unpruned model's classes on the split (`reference_classes`)."""
+        return count_correct(self.classifier, candidates, self.batches(split), stop, self.reference_classes(split))
+
+    def reference_classes(self, split: str) -> torch.Tensor:
+        """The unpruned model's top-1 class of each image of `split`: kept in the cache, else found in a pass of
+        their own (`reference_pass`) and kept there, so that no run finds them twice."""
         if split not in self.unpruned:
-            self.unpruned[split] = unpruned_classes(self.classifier, self.batches(split))
-        return count_correct(self.classifier, candidates, self.batches(split), stop, self.unpruned[split])
+            found = self.kept_classes(split)
+            if found is None:
+                found = self.reference_pass(split)
+                self.cache.add_classes(self.split_ids[split], found.numpy())
+            self.unpruned[split] = found
+        return self.unpruned[split]
+
+    def kept_classes(self, split: str) -> torch.Tensor | None:
+        """The classes the cache keeps for `split`; None where it keeps none (or not one per image)."""
+        kept = self.cache.classes(self.split_ids[split])
+        return torch.from_numpy(kept) if kept is not None and len(kept) == self.size(split) else None
+
+    def reference_pass(self, split: str) -> torch.Tensor:
+        """The unpruned model's classes on `split`, in a pass of their own."""
+        return unpruned_classes(self.classifier, self.batches(split))
 
     def batches(self, split: str) -> Iterable:
-        """The split's images and labels in batches, in order (with a progress bar where asked)."""
-        return _batches(image_loader(self.datasets[split], self.classifier.batch_size), self.progress)
+        """The split's images and labels in batches, in order (with a progress bar where asked), decoded once as far
+        as the calibration's `HELD_BYTES` go."""
+        if split not in self.held:
+            self.held[split] = HeldBatches(self.datasets[split], self.classifier.batch_size, self.budget)
+        return _batches(self.held[split], self.progress)
 
 
 def surely_dropped_more(measured: Proportion, drop: float, confidence: float = STOP_CONFIDENCE) -> bool:

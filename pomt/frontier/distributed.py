@@ -2,7 +2,8 @@
 
 The batches one process would make are dealt round-robin (batch b to rank b % size); after each round every rank
 gathers all outcomes, puts them in global order and applies the stop rule batch by batch as `image_outcomes` does,
-so every rank holds the single-process result, bit for bit, and makes the same decisions.
+so every rank holds the single-process result, bit for bit, and makes the same decisions. The unpruned model's classes
+on a split are found by the ranks together once (`sharded_classes`), or read from the cache as rank 0 reads them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pomt.frontier.calibration import (
     _outcomes_of_batch,
     image_outcomes,
     paired_counts,
+    unpruned_classes,
 )
 from pomt.frontier.candidates import Candidate
 from pomt.stats import Proportion
@@ -98,34 +100,73 @@ def check_same_images(ids: Mapping[str, str], ranks: Ranks | None = None) -> Non
                                "give every rank the same images")
 
 
-def _own_batch(classifier: Classifier, active: Sequence[Candidate], loader: Iterator) -> Outcomes | PomtError:
-    """This rank's outcomes on its next batch, or the error that batch raised (for every rank to raise it in turn)."""
+def _own_batch(classifier: Classifier, active: Sequence[Candidate], loader: Iterator,
+               classes: torch.Tensor | None) -> Outcomes | PomtError:
+    """This rank's outcomes on its next batch (against `classes`, the unpruned model's on this rank's images from
+    that batch on, where given), or the error that batch raised (for every rank to raise it in turn)."""
     try:
         images, labels = next(loader)
         with torch.inference_mode():
-            return _outcomes_of_batch(classifier, active, images, labels)
+            return _outcomes_of_batch(classifier, active, images, labels,
+                                      None if classes is None else classes[: len(images)])
     except PomtError as exc:
         return exc
 
 
-def sharded_outcomes(classifier: Classifier, candidates: Sequence[Candidate], dataset: Dataset, batch_size: int,
-                     stop: Callable[[Proportion], bool] | None = None, *, progress: bool = False,
-                     ranks: Ranks | None = None) -> Outcomes:
-    """`image_outcomes` over the dataset's batches of `batch_size` (in order, as `image_loader` makes them), computed
-    by the ranks together: the same result on every rank as in one process."""
-    place = _or_current(ranks)
-    if place.size == 1:
-        return image_outcomes(classifier, candidates, _batches(image_loader(dataset, batch_size), progress), stop)
+def _own_classes(classifier: Classifier, loader: Iterator) -> torch.Tensor | PomtError:
+    """The unpruned model's top-1 classes on this rank's next batch, or the error that batch raised."""
+    try:
+        return unpruned_classes(classifier, [next(loader)])
+    except PomtError as exc:
+        return exc
+
+
+def _own_share(dataset: Dataset, batch_size: int, place: Ranks, progress: bool) -> tuple[int, list[int], Iterator]:
+    """The dataset's number of batches of `batch_size`, the image indices of this rank's (batch b goes to rank
+    b % `place.size`) and a loader over them, once every rank is checked to count the same batches."""
     check_same_images({"images": f"{len(dataset)} in batches of {batch_size}"}, place)  # the same rounds everywhere
     total = -(-len(dataset) // batch_size)
     mine = [i for b in range(place.rank, total, place.size)
             for i in range(b * batch_size, min((b + 1) * batch_size, len(dataset)))]
-    loader = iter(_batches(image_loader(Subset(dataset, mine), batch_size), progress and place.rank == 0))
+    return total, mine, iter(_batches(image_loader(Subset(dataset, mine), batch_size), progress and place.rank == 0))
+
+
+def sharded_classes(classifier: Classifier, dataset: Dataset, batch_size: int, *, progress: bool = False,
+                    ranks: Ranks | None = None) -> torch.Tensor:
+    """`unpruned_classes` over the dataset's batches of `batch_size`, computed by the ranks together: every rank
+    holds every image's class, in order."""
+    place = _or_current(ranks)
+    if place.size == 1:
+        return unpruned_classes(classifier, _batches(image_loader(dataset, batch_size), progress))
+    total, _, loader = _own_share(dataset, batch_size, place, progress)
+    found = []
+    for first in range(0, total, place.size):
+        own = _own_classes(classifier, loader) if first + place.rank < total else None
+        for batch in _gathered(own, place)[: total - first]:  # global order: batch first + rank
+            if isinstance(batch, PomtError):
+                raise batch
+            found.append(batch)
+    return torch.cat(found) if found else torch.zeros(0, dtype=torch.long)
+
+
+def sharded_outcomes(classifier: Classifier, candidates: Sequence[Candidate], dataset: Dataset, batch_size: int,
+                     stop: Callable[[Proportion], bool] | None = None, *, progress: bool = False,
+                     ranks: Ranks | None = None, unpruned: torch.Tensor | None = None) -> Outcomes:
+    """`image_outcomes` over the dataset's batches of `batch_size` (in order, as `image_loader` makes them), computed
+    by the ranks together: the same result on every rank as in one process (against the `unpruned` model's classes
+    on every image where given, without running it)."""
+    place = _or_current(ranks)
+    if place.size == 1:
+        return image_outcomes(classifier, candidates, _batches(image_loader(dataset, batch_size), progress), stop,
+                              unpruned)
+    total, mine, loader = _own_share(dataset, batch_size, place, progress)
+    classes = None if unpruned is None else unpruned[mine]
     wanted = list(dict.fromkeys([*candidates, NONE]))
     right: dict[Candidate, list[torch.Tensor]] = {c: [] for c in wanted}
     asked, active = set(candidates), list(wanted)
-    for first in range(0, total, place.size):
-        own = _own_batch(classifier, active, loader) if first + place.rank < total else None
+    for number, first in enumerate(range(0, total, place.size)):
+        rest = None if classes is None else classes[number * batch_size:]
+        own = _own_batch(classifier, active, loader, rest) if first + place.rank < total else None
         for batch in _gathered(own, place)[: total - first]:  # global order: batch first + rank
             if isinstance(batch, PomtError):
                 raise batch
@@ -145,9 +186,11 @@ def _joined(right: Mapping[Candidate, list[torch.Tensor]]) -> Outcomes:
 
 def sharded_counts(classifier: Classifier, candidates: Sequence[Candidate], dataset: Dataset, batch_size: int,
                    stop: Callable[[Proportion], bool] | None = None, *, progress: bool = False,
-                   ranks: Ranks | None = None) -> dict[Candidate, Proportion]:
-    """{candidate: its `paired_counts` against the unpruned model} (`count_correct`), computed by the ranks together."""
-    right = sharded_outcomes(classifier, candidates, dataset, batch_size, stop, progress=progress, ranks=ranks)
+                   ranks: Ranks | None = None, unpruned: torch.Tensor | None = None) -> dict[Candidate, Proportion]:
+    """{candidate: its `paired_counts` against the unpruned model} (`count_correct`), computed by the ranks together
+    (against the `unpruned` classes where given)."""
+    right = sharded_outcomes(classifier, candidates, dataset, batch_size, stop, progress=progress, ranks=ranks,
+                             unpruned=unpruned)
     return {c: paired_counts(right[c], right[NONE]) for c in dict.fromkeys(candidates)}
 
 
@@ -162,7 +205,19 @@ class ShardedCalibration(Calibration):
             dist.broadcast_object_list(found, src=0)
         return found[0]
 
+    def kept_classes(self, split: str) -> torch.Tensor | None:
+        """Rank 0's `Calibration.kept_classes` on every rank: the ranks pass over the images together or not at all."""
+        place = ranks()
+        found = [super().kept_classes(split) if place.rank == 0 else None]
+        if place.size > 1:
+            dist.broadcast_object_list(found, src=0)
+        return found[0]
+
+    def reference_pass(self, split: str) -> torch.Tensor:
+        return sharded_classes(self.classifier, self.datasets[split], self.classifier.batch_size,
+                               progress=self.progress)
+
     def count(self, candidates: Sequence[Candidate], split: str,
               stop: Callable[[Proportion], bool] | None) -> dict[Candidate, Proportion]:
         return sharded_counts(self.classifier, candidates, self.datasets[split], self.classifier.batch_size, stop,
-                              progress=self.progress)
+                              progress=self.progress, unpruned=self.reference_classes(split))

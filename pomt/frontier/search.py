@@ -3,11 +3,12 @@
 Latency is predicted (`LatencyModel`); accuracy is measured on the search split, every candidate counting against
 `max_evals`, cached or not, so a resumed search decides alike. A search may start from `known` schedules, measured on
 these images by searches for other latency curves: held from the start and priced here, they count against `max_evals`
-too, but such a search always keeps `WARM_FRESH` of `max_evals` fresh measurements for proposals of its own, and the
-unpruned model and uniform families it holds cost nothing. In order: the unpruned model and the uniform
-families; per reducer, single-block probes that fit an additive stand-in for the drop (`pomt.frontier.surrogate`),
-whose dynamic programme proposes the fastest schedules; the rest of the budget split between reducers by promise
-(`bisection_shares`), half bisecting the proposals, half refitting the stand-in (`refine`).
+too, but such a search always keeps `WARM_FRESH` of `max_evals` fresh measurements for proposals of its own (spent on
+the reducers whose proposals promise a gain over the fastest schedule held within the goal: the others' known
+schedules stand for them), and the unpruned model and uniform families it holds cost nothing. In order: the unpruned
+model and the uniform families; per reducer, single-block probes that fit an additive stand-in for the drop
+(`pomt.frontier.surrogate`), whose dynamic programme proposes the fastest schedules; the rest of the budget split
+between reducers by promise (`bisection_shares`), half bisecting the proposals, half refitting the stand-in (`refine`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ Oracle = Callable[[Sequence[Candidate]], Mapping[Candidate, Proportion]]
 MAX_EVALS = 80  # measured accuracies a search may spend by default
 MIN_BISECTION = 3  # evaluations a reducer's bisection gets at least (as far as its proposals go)
 NEAR_MISS = 2  # times the goal: how far past it by the refitted stand-in a proposal may still be measured
-WARM_FRESH = 0.2  # of max_evals: the fresh measurements a search holding known schedules has for its own proposals
+WARM_FRESH = 0.1  # of max_evals: the fresh measurements a search holding known schedules has for its own proposals
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,8 @@ class FrontierSearch:
             self.bisect(plans[method].proposals, f"search-{method}", first)
             spare += self.refine(method, plans[method], share - first)
         for method in shares:  # what a refit left unspent, to the most promising reducer that can use it
-            spare = self.refine(method, plans[method], spare)
+            if shares[method] or not self.known:
+                spare = self.refine(method, plans[method], spare)
         if self.known:
             self.notes.append(f"started from {len(self.known)} schedules other searches measured on these images; "
                               f"{self.asked} measured fresh")
@@ -199,22 +201,25 @@ class FrontierSearch:
 
     def bisection_shares(self, plans: Mapping[str, ReducerPlan]) -> dict[str, int]:
         """The budget left, split between reducers, most promising first: each at least MIN_BISECTION, the rest by
-        how much faster than the fastest measured within the goal their `promised_ms` is; unspent goes on."""
+        how much faster than the fastest measured within the goal their `promised_ms` is; unspent goes on. With known
+        schedules, a reducer promising no gain gets nothing."""
         s, incumbent = self.settings, self.fastest_within_goal_ms()
         gains = {m: max(0.0, incumbent / p.promised_ms - 1) for m, p in plans.items()}
         order = sorted(plans, key=lambda m: (-gains[m], s.reducers.index(m)))
+        funded = [m for m in order if gains[m] > 0 or not self.known]
         left = self.left
-        floors: dict[str, int] = {}
-        for m in order:  # as far as the budget goes, the most promising first
+        floors = dict.fromkeys(order, 0)
+        for m in funded:  # as far as the budget goes, the most promising first
             floors[m] = min(MIN_BISECTION, len(plans[m].proposals), left - sum(floors.values()))
         spare, total = left - sum(floors.values()), sum(gains.values())
-        extra = {m: (spare * gains[m] / total if total > 0 else spare / max(1, len(order))) for m in order}
+        extra = {m: (spare * gains[m] / total if total > 0 else spare / max(1, len(funded))) if m in funded else 0.0
+                 for m in order}
         shares, carried = {}, 0.0
         for m in order:
             want = floors[m] + extra[m] + carried
             shares[m] = min(len(plans[m].proposals), int(want))
             carried = want - shares[m]
-        for m in order:  # what rounding left, to the most promising that can use it
+        for m in funded:  # what rounding left, to the most promising that can use it
             shares[m] += max(0, min(len(plans[m].proposals) - shares[m], left - sum(shares.values())))
         if total > 0:
             self.notes.append("bisection budget by predicted gain over the best measured within the goal: "

@@ -1,6 +1,8 @@
 """Accuracy of candidate schedules on calibration images: the splits, the cache, candidates evaluated together
-(the blocks before their first cut run once for all), and the calibration hosted in a worker process."""
+(the blocks before their first cut run once for all), the unpruned model's classes found once per split and kept
+in the cache, and the calibration hosted in a worker process."""
 
+import math
 
 import pytest
 import torch
@@ -290,3 +292,15 @@ def test_a_calibration_finds_the_unpruned_classes_once_per_split(model, images, 
     assert torch.equal(measured.unpruned[SEARCH], kept) and set(measured.unpruned) == {SEARCH}
     fresh = calibration(model, images, None)  # nothing cached: counted in one pass of its own
     assert fresh.measure(CANDIDATES) == {**first, **second}
+
+
+def test_a_second_calibration_on_the_same_cache_reads_the_unpruned_classes_kept_there(images, tmp_path):
+    vit = create_model("test_vit", 64, num_classes=4)
+    first = calibration(vit, images, tmp_path / "cache.sqlite")
+    first.measure(CANDIDATES[:1])
+    runs = counting_blocks(vit)
+    second = calibration(vit, images, tmp_path / "cache.sqlite").measure(CANDIDATES[1:2])
+    read_back, runs[:] = len(runs), []
+    alone = calibration(vit, images, None).measure(CANDIDATES[1:2])  # nothing kept: a reference pass of its own
+    reference_pass = len(vit.blocks) * math.ceil(first.size(SEARCH) / 4)
+    assert second == alone and len(runs) == read_back + reference_pass

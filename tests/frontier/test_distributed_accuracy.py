@@ -1,5 +1,6 @@
 """Accuracy computed by torchrun ranks together (gloo on the CPU) is the single process's, bit for bit, on every
-rank, stop rules included; ranks that hold other images fail alike with one line."""
+rank, stop rules and the unpruned model's classes found together included; ranks that hold other images fail alike
+with one line."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ import torch
 from torch.utils.data import Dataset
 
 from pomt.accuracy import image_loader
-from pomt.frontier.calibration import NONE, Classifier, count_correct, image_outcomes
-from pomt.frontier.distributed import Ranks, check_same_images, join_from_env, ranks, sharded_counts
+from pomt.frontier.calibration import NONE, Classifier, count_correct, image_outcomes, unpruned_classes
+from pomt.frontier.distributed import Ranks, check_same_images, join_from_env, ranks, sharded_classes, sharded_counts
 
 from support import sharded_accuracy_run as job
-from support.sharded_accuracy_run import BATCH, CANDIDATES, STOPS, build, errors, report
+from support.sharded_accuracy_run import BATCH, CANDIDATES, GIVEN, STOPS, build, errors, report
 
 SCRIPT = Path(job.__file__)
 
@@ -57,9 +58,11 @@ def counted_alone(classifier: Classifier, images: Dataset, stop) -> dict:
 def single_process() -> str:
     classifier, dataset = build()
     counts = {rule: counted_alone(classifier, dataset, stop) for rule, stop in STOPS.items()}
+    counts |= {rule + GIVEN: found for rule, found in counts.items()}  # the same counts without the unpruned model
     outcomes = {rule: image_outcomes(classifier, CANDIDATES, image_loader(dataset, BATCH), stop)
                 for rule, stop in STOPS.items()}
-    return report(counts, outcomes, errors(partial(counted_alone, classifier), dataset))
+    classes = unpruned_classes(classifier, image_loader(dataset, BATCH))
+    return report(classes, counts, outcomes, errors(partial(counted_alone, classifier), dataset))
 
 
 def test_two_ranks_give_every_rank_the_single_process_result(tmp_path):
@@ -96,4 +99,7 @@ def test_one_process_is_rank_zero_of_one_and_computes_alone():
     classifier, dataset = build()
     found = sharded_counts(classifier, CANDIDATES, dataset, BATCH, STOPS["lost"])
     assert found == counted_alone(classifier, dataset, STOPS["lost"])
+    classes = sharded_classes(classifier, dataset, BATCH)
+    assert torch.equal(classes, unpruned_classes(classifier, image_loader(dataset, BATCH)))
+    assert sharded_counts(classifier, CANDIDATES, dataset, BATCH, STOPS["lost"], unpruned=classes) == found
     assert NONE not in found and not torch.distributed.is_initialized()

@@ -7,14 +7,16 @@ import math
 import multiprocessing
 import sqlite3
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import TensorDataset
 
 from pomt.accuracy import AGREEMENT
 from pomt.frontier.cache import AccuracyCache
-from pomt.frontier.calibration import SEARCH, Calibration, Classifier, hosted, model_identity
+from pomt.frontier.calibration import HELD_OUT, SEARCH, Calibration, Classifier, hosted, model_identity
 from pomt.frontier.candidates import NONE, REDUCERS, Candidate, uniform_families
+from pomt.frontier.choice import drop_within
 from pomt.frontier.distributed import ShardedCalibration
 from pomt.frontier.latency import LatencyModel, ReducerCost
 from pomt.frontier.search import (
@@ -68,9 +70,9 @@ def test_a_search_without_known_schedules_is_the_cold_one(known):
 
 
 def test_the_warm_budget_counts_what_is_held_but_keeps_a_floor_of_fresh_proposals():
-    assert math.ceil(WARM_FRESH * 80) == 16
+    assert math.ceil(WARM_FRESH * 80) == 8
     assert warm_left(80, held=30, proposed=0) == 50  # a few known: the budget counts them
-    assert warm_left(80, held=95, proposed=3) == 13  # many known: what is left of the floor
+    assert warm_left(80, held=95, proposed=3) == 5  # many known: what is left of the floor
     assert warm_left(80, held=95, proposed=20) == 0
 
 
@@ -96,6 +98,25 @@ def test_a_search_on_another_curve_starts_from_what_the_first_measured(max_evals
     assert outside and all(e.family == f"known-{e.candidate.method}" for e in outside)
     assert f"started from {len(known)} schedules other searches measured on these images; {warm.evals} measured " \
            "fresh" in warm.notes
+
+
+def fastest_within(result, drop: float = 1.0) -> float:
+    return min(e.predicted_ms for e in result.evaluated
+               if drop_within(e, result.baseline.accuracy, drop, FrontierSettings().confidence))
+
+
+@pytest.mark.parametrize("max_evals", [40, 80])
+def test_a_warm_search_measures_only_reducers_that_promise_a_gain_and_finds_what_a_cold_one_finds(max_evals):
+    settings = FrontierSettings(max_evals=max_evals, max_accuracy_drop=1.0)
+    known = first_search(settings)
+    oracle = Oracle()
+    warm = FrontierSearch(BATCH_1, oracle, settings, known)
+    found = warm.run()
+    cold = search_frontier(BATCH_1, Oracle(), settings)
+    note = next(n for n in found.notes if n.startswith("bisection budget"))
+    idle = [m for m in REDUCERS if f"{m} 0 (+0.0%)" in note]
+    assert idle and not {c.method for c in oracle.asked} & set(idle)
+    assert fastest_within(found) <= fastest_within(cold) * 1.001
 
 
 def test_a_reducer_whose_probes_are_held_is_planned_without_budget():
@@ -124,7 +145,7 @@ def tiny_calibration(path, origin: str, kind: type[Calibration] = Calibration) -
                 origin=origin)
 
 
-def test_a_resumed_warm_search_decides_as_one_never_killed(tmp_path):
+def test_a_resumed_warm_search_decides_as_one_never_killed_though_another_wrote_in_between(tmp_path):
     slow = LatencyModel({n: 1.0 + 0.1 * n for n in range(2, 18)}, 17, 1, 6)
     fast = LatencyModel({n: 0.5 + 0.02 * n - (0.1 if n <= 11 else 0.0) for n in range(2, 18)}, 17, 1, 6)
     settings = FrontierSettings(reducers=("topk", "tome"), max_evals=30, max_accuracy_drop=10.0)
@@ -152,10 +173,14 @@ def test_a_resumed_warm_search_decides_as_one_never_killed(tmp_path):
 
     with pytest.raises(Killed):
         search_frontier(fast, measured_until_killed, settings, killed.known())
+    fresh = [e.candidate for e in warm.evaluated if e.candidate not in known]
+    meanwhile = tiny_calibration(tmp_path / "killed.sqlite", "batch-4")  # another curve's search, before the resume
+    meanwhile.measure(fresh, SEARCH)
+    assert meanwhile.evaluated == len(fresh) - killed.evaluated > 0
     resumed = tiny_calibration(tmp_path / "killed.sqlite", "batch-1")
-    assert resumed.known() == known  # its own results are read back, not known
+    assert resumed.known() == known  # its own results are read back, not known, nor what others wrote since it began
     again = search_frontier(fast, lambda cs: resumed.measure(cs, SEARCH), settings, resumed.known())
-    assert again == warm and killed.evaluated > 0 and resumed.evaluated == warm.evals - killed.evaluated
+    assert again == warm and killed.evaluated > 0 and resumed.evaluated == 0  # the rest read back as measured
 
 
 def test_a_hosted_calibration_measures_under_its_origin_and_knows_what_others_measured(tmp_path):
@@ -183,13 +208,39 @@ def known_on_rank(rank: int, folder, answers) -> None:
     torch.distributed.destroy_process_group()
 
 
-def test_every_rank_of_a_sharded_search_starts_from_rank_zeros_known_schedules(tmp_path):
+def on_two_ranks(target, folder) -> dict:
+    """{rank: what `target(rank, folder, answers)` put} for two gloo ranks started as processes of their own."""
     answers = SPAWN.Queue()
-    ranks = [SPAWN.Process(target=known_on_rank, args=(rank, tmp_path, answers)) for rank in (0, 1)]
+    ranks = [SPAWN.Process(target=target, args=(rank, folder, answers)) for rank in (0, 1)]
     for rank in ranks:
         rank.start()
     found = dict(answers.get(timeout=120) for _ in ranks)
     for rank in ranks:
         rank.join(60)
         rank.kill()  # only if it is still running
+    return found
+
+
+def test_every_rank_of_a_sharded_search_starts_from_rank_zeros_known_schedules(tmp_path):
+    found = on_two_ranks(known_on_rank, tmp_path)
     assert found == {0: {NONE: Proportion(12, 12, 0, 0)}, 1: {NONE: Proportion(12, 12, 0, 0)}}
+
+
+def classes_on_rank(rank: int, folder, answers) -> None:
+    """One of two gloo ranks, each with its own cache file (rank 0's keeps classes for the search split, made up):
+    the unpruned classes each counts against, on the search split and, found by both together, the held-out one."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{folder / 'group'}", rank=rank, world_size=2)
+    calibration = tiny_calibration(folder / f"rank{rank}.sqlite", "batch-1", ShardedCalibration)
+    if rank == 0:
+        calibration.cache.add_classes(calibration.split_ids[SEARCH], np.full(calibration.size(SEARCH), 3))
+    found = {split: calibration.reference_classes(split).tolist() for split in (SEARCH, HELD_OUT)}
+    answers.put((rank, found))
+    torch.distributed.destroy_process_group()
+
+
+def test_every_rank_of_a_sharded_search_counts_against_the_classes_rank_zero_reads_or_they_find_together(tmp_path):
+    found = on_two_ranks(classes_on_rank, tmp_path)
+    alone = tiny_calibration(None, "batch-1")
+    assert found[0] == found[1]
+    assert found[0][SEARCH] == [3] * alone.size(SEARCH)
+    assert found[0][HELD_OUT] == alone.reference_classes(HELD_OUT).tolist()

@@ -1,7 +1,8 @@
 """A torchrun job: the accuracy of a few candidates on a tiny seeded ViT, computed by the ranks together.
 
 `python -m torch.distributed.run --nproc-per-node N sharded_accuracy_run.py OUT_DIR [--other-images]` writes each
-rank's counts, outcomes and errors met (`report`) to OUT_DIR/rank<R>.json; with --other-images rank 1 holds other
+rank's unpruned classes, counts (also against those classes, given), outcomes and errors met (`report`) to
+OUT_DIR/rank<R>.json; with --other-images rank 1 holds other
 images than rank 0, and every rank prints the one-line error and exits 2.
 """
 
@@ -21,7 +22,14 @@ from pomt.errors import DatasetError, PomtError
 from pomt.frontier.cache import AccuracyCache
 from pomt.frontier.calibration import Calibration, Classifier, model_identity, surely_dropped_more
 from pomt.frontier.candidates import Candidate
-from pomt.frontier.distributed import check_same_images, join_from_env, leave_group, sharded_counts, sharded_outcomes
+from pomt.frontier.distributed import (
+    check_same_images,
+    join_from_env,
+    leave_group,
+    sharded_classes,
+    sharded_counts,
+    sharded_outcomes,
+)
 from pomt.stats import Proportion
 
 IMAGES, BATCH = 54, 8  # 7 batches, the last of 6 images: the last round of 2 ranks has one batch
@@ -74,10 +82,15 @@ def errors(count: Callable[[Dataset, Callable | None], object], dataset: TensorD
     return found
 
 
-def report(counts: dict[str, dict[Candidate, Proportion]], outcomes: dict[str, dict[Candidate, torch.Tensor]],
-           failures: dict[str, str | None]) -> str:
-    """Counts and per-image outcomes by stop rule and candidate key, and the errors met, as sorted JSON."""
+GIVEN = " (unpruned classes given)"  # a counts entry against the classes found beforehand
+
+
+def report(classes: torch.Tensor, counts: dict[str, dict[Candidate, Proportion]],
+           outcomes: dict[str, dict[Candidate, torch.Tensor]], failures: dict[str, str | None]) -> str:
+    """The unpruned classes, counts and per-image outcomes by stop rule and candidate key, and the errors met, as
+    sorted JSON."""
     return json.dumps({
+        "classes": classes.tolist(),
         "errors": failures,
         "counts": {rule: {c.key: [p.successes, p.trials, p.lost, p.gained] for c, p in found.items()}
                    for rule, found in counts.items()},
@@ -92,6 +105,9 @@ def main(out: Path, other_images: bool) -> int:
         journal = AccuracyCache(None, model_identity(classifier.model))
         check_same_images(Calibration(classifier, dataset, journal).split_ids, place)
         counts = {rule: sharded_counts(classifier, CANDIDATES, dataset, BATCH, stop) for rule, stop in STOPS.items()}
+        classes = sharded_classes(classifier, dataset, BATCH)
+        counts |= {rule + GIVEN: sharded_counts(classifier, CANDIDATES, dataset, BATCH, stop, unpruned=classes)
+                   for rule, stop in STOPS.items()}
         outcomes = {rule: sharded_outcomes(classifier, CANDIDATES, dataset, BATCH, stop, ranks=place)
                     for rule, stop in STOPS.items()}
         failures = errors(lambda images, stop: sharded_counts(classifier, CANDIDATES, images, BATCH, stop), dataset)
@@ -100,7 +116,7 @@ def main(out: Path, other_images: bool) -> int:
         return 2
     finally:
         leave_group()
-    (out / f"rank{place.rank}.json").write_text(report(counts, outcomes, failures))
+    (out / f"rank{place.rank}.json").write_text(report(classes, counts, outcomes, failures))
     return 0
 
 
