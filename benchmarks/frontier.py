@@ -11,7 +11,8 @@ the chosen schedule over the fastest certified uniform one. `--also` schedules a
 Goal: at a certified drop of at most 1 point, the chosen schedule at least 1.10x the fastest certified uniform one at
 batch 16, never slower at batch 1; the whole search <= 10 min.
 Usage: python benchmarks/frontier.py [--case digits|crops] [--batch-sizes 1 16] [--threads 2] [--drop 1.0]
-       [--confidence 0.95] [--finalists 4] [--max-evals 80] [--budget 0.2] [--also tome:0=10,7=15 ...] [--smoke]
+       [--confidence 0.95] [--finalists 4] [--held-out 0.6] [--max-evals 80] [--budget 0.2]
+       [--also tome:0=10,7=15 ...] [--smoke]
        [--device cuda --dtype float16 --model deit_base --input-size 224 --lr 1e-4] [--backend cudagraph]
 """
 
@@ -89,7 +90,7 @@ def offline_settings(case: DigitsCase, batch: int, args: argparse.Namespace) -> 
     config = OfflineConfig(dataset_root=case.calibration_root, checkpoint=case.checkpoint, policy="frontier",
                            max_accuracy_drop=args.drop, max_evals=args.max_evals,
                            accuracy_samples=case.calibration_images, accuracy_confidence=args.confidence,
-                           finalists=args.finalists, verify_rounds=args.rounds,
+                           finalists=args.finalists, held_out=args.held_out, verify_rounds=args.rounds,
                            verify_seconds=0.0 if args.smoke else OfflineConfig.verify_seconds)
     return workload, config
 
@@ -306,6 +307,8 @@ def parse_args() -> argparse.Namespace:
                         help="confidence of the certification, for all finalists together (the offline default)")
     parser.add_argument("--finalists", type=int, default=OfflineConfig.finalists,
                         help="schedules certified on the held-out images at most (the offline --finalists)")
+    parser.add_argument("--held-out", type=float, default=None,
+                        help="share of the calibration images held out (default: the offline computation's rule)")
     parser.add_argument("--max-evals", type=int, default=MAX_EVALS,
                         help="schedules whose accuracy the search may measure (the offline --max-evals)")
     parser.add_argument("--budget", type=float, default=None,
@@ -336,7 +339,7 @@ def main() -> None:
         args.device, recipe = resolve_device(args.device), recipe_of(args)
         check_backend(args.backend, args.device)
         OfflineConfig(max_accuracy_drop=args.drop, accuracy_confidence=args.confidence, finalists=args.finalists,
-                      max_evals=args.max_evals, verify_rounds=args.rounds).check()
+                      held_out=args.held_out, max_evals=args.max_evals, verify_rounds=args.rounds).check()
         if args.budget is not None:
             replace(SearchSettings(), budget=args.budget).check()
         # the geometry on the meta device (nothing stays in memory)

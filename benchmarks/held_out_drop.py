@@ -105,9 +105,9 @@ def halves(images: int, rng: np.random.Generator) -> tuple[torch.Tensor, torch.T
     return order[: images // 2], order[images // 2:]
 
 
-def split_of(a: torch.Tensor, b: torch.Tensor, goal: Goal, count: int) -> Split:
+def split_of(a: torch.Tensor, b: torch.Tensor) -> Split:
     """Half A's first `held_out_size` images (in its seeded order) held out to certify, the rest searched."""
-    held = held_out_size(len(a), goal.max_drop_points / 100, goal.confidence, count)
+    held = held_out_size(len(a))
     return Split(a[held:], a[:held], b)
 
 
@@ -168,7 +168,7 @@ def replay_splits(measured: Measured, splits: int, goals: Sequence[Goal], counts
         a, b = halves(measured.images, rng)
         for goal in goals:
             for count in counts:
-                rows.append({"split": number} | replay(measured, split_of(a, b, goal, count), goal, count, batch_size))
+                rows.append({"split": number} | replay(measured, split_of(a, b), goal, count, batch_size))
     return rows
 
 

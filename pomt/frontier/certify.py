@@ -116,11 +116,10 @@ def check_certifiable(held_out: int, max_drop: float, confidence: float, finalis
             "(more images, a larger --max-accuracy-drop, a lower --accuracy-confidence or fewer --finalists)")
 
 
-def held_out_size(images: int, max_drop: float, confidence: float, finalists: int = FINALISTS) -> int:
-    """Images to hold out of `images` for certification: half, raised towards twice what an unchanged schedule
-    needs but leaving the search at least a third."""
-    wanted = 2 * images_to_certify_unchanged(max_drop, confidence, finalists)
-    return min(images - 1, max(1, round(images / 2), min(wanted, images - math.ceil(images / 3))))
+def held_out_size(images: int) -> int:
+    """Images to hold out of `images` to certify on: all but the `SEARCH_SHARE` the search explores on (ranking
+    schedules by measured drops takes fewer images than bounding a finalist's drop family-wise), never every image."""
+    return min(images - 1, max(1, images - math.ceil(images * SEARCH_SHARE)))
 
 
 class Measures(Protocol):
@@ -132,6 +131,7 @@ class Measures(Protocol):
                 certifier: Certifier | None = None) -> Mapping: ...
 
 
+SEARCH_SHARE = 1 / 3  # of the calibration images: the search split; the held-out rest certifies
 EXPLORE = 0.5  # the search split judges drops on their measured value: it explores, the held-out images certify
 PLAN_CONFIDENCE = 0.75  # a finalist's chance is planned on its search-split loss rate at this upper bound: the
 # search chose it among many for the images it lost, so its held-out loss tends to be higher

@@ -142,12 +142,12 @@ def goal_of(config: OfflineConfig) -> Goal:
 
 
 def held_out_share(config: OfflineConfig, images: int, max_drop_points: float | None) -> float:
-    """The share of `images` held out: `--held-out`, else as many as certification asks (`held_out_size`)."""
+    """The share of `images` held out: `--held-out`, else `held_out_size` where a drop is certified, else half."""
     if config.held_out is not None:
         return config.held_out
     if max_drop_points is None:
         return 0.5
-    return held_out_size(images, max_drop_points / 100, config.accuracy_confidence, config.finalists) / images
+    return held_out_size(images) / images
 
 
 def check_folder_resolves(config: OfflineConfig, images: int, max_drop_points: float, seed: int) -> None:

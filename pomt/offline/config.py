@@ -63,8 +63,8 @@ class OfflineConfig:
     max_evals: int = option(MAX_EVALS, "Frontier: schedules whose accuracy the search may measure on the search split.",
                             min=1, panel=ADVANCED)
     held_out: float | None = option(
-        None, "Frontier: share of the calibration images held out to certify the finalists on (default: half, more "
-              "where certifying --max-accuracy-drop asks for it, the search keeping at least a third).", min=0.05,
+        None, "Frontier: share of the calibration images held out to certify the finalists on (default: two thirds, "
+              "the search exploring on the other third).", min=0.05,
         max=0.95, panel=ADVANCED)
     accuracy_cache: Path | None = option(
         None, "Frontier: the SQLite file of measured accuracies, shared by runs, ranks and devices (default: "

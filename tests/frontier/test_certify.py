@@ -232,36 +232,12 @@ def test_the_images_needed_grow_as_the_drop_shrinks_and_the_confidence_or_finali
     assert by_finalists == sorted(by_finalists) and len(set(by_finalists)) == len(by_finalists)
 
 
-def test_half_is_held_out_of_a_large_sample_and_more_where_certification_asks():
-    needed = images_to_certify_unchanged(DROP, 0.95)
-    assert held_out_size(100_000, DROP, 0.95) == 50_000
-    assert held_out_size(100_001, DROP, 0.95) in (50_000, 50_001)
-    images = 3 * needed  # half would hold out 1.5 needed: raised to twice what an unchanged schedule needs
-    assert held_out_size(images, DROP, 0.95) == 2 * needed
-    assert held_out_size(2 * needed, DROP, 0.95) == round(4 * needed / 3)  # capped: the search keeps a third
-
-
-def test_the_held_out_size_grows_as_the_drop_shrinks_and_the_confidence_grows():
-    for images in (500, 2000, 5000):
-        by_drop = [held_out_size(images, d, 0.95) for d in (0.05, 0.02, 0.01, 0.005, 0.002)]
-        assert by_drop == sorted(by_drop)
-        by_confidence = [held_out_size(images, DROP, c) for c in (0.8, 0.9, 0.95, 0.99)]
-        assert by_confidence == sorted(by_confidence)
-    assert held_out_size(2000, 0.002, 0.95) > held_out_size(2000, 0.05, 0.95)
-
-
-@pytest.mark.parametrize("images", [*range(2, 40), 1000, 1001, 1002, 50_000])
-@pytest.mark.parametrize("max_drop", [0.5, DROP, 0.0001])
-def test_the_held_out_size_is_never_none_nor_every_image_and_leaves_the_search_about_a_third(images, max_drop):
-    held = held_out_size(images, max_drop, 0.95)
+@pytest.mark.parametrize("images", [*range(2, 40), 808, 1000, 1001, 1002, 2400, 50_000])
+def test_two_thirds_are_held_out_and_never_none_nor_every_image(images):
+    held = held_out_size(images)
     assert 1 <= held <= images - 1
-    assert images - held >= images // 3
-
-
-@pytest.mark.parametrize("images", [4, 1000])
-def test_the_held_out_size_leaves_the_search_at_least_a_third(images):
-    held = held_out_size(images, 0.0001, 0.95)  # certification asks for every image
-    assert images - held >= images / 3
+    assert abs(held - 2 * images / 3) < 1 or images < 3
+    assert images - held >= images / 3 or images < 3
 
 
 def test_too_few_held_out_images_are_refused_in_one_line_naming_the_images_needed():
