@@ -1,4 +1,5 @@
-"""The accuracy step spread over the ranks of one job, and over two runs sharing one accuracy cache.
+"""The accuracy step spread over the ranks of one job, over two runs sharing one accuracy cache, and with its images
+decoded once.
 
 --part ranks: a seeded list of candidate schedules counted on every calibration image of the digits case
 (`sharded_counts`) by one process and by a torchrun job of --nproc ranks (one thread each, gloo; NCCL on CUDA),
@@ -8,10 +9,15 @@ byte-identical. Goal: the same counts, bit for bit, and the time close to 1 / --
 --part cache: two frontier runs of the offline computation standing for two devices (batch 1 and 16, the same weights
 and calibration folder) sharing one fresh accuracy cache file. Printed: the second run's accuracy time as a share of
 the first's, and the share of its accuracies read from the cache. Goal: at least 70% less accuracy time.
-Both save JSON, CSV and a PNG under --output-dir.
+--part held: a calibration of the digits case counting the seeded schedules one to a pass (as a search measures them)
+on its search split, with the decoded images read again each pass and held in memory (`pomt.accuracy.HeldBatches`),
+alternated --repeats times in one process. Printed: held over read again (median and range), whether the counts are
+identical.
+Each part saves JSON, CSV and a PNG under --output-dir.
 Usage: python benchmarks/accuracy_spread.py --part ranks [--repeats 3] [--candidates 12] [--batch-size 32]
        [--device cuda --nproc N] [--smoke]
        python benchmarks/accuracy_spread.py --part cache [--batch-sizes 1 16] [--max-evals 80] [--threads 2] [--smoke]
+       python benchmarks/accuracy_spread.py --part held [--repeats 3] [--candidates 12] [--threads 2] [--smoke]
 """
 
 from __future__ import annotations
@@ -36,14 +42,16 @@ from frontier import SMOKE_SEARCH
 from torch.utils.data import Dataset, Subset
 from tqdm import tqdm
 
-from pomt.accuracy import eval_transform, open_image_folder
+from pomt.accuracy import HELD_BYTES, Budget, eval_transform, open_image_folder
 from pomt.checks import check_removals
 from pomt.cli.app import fail
 from pomt.device.fingerprint import resolve_device
 from pomt.digits import FRONTIER, SMALL, DigitsCase, Recipe, digits_case
 from pomt.errors import PomtError
-from pomt.frontier.calibration import Classifier
+from pomt.frontier.cache import AccuracyCache
+from pomt.frontier.calibration import SEARCH, Calibration, Classifier, model_identity
 from pomt.frontier.candidates import Candidate
+from pomt.frontier.certify import held_out_size
 from pomt.frontier.distributed import Ranks, join_from_env, leave_group, rank_device, sharded_counts
 from pomt.frontier.search import MAX_EVALS
 from pomt.io import atomic_save_figure, atomic_write_csv, atomic_write_json
@@ -53,10 +61,11 @@ from pomt.offline import OfflineConfig, OfflineResult, run_offline
 from pomt.stats import Proportion
 from pomt.workload.prepare import Workload
 
-RANKS, CACHE = "ranks", "cache"
+RANKS, CACHE, HELD = "ranks", "cache", "held"
 METHODS = ("tome", "topk", "pomt")
 RANK_COLUMNS = ("repeat", "ranks", "seconds")
 CACHE_COLUMNS = ("run", "batch_size", "accuracy_s", "asked", "measured", "from_cache", "evals")
+HELD_COLUMNS = ("repeat", "images", "seconds")
 GOAL_SAVING = 0.70  # the second run's accuracy time at most 30% of the first's
 SMOKE_DROP = 20.0  # points: what the tiny held-out split of the smoke recipe certifies
 
@@ -269,6 +278,48 @@ def run_cache(args: argparse.Namespace) -> None:
         print(f"wrote {path}")
 
 
+def timed_passes(job: Counting, budget: int) -> tuple[float, str]:
+    """Seconds of counting the schedules one to a pass on the search split of a fresh calibration whose decoded
+    images may take `budget` bytes, and the counts (`counts_json`)."""
+    calibration = Calibration(job.classifier, job.dataset, AccuracyCache(None, model_identity(job.classifier.model)),
+                              held_out=held_out_size(len(job.dataset)) / len(job.dataset))
+    calibration.budget = Budget(budget)
+    started, counts = time.perf_counter(), {}
+    for candidate in job.candidates:
+        counts |= calibration.measure([candidate], SEARCH)
+    return time.perf_counter() - started, counts_json(counts)
+
+
+def run_held(args: argparse.Namespace) -> None:
+    """Images read again and images held, alternated (ABBA) --repeats times on the same schedules and split."""
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    case = digits_case(recipe_of(args), progress=args.progress, device=args.device)
+    job = counting(case, args)
+    print(f"digits case: {case.recipe.model} at {case.recipe.data.size} px, the search split of {len(job.dataset)} "
+          f"calibration images in batches of {args.batch_size}; {len(job.candidates)} schedules one to a pass")
+    kinds = {"read again": 0, "held": HELD_BYTES}
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    counts, rows = set(), []
+    for repeat in tqdm(range(args.repeats), "repeats"):
+        for kind in list(kinds)[:: 1 if repeat % 2 == 0 else -1]:
+            seconds, text = timed_passes(job, kinds[kind])
+            times[kind].append(seconds)
+            counts.add(text)
+            rows.append({"repeat": repeat, "images": kind, "seconds": round(seconds, 4)})
+            tqdm.write(f"  repeat {repeat}: images {kind} {seconds:.3f} s")
+    ratios = [h / r for h, r in zip(times["held"], times["read again"], strict=True)]
+    median = statistics.median(ratios)
+    print(f"held over read again: median {median:.3f} (range {min(ratios):.3f}-{max(ratios):.3f} over {args.repeats} "
+          f"repeats); counts identical: {len(counts) == 1}")
+    doc = {"part": HELD, "model": case.recipe.model, "images": len(job.dataset), "batch_size": args.batch_size,
+           "threads": torch.get_num_threads(), "candidates": [c.key for c in job.candidates],
+           "seconds": times, "ratios": ratios, "median_ratio": median, "counts_identical": len(counts) == 1}
+    out = Path(args.output_dir)
+    for path in (atomic_write_json(out / "held.json", doc), atomic_write_csv(out / "held.csv", rows, HELD_COLUMNS),
+                 bar_chart(out / "held.png", times, "seconds counting", f"held: {median:.2f}x the time (median)")):
+        print(f"wrote {path}")
+
+
 def recipe_of(args: argparse.Namespace) -> Recipe:
     """FRONTIER, or SMALL with --smoke."""
     return SMALL if args.smoke else FRONTIER
@@ -276,9 +327,9 @@ def recipe_of(args: argparse.Namespace) -> Recipe:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=(RANKS, CACHE), required=True)
-    parser.add_argument("--repeats", type=int, default=3, help="ranks: 1-rank and N-rank runs each, alternated")
-    parser.add_argument("--candidates", type=int, default=12, help="ranks: seeded schedules counted")
+    parser.add_argument("--part", choices=(RANKS, CACHE, HELD), required=True)
+    parser.add_argument("--repeats", type=int, default=3, help="ranks, held: runs of each kind, alternated")
+    parser.add_argument("--candidates", type=int, default=12, help="ranks, held: seeded schedules counted")
     parser.add_argument("--seed", type=int, default=0, help="ranks: seed of the schedules")
     parser.add_argument("--batch-size", type=int, default=OfflineConfig.accuracy_batch_size,
                         help="ranks: images per forward while counting")
@@ -314,6 +365,8 @@ def main() -> None:
         worker(args)
     elif args.part == RANKS:
         run_ranks(args)
+    elif args.part == HELD:
+        run_held(args)
     else:
         run_cache(args)
 

@@ -17,11 +17,13 @@
 #   graph-bench: the side-by-side benchmark (pomt, top-k, ToMe at batch 64, float16) eager, then as graphs;
 #   predict: the latency model against the patched model for multi-block schedules of every reducer
 #            (benchmarks/prediction_error.py --part multi, deit_base at batch 64, float16);
+#   accuracy: the accuracy step on the GPUs (benchmarks/accuracy_spread.py): one rank per GPU (NCCL where there
+#            are two or more) against one process, images held against read again, a warm cache's second run;
 # Everything it prints also goes to OUT/gpu_log_PART.txt; results land in OUT/bin.
 # One 10-minute slot, as run on an H200 on 2026-11-30 (6 min 13 s): TESTS=0 setup, graphs, BACKEND=cudagraph
 # FRONTIER_S=300 BENCH_S=0 frontier, graph-bench. Not yet run on a GPU: BACKEND=cudagraph predict (the latency
 # model with the reducers' costs measured as graphs, e0e713e), and graphs since that commit.
-# Usage: bash benchmarks/gpu_check.sh [OUT] [setup|offline|bench|repro|frontier|graphs|graph-bench|predict|all]
+# Usage: bash benchmarks/gpu_check.sh [OUT] [setup|offline|bench|repro|frontier|graphs|graph-bench|predict|accuracy|all]
 #        (default OUT: bin/gpu_check, part: all; PYTHON overrides the interpreter; TESTS=0 leaves out setup's
 #        tests, which hide the GPU and so check the suite, not the CUDA paths; BACKEND=cudagraph runs the frontier
 #        part's search, verification and benchmark, and the predict part's curve, costs and schedules, as CUDA
@@ -146,6 +148,17 @@ predict() {
     --backend "${BACKEND:-eager}" --workloads deit_base:64:224 --rounds 30 --curve-points 16
 }
 
+accuracy() {
+  local gpus
+  gpus=$(nvidia-smi -L | grep -c "^GPU")
+  step "accuracy counted by $gpus GPU rank(s) against one process"
+  "$PYTHON" benchmarks/accuracy_spread.py --part ranks --device cuda --nproc "$gpus" --output-dir "$OUT/bin/accuracy-spread"
+  step "accuracy with the decoded images held against read again, on the GPU"
+  "$PYTHON" benchmarks/accuracy_spread.py --part held --device cuda --output-dir "$OUT/bin/accuracy-spread"
+  step "two frontier runs sharing one accuracy cache, on the GPU"
+  "$PYTHON" benchmarks/accuracy_spread.py --part cache --device cuda --output-dir "$OUT/bin/accuracy-spread"
+}
+
 case "$PART" in
   setup) setup ;;
   offline) offline ;;
@@ -155,9 +168,10 @@ case "$PART" in
   graphs) graphs ;;
   graph-bench) graph_bench ;;
   predict) predict ;;
-  all) setup; offline; bench; repro; frontier; graphs; graph_bench; predict ;;
-  *) echo "gpu_check.sh: unknown part '$PART' (setup, offline, bench, repro, frontier, graphs, graph-bench, predict or"\
-       "all)"
+  accuracy) accuracy ;;
+  all) setup; offline; bench; repro; frontier; graphs; graph_bench; predict; accuracy ;;
+  *) echo "gpu_check.sh: unknown part '$PART' (setup, offline, bench, repro, frontier, graphs, graph-bench, predict,"\
+       "accuracy or all)"
      exit 2 ;;
 esac
 ls -la "$OUT/bin"

@@ -1,4 +1,4 @@
-"""benchmarks/accuracy_spread.py: its seeded schedules, and both parts end to end on the tiny digits recipe (--smoke),
+"""benchmarks/accuracy_spread.py: its seeded schedules, and its parts end to end on the tiny digits recipe (--smoke),
 the ranks part through a real torchrun job of 2 ranks on the CPU."""
 
 import csv
@@ -90,3 +90,18 @@ def test_the_second_run_reads_accuracies_the_first_measured_from_the_shared_cach
     with (out / "cache.csv").open() as handle:
         assert [int(r["measured"]) for r in csv.DictReader(handle)] == [first["measured"], second["measured"]]
     assert (out / "cache.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.slow
+def test_images_held_and_read_again_give_the_same_counts_side_by_side(workdir):
+    result = run_script(SCRIPT, "--part", "held", "--smoke", cwd=workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = workdir / "bin" / "accuracy-spread"
+    doc = json.loads((out / "held.json").read_text())
+    assert doc["counts_identical"] and len(doc["candidates"]) == 12
+    assert len(doc["seconds"]["held"]) == len(doc["seconds"]["read again"]) == len(doc["ratios"]) == 1
+    assert doc["median_ratio"] == pytest.approx(doc["seconds"]["held"][0] / doc["seconds"]["read again"][0])
+    assert "counts identical: True" in result.stdout
+    with (out / "held.csv").open() as handle:
+        assert sorted(r["images"] for r in csv.DictReader(handle)) == ["held", "read again"]
+    assert (out / "held.png").read_bytes().startswith(b"\x89PNG")
