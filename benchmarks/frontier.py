@@ -13,7 +13,7 @@ batch 16, never slower at batch 1; the whole search <= 10 min.
 Usage: python benchmarks/frontier.py [--case digits|crops] [--batch-sizes 1 16] [--threads 2] [--drop 1.0]
        [--confidence 0.95] [--finalists 4] [--held-out 0.6] [--max-evals 80] [--budget 0.2]
        [--also tome:0=10,7=15 ...] [--smoke]
-       [--device cuda --dtype float16 --model deit_base --input-size 224 --lr 1e-4] [--backend cudagraph]
+       [--device cuda --dtype float16 --model deit_base --input-size 224 --epochs 8 --lr 1e-4] [--backend cudagraph]
 """
 
 from __future__ import annotations
@@ -285,13 +285,15 @@ def lines_of(doc: dict) -> list[str]:
 
 
 def recipe_of(args: argparse.Namespace) -> Recipe:
-    """The case's recipe: FRONTIER (SMALL with --smoke), with the model, image size and learning rate asked."""
+    """The case's recipe: FRONTIER (SMALL with --smoke), with the model, image size, epochs and learning rate asked."""
     module = case_module(args.case)
     recipe = module.SMALL if args.smoke else module.FRONTIER
     if args.model is not None:
         recipe = replace(recipe, model=resolve_model_name(args.model))
     if args.input_size is not None:
         recipe = replace(recipe, data=replace(recipe.data, size=args.input_size))
+    if args.epochs is not None:
+        recipe = replace(recipe, epochs=args.epochs)
     return recipe if args.lr is None else replace(recipe, lr=args.lr)
 
 
@@ -326,6 +328,7 @@ def parse_args() -> argparse.Namespace:
                         help="the runtime latency is measured and verified on (cudagraph: replayed CUDA graphs)")
     parser.add_argument("--model", default=None, help="the case recipe's model (default: the recipe's)")
     parser.add_argument("--input-size", type=int, default=None, help="the case's images' size in pixels")
+    parser.add_argument("--epochs", type=int, default=None, help="the recipe's training epochs")
     parser.add_argument("--lr", type=float, default=None, help="the recipe's peak learning rate")
     args = parser.parse_args()
     if args.smoke:  # the tiny held-out split certifies a drop this large (`pomt.frontier.certify.check_certifiable`)
@@ -342,6 +345,8 @@ def main() -> None:
                       held_out=args.held_out, max_evals=args.max_evals, verify_rounds=args.rounds).check()
         if args.budget is not None:
             replace(SearchSettings(), budget=args.budget).check()
+        if recipe.epochs < 1:
+            fail(f"--epochs must be at least 1, got {recipe.epochs}")
         # the geometry on the meta device (nothing stays in memory)
         args.also = given_schedules(args.also, [geometry_of(recipe.model, recipe.data.size)])
     except (PomtError, ImportError) as exc:

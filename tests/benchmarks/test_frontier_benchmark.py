@@ -80,3 +80,10 @@ def test_a_finalist_count_outside_the_offline_range_is_one_line_before_the_crops
                                    cwd=tmp_path)
     assert_one_line_error(result, "--finalists")
     assert not (tmp_path / "bin").exists()
+
+
+def test_a_recipe_of_no_epochs_is_one_line_before_anything_trains(tmp_path):
+    result = run_script_in_process("benchmarks/frontier.py", "--smoke", "--batch-sizes", "4", "--epochs", "0",
+                                   cwd=tmp_path)
+    assert_one_line_error(result, "--epochs must be at least 1, got 0")
+    assert not (tmp_path / "bin").exists()
