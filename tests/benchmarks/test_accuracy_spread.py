@@ -56,12 +56,17 @@ def test_the_spread_is_the_median_and_range_of_the_paired_speedups(module):
     assert (found["one_rank_median_s"], found["ranks_median_s"]) == (3.0, 1.0)
 
 
-@pytest.mark.slow
-def test_two_ranks_count_what_one_process_counts_byte_for_byte(workdir):
-    result = run_script(SCRIPT, "--part", "ranks", "--smoke", cwd=workdir)
+def run_part(workdir, part: str):
+    """The benchmark's `part` with --smoke in `workdir`: the finished run, its output folder and its JSON."""
+    result = run_script(SCRIPT, "--part", part, "--smoke", cwd=workdir)
     assert result.returncode == 0, result.stderr[-3000:]
     out = workdir / "bin" / "accuracy-spread"
-    doc = json.loads((out / "ranks.json").read_text())
+    return result, out, json.loads((out / f"{part}.json").read_text())
+
+
+@pytest.mark.slow
+def test_two_ranks_count_what_one_process_counts_byte_for_byte(workdir):
+    result, out, doc = run_part(workdir, "ranks")
     assert doc["counts_identical"] and doc["counts"]["1"] == doc["counts"]["2"] and len(doc["counts"]["1"]) == 1
     counts = json.loads(doc["counts"]["1"][0])
     assert sorted(counts) == sorted(doc["candidates"]) and len(counts) == 12
@@ -76,10 +81,7 @@ def test_two_ranks_count_what_one_process_counts_byte_for_byte(workdir):
 
 @pytest.mark.slow
 def test_the_second_run_reads_accuracies_the_first_measured_from_the_shared_cache(workdir):
-    result = run_script(SCRIPT, "--part", "cache", "--smoke", cwd=workdir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = workdir / "bin" / "accuracy-spread"
-    doc = json.loads((out / "cache.json").read_text())
+    result, out, doc = run_part(workdir, "cache")
     first, second = doc["runs"]
     assert (first["batch_size"], second["batch_size"]) == (1, 16)
     assert first["measured"] == first["asked"] and first["from_cache"] == 0  # the cache file starts empty
@@ -94,10 +96,7 @@ def test_the_second_run_reads_accuracies_the_first_measured_from_the_shared_cach
 
 @pytest.mark.slow
 def test_images_held_and_read_again_give_the_same_counts_side_by_side(workdir):
-    result = run_script(SCRIPT, "--part", "held", "--smoke", cwd=workdir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = workdir / "bin" / "accuracy-spread"
-    doc = json.loads((out / "held.json").read_text())
+    result, out, doc = run_part(workdir, "held")
     assert doc["counts_identical"] and len(doc["candidates"]) == 12
     assert len(doc["seconds"]["held"]) == len(doc["seconds"]["read again"]) == len(doc["ratios"]) == 1
     assert doc["median_ratio"] == pytest.approx(doc["seconds"]["held"][0] / doc["seconds"]["read again"][0])
