@@ -15,7 +15,7 @@ chance, and a safer one holds the run where it fails."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -147,6 +147,13 @@ def certify_chance(point: Evaluated, baseline: Proportion, plan: Certifier) -> f
     base_rate = (search.successes + search.lost - search.gained) / search.trials
     return chance_bound_within(base_rate, lost_rate, search.gained / search.trials, plan.images, plan.max_drop,
                                plan.final_confidence())
+
+
+def certification_promise(goal: Goal, held_out: int, count: int = FINALISTS) -> Callable[[Evaluated, Evaluated], float]:
+    """A point's `certify_chance` (given the unpruned one) when `count` finalists are certified on `held_out`
+    images: what the search aims at (`pomt.frontier.search.FrontierSearch.within_goal`)."""
+    plan = Certifier(max(1, count), held_out, 1, goal.max_drop_points / 100, goal.confidence)
+    return lambda point, baseline: certify_chance(point, baseline.search, plan)
 
 
 def expected_speedup(picked: Sequence[tuple[float, float]]) -> float:

@@ -35,10 +35,12 @@ from pomt.frontier.surrogate import (
 from pomt.stats import CONFIDENCE, Proportion
 
 Oracle = Callable[[Sequence[Candidate]], Mapping[Candidate, Proportion]]
+Promise = Callable[[Evaluated, Evaluated], float]  # a schedule's chance to be certified, given the unpruned one
 MAX_EVALS = 80  # measured accuracies a search may spend by default
 MIN_BISECTION = 3  # evaluations a reducer's bisection gets at least (as far as its proposals go)
 NEAR_MISS = 2  # times the goal: how far past it by the refitted stand-in a proposal may still be measured
 WARM_FRESH = 0.1  # of max_evals: the fresh measurements a search holding known schedules has for its own proposals
+AIM = 0.5  # the chance to be certified a schedule needs to count as within the goal, where the search has a promise
 
 
 @dataclass(frozen=True)
@@ -88,12 +90,12 @@ class ReducerPlan:
 
 
 class FrontierSearch:
-    """One search: the latency model, the accuracy oracle, the settings, the `known` schedules it starts from, and
-    what it holds so far."""
+    """One search: the latency model, the accuracy oracle, the settings, the `known` schedules it starts from, the
+    `promise` of certification its finalists face (None: none), and what it holds so far."""
 
     def __init__(self, latency: LatencyModel, oracle: Oracle, settings: FrontierSettings = FrontierSettings(),
-                 known: Mapping[Candidate, Proportion] | None = None) -> None:
-        self.latency, self.oracle, self.settings = latency, oracle, settings
+                 known: Mapping[Candidate, Proportion] | None = None, promise: Promise | None = None) -> None:
+        self.latency, self.oracle, self.settings, self.promise = latency, oracle, settings, promise
         self.known = dict(known or {})
         self.records: dict[Candidate, Evaluated] = known_records(latency, settings, self.known)
         self.asked = self.forced = 0  # fresh measurements, and those of them forced (unpruned, uniform families)
@@ -226,11 +228,18 @@ class FrontierSearch:
                               + ", ".join(f"{m} {shares[m]} ({100 * gains[m]:+.1f}%)" for m in order))
         return shares
 
+    def within_goal(self, point: Evaluated) -> bool:
+        """Whether `point` is within the goal: its drop within it at `confidence` and, given a promise, a chance of
+        `AIM` to be certified (the search then seeks what certification passes, not the measured drop's edge)."""
+        s, baseline = self.settings, self.records[NONE]
+        if not drop_within(point, baseline.accuracy, s.max_accuracy_drop, s.confidence):
+            return False
+        return self.promise is None or point.candidate.unpruned or self.promise(point, baseline) >= AIM
+
     def fastest_within_goal_ms(self) -> float:
-        """The predicted latency of the fastest schedule measured within the drop so far (unpruned where none)."""
-        s, baseline = self.settings, self.records[NONE].accuracy
-        return min((e.predicted_ms for e in self.records.values()
-                    if drop_within(e, baseline, s.max_accuracy_drop, s.confidence)), default=self.latency.baseline)
+        """The predicted latency of the fastest schedule measured within the goal so far (unpruned where none)."""
+        within = [e.predicted_ms for e in self.records.values() if self.within_goal(e)]
+        return min(within, default=self.latency.baseline)
 
     def refine(self, method: str, plan: ReducerPlan, budget: int) -> int:
         """Up to `budget` measurements, each picked (`refit_pick`) on the stand-in refitted to every schedule of
@@ -254,9 +263,7 @@ class FrontierSearch:
 
     def bisect(self, proposals: list[Candidate], family: str, budget: int) -> None:
         """Measure proposals (slowest first) to find the fastest within the accuracy drop."""
-        s = self.settings
-        stop = self.asked + budget
-        baseline = self.records[NONE].accuracy
+        s, stop = self.settings, self.asked + budget
 
         def measured(i: int) -> Evaluated | None:
             if proposals[i] not in self.records and self.asked < stop:
@@ -274,8 +281,7 @@ class FrontierSearch:
             point = measured(middle)
             if point is None:
                 break
-            within = drop_within(point, baseline, s.max_accuracy_drop, s.confidence)
-            low, high = (middle, high) if within else (low, middle)
+            low, high = (middle, high) if self.within_goal(point) else (low, middle)
         # what is left: the proposals faster than the fastest known to pass (accuracy is not monotone along the
         # order), then the slower ones, which can fill in the frontier; nearest first
         faster, slower = range(low + 1, len(proposals)), range(low, -1, -1)
@@ -323,10 +329,11 @@ def refit_pick(proposals: Sequence[Candidate], within: Sequence[Candidate], meas
 
 
 def search_frontier(latency: LatencyModel, oracle: Oracle, settings: FrontierSettings = FrontierSettings(),
-                    known: Mapping[Candidate, Proportion] | None = None) -> FrontierResult:
+                    known: Mapping[Candidate, Proportion] | None = None,
+                    promise: Promise | None = None) -> FrontierResult:
     """The frontier of schedules `latency` prices and `oracle` measures the accuracy of, starting from the `known`
-    ones (`FrontierSearch`)."""
-    return FrontierSearch(latency, oracle, settings, known).run()
+    ones, aiming at those `promise` gives a chance to be certified (`FrontierSearch`)."""
+    return FrontierSearch(latency, oracle, settings, known, promise).run()
 
 
 def with_held_out(result: FrontierResult, oracle: Oracle,

@@ -31,6 +31,7 @@ from pomt.frontier.certify import (
     EXPLORE,
     Certification,
     certification_notes,
+    certification_promise,
     certified,
     certified_uniform,
     check_certifiable,
@@ -252,7 +253,10 @@ def find_frontier(request: Request, run: Run, setup: FrontierSetup, latency: Lat
     stop = settings.closely_searched if goal.latency_budget_ms is None and goal.min_accuracy is None else None
     calibration.origin = search_origin(run.setup.stem, latency)
     known = calibration.known(SEARCH, stopped=stop is not None)  # what searches on other curves measured
-    result = search_frontier(model, lambda cs: calibration.measure(cs, SEARCH, stop_above=stop), settings, known)
+    promise = None if goal.max_drop_points is None else certification_promise(goal, calibration.size(HELD_OUT),
+                                                                               config.finalists)
+    result = search_frontier(model, lambda cs: calibration.measure(cs, SEARCH, stop_above=stop), settings, known,
+                             promise)
     if goal.max_drop_points is None:  # nothing to certify: what may ship, the best uniform one included, reported
         verified = to_verify(result, goal, config.verify_candidates)
         wanted = [NONE, *(e.candidate for e in result.frontier), *(e.candidate for e in verified)]

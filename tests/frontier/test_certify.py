@@ -25,6 +25,7 @@ from pomt.frontier.certify import (
     Certification,
     Certifier,
     certification_notes,
+    certification_promise,
     certified,
     certified_uniform,
     certify_chance,
@@ -309,6 +310,14 @@ def test_the_chance_to_certify_is_planned_on_a_loss_rate_above_the_measured_one(
     at_measured = chance_bound_within(0.8, search.lost / 1000, search.gained / 1000, PLANNED, DROP,
                                       plan().final_confidence())
     assert 0 < planned < at_measured
+
+
+def test_the_search_aims_at_the_chance_its_finalists_have_on_the_held_out_images():
+    promise = certification_promise(GOAL, PLANNED, FINALISTS)
+    for p in (FAST_RISKY, FAST_SAFE, UNIFORM_SAFE):
+        assert promise(p, BASE) == certify_chance(p, BASE.search, plan())
+    assert promise(FAST_SAFE, BASE) > 0.5 > promise(FAST_RISKY, BASE)
+    assert certification_promise(GOAL, 4 * PLANNED)(FAST_SAFE, BASE) > promise(FAST_SAFE, BASE)
 
 
 def test_a_count_stopped_early_or_not_paired_has_no_chance_to_certify():

@@ -186,6 +186,26 @@ def test_what_the_bisection_leaves_goes_first_to_proposals_faster_than_the_faste
     assert not {0, 1, 2} & set(measured)  # slower than one known to pass: never reached
 
 
+def test_with_a_promise_the_bisection_lands_at_the_edge_certification_can_pass():
+    """Proposal i drops i / 10 points: within a 1-point goal up to 10, but the promise (standing for the held-out
+    images' certification) gives a chance only up to 4; the bisection settles at 4 with it and at 10 without."""
+    proposals = [Candidate.of("pomt", {1: r}) for r in range(1, 16)]
+
+    def accuracy(candidates):
+        return {c: Proportion(9000 - (0 if c.unpruned else 10 * proposals.index(c)), 10000) for c in candidates}
+
+    def promise(point, baseline):
+        return 1.0 if baseline.accuracy - point.accuracy <= 0.004 + 1e-9 else 0.0
+
+    for aimed, edge in ((None, 10), (promise, 4)):
+        search = FrontierSearch(LATENCY, accuracy, FrontierSettings(confidence=0.5, max_evals=100), promise=aimed)
+        search.measure({NONE: "unpruned"})
+        search.bisect(proposals, "search-pomt", 4)
+        passing = [i for i, c in enumerate(proposals) if c in search.records and search.within_goal(search.records[c])]
+        assert max(passing) == edge
+        assert search.fastest_within_goal_ms() == LATENCY.predict(proposals[edge])
+
+
 def test_the_bisection_shares_never_exceed_what_is_left_of_the_budget():
     search = FrontierSearch(LATENCY, oracle, FrontierSettings(max_evals=6))
     search.measure({NONE: "unpruned"})  # 5 evaluations left, fewer than MIN_BISECTION for each of 4 reducers
