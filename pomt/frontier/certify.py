@@ -153,7 +153,15 @@ def certification_promise(goal: Goal, held_out: int, count: int = FINALISTS) -> 
     """A point's `certify_chance` (given the unpruned one) when `count` finalists are certified on `held_out`
     images: what the search aims at (`pomt.frontier.search.FrontierSearch.within_goal`)."""
     plan = Certifier(max(1, count), held_out, 1, goal.max_drop_points / 100, goal.confidence)
-    return lambda point, baseline: certify_chance(point, baseline.search, plan)
+    chances: dict[tuple[Proportion, Proportion], float] = {}  # a search asks again after every measurement
+
+    def promise(point: Evaluated, baseline: Evaluated) -> float:
+        counts = (point.search, baseline.search)
+        if counts not in chances:
+            chances[counts] = certify_chance(point, baseline.search, plan)
+        return chances[counts]
+
+    return promise
 
 
 def expected_speedup(picked: Sequence[tuple[float, float]]) -> float:
