@@ -15,7 +15,7 @@ chance, and a safer one holds the run where it fails."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -23,7 +23,7 @@ from pomt.errors import CalibrationError
 from pomt.frontier.calibration import HELD_OUT
 from pomt.frontier.candidates import FAMILIES, NONE
 from pomt.frontier.choice import Evaluated, FrontierResult, Goal, ordered
-from pomt.frontier.search import with_held_out
+from pomt.frontier.search import Promise, with_held_out
 from pomt.stats import Proportion, chance_bound_within, one_sided_interval
 
 LOOKS = (0.25, 0.5, 0.75, 1.0)  # shares of the held-out images at which a finalist may be certified
@@ -149,7 +149,7 @@ def certify_chance(point: Evaluated, baseline: Proportion, plan: Certifier) -> f
                                plan.final_confidence())
 
 
-def certification_promise(goal: Goal, held_out: int, count: int = FINALISTS) -> Callable[[Evaluated, Evaluated], float]:
+def certification_promise(goal: Goal, held_out: int, count: int = FINALISTS) -> Promise:
     """A point's `certify_chance` (given the unpruned one) when `count` finalists are certified on `held_out`
     images: what the search aims at (`pomt.frontier.search.FrontierSearch.within_goal`)."""
     plan = Certifier(max(1, count), held_out, 1, goal.max_drop_points / 100, goal.confidence)
